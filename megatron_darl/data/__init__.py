@@ -1,0 +1,1 @@
+"""Prompt datasets (jsonl/parquet), chat templates and the built-in synthetic task."""

@@ -1,0 +1,1 @@
+"""Benchmark evaluation: avg@n and unbiased pass@k over the rollout engine backends."""

@@ -1,0 +1,1 @@
+"""The training loop: the one place that wires trainer, replay, algorithms and transport."""

@@ -1,0 +1,1 @@
+"""Replay buffer over the last K behavior versions and the per-version log-prob cache."""

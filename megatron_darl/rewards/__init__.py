@@ -1,0 +1,1 @@
+"""Verifiable rewards: math answers through math-verify, code through a sandbox."""

@@ -1,0 +1,1 @@
+"""Rollout workers and engine backends (vLLM, HF); never imports Megatron or the trainer."""

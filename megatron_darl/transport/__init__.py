@@ -1,0 +1,1 @@
+"""Rendezvous, sample channel, weight broadcast and heartbeats between trainer and rollout."""
