@@ -22,4 +22,15 @@ python -m pip install -q -e ".[test]"
 if [ "$#" -eq 0 ]; then
   set -- tests/unit tests/distributed tests/slurm
 fi
+# The slurm tier runs against a real local Slurm: install its Debian packages when missing.
+if [[ " $* " == *" tests/slurm"* ]] && ! PATH="$PATH:/usr/sbin" command -v slurmctld >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[tests/run.sh] installing slurmctld slurmd slurm-client munge"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      slurmctld slurmd slurm-client munge >/tmp/darl_slurm_apt.log 2>&1) \
+      || echo "[tests/run.sh] Slurm install failed (see /tmp/darl_slurm_apt.log): tests/slurm will skip"
+  else
+    echo "[tests/run.sh] not root or no apt-get: tests/slurm will skip"
+  fi
+fi
 exec python -m pytest -m "not gpu and not vllm" "$@"
