@@ -34,7 +34,7 @@ class ScoreKind(str, enum.Enum):
 def _masked_log_ratio(
     logp_current: torch.Tensor, logp_behavior: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validate shapes; return (log_ratio (N,T) f64 zero where masked, mask (N,T) bool, n (N,) f64)."""
+    """Validate; return log_ratio (N,T) f64 (0 where masked), mask (N,T) bool, counts (N,) f64."""
     if logp_current.dim() != 2:
         raise ValueError(f"logp_current must be (N, T), got shape {tuple(logp_current.shape)}")
     if logp_behavior.shape != logp_current.shape or mask.shape != logp_current.shape:
@@ -83,7 +83,7 @@ def kl_score(
 def ess_score(
     logp_current: torch.Tensor, logp_behavior: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """``1 - ESS / n`` with ``ESS = (sum r)^2 / sum r^2`` over the sample's tokens; ``(N,)`` in [0, 1).
+    """``1 - ESS / n``, ``ESS = (sum r)^2 / sum r^2`` over a sample's tokens; ``(N,)`` in [0, 1).
 
     Computed in log space (``2 logsumexp(lr) - logsumexp(2 lr)``) so it never overflows. ESS is
     invariant to rescaling r, so a sample whose tokens are all off by the same factor scores 0.
@@ -107,11 +107,41 @@ def fifo_score(behavior_version: torch.Tensor) -> torch.Tensor:
     return -behavior_version.to(torch.float64)
 
 
-_RatioScore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-_RATIO_SCORES: dict[ScoreKind, _RatioScore] = {
-    ScoreKind.CHI2: variance_score,
-    ScoreKind.KL: kl_score,
-    ScoreKind.ESS: ess_score,
+# Every score takes (logp_current, logp_behavior, mask, behavior_version, generator).
+ScoreFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Generator | None"],
+    torch.Tensor,
+]
+
+
+def _ratio_based(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> ScoreFn:
+    def score(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
+        return fn(lc, lb, mask)
+
+    score.__doc__ = fn.__doc__
+    return score
+
+
+def _random(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
+    return random_score(lc.shape[0], generator, lc.device)
+
+
+def _fifo(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
+    if behavior_version is None:
+        raise ValueError("behavior_version is required for the fifo score")
+    if behavior_version.shape != lc.shape[:1]:
+        raise ValueError(
+            f"behavior_version shape {tuple(behavior_version.shape)} must be ({lc.shape[0]},)"
+        )
+    return fifo_score(behavior_version)
+
+
+SCORES: dict[ScoreKind, ScoreFn] = {
+    ScoreKind.CHI2: _ratio_based(variance_score),
+    ScoreKind.KL: _ratio_based(kl_score),
+    ScoreKind.ESS: _ratio_based(ess_score),
+    ScoreKind.RANDOM: _random,
+    ScoreKind.FIFO: _fifo,
 }
 
 
@@ -123,7 +153,7 @@ def score_samples(
     behavior_version: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Score each sample with the score named ``kind``; lower is selected first.
+    """Score each sample with the score named ``kind`` (via ``SCORES``); lower is selected first.
 
     Args:
         kind: a ``ScoreKind`` or its value (``"chi2"``, ``"kl"``, ``"ess"``, ``"random"``,
@@ -135,23 +165,19 @@ def score_samples(
     Returns:
         ``(N,)`` float64 scores.
     """
-    kind = ScoreKind(kind)
-    if kind in _RATIO_SCORES:
-        return _RATIO_SCORES[kind](logp_current, logp_behavior, mask)
-    if kind is ScoreKind.RANDOM:
-        return random_score(logp_current.shape[0], generator, logp_current.device)
-    if behavior_version is None:
-        raise ValueError("behavior_version is required for the fifo score")
-    if behavior_version.shape != logp_current.shape[:1]:
-        raise ValueError(
-            f"behavior_version shape {tuple(behavior_version.shape)} must be "
-            f"({logp_current.shape[0]},)"
-        )
-    return fifo_score(behavior_version)
+    try:
+        kind = ScoreKind(kind)
+    except ValueError:
+        names = ", ".join(k.value for k in ScoreKind)
+        raise ValueError(f"unknown score {kind!r}; expected one of: {names}") from None
+    return SCORES[kind](logp_current, logp_behavior, mask, behavior_version, generator)
 
 
 def group_scores(
-    sample_scores: torch.Tensor, num_tokens: torch.Tensor, group_index: torch.Tensor, num_groups: int
+    sample_scores: torch.Tensor,
+    num_tokens: torch.Tensor,
+    group_index: torch.Tensor,
+    num_groups: int,
 ) -> torch.Tensor:
     """Token-weighted mean of sample scores per group (DESIGN.md section 4.4).
 

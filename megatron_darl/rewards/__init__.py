@@ -1,1 +1,41 @@
-"""Verifiable rewards: math answers through math-verify, code through a sandbox."""
+"""Verifiable rewards: math answers through math-verify, code through a sandbox.
+
+``get_reward_fn(task)`` gives the rollout worker ``reward_fn(record, response_text) -> float``
+for a dataset's task (``math``, ``gsm8k``, ``humaneval``, ``stdio``, ``builtin``).
+"""
+
+from megatron_darl.rewards.code_exec import (
+    CodeRewardConfig,
+    extract_code,
+    humaneval_reward,
+    stdio_reward,
+)
+from megatron_darl.rewards.math_answer import MathRewardConfig, extract_answer, math_reward
+from megatron_darl.rewards.registry import (
+    REWARDS,
+    RewardConfig,
+    RewardFn,
+    Task,
+    get_reward_fn,
+    score,
+)
+from megatron_darl.rewards.sandbox import SandboxConfig, SandboxResult, run_sandboxed
+
+__all__ = [
+    "CodeRewardConfig",
+    "MathRewardConfig",
+    "REWARDS",
+    "RewardConfig",
+    "RewardFn",
+    "SandboxConfig",
+    "SandboxResult",
+    "Task",
+    "extract_answer",
+    "extract_code",
+    "get_reward_fn",
+    "humaneval_reward",
+    "math_reward",
+    "run_sandboxed",
+    "score",
+    "stdio_reward",
+]

@@ -51,8 +51,6 @@ class CpuDeviceMode(TorchFunctionMode):
             args = tuple(_CPU if _is_cuda_device(a) else a for a in args)
         if func is torch.Tensor.type:
             return self._type(args, kwargs)
-        if func is torch.Tensor.is_cuda.__get__:
-            return True
         return func(*args, **kwargs)
 
     @staticmethod

@@ -1,1 +1,29 @@
-"""Rendezvous, sample channel, weight broadcast and heartbeats between trainer and rollout."""
+"""Rendezvous, sample channel, weight broadcast and heartbeats between trainer and rollout.
+
+The trainer imports this package (never ``rollout``); rollout workers import it too. Everything
+meets over one TCPStore served by trainer rank 0 (``serve_store``/``connect_store``) plus
+standalone data-plane groups (``process_group``) for weights.
+"""
+
+from megatron_darl.transport.channel import SampleHub, SampleSender, shard_of
+from megatron_darl.transport.config import (
+    ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
+)
+from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
+from megatron_darl.transport.heartbeat import Heartbeat, PeerLoss
+from megatron_darl.transport.process_group import DataPlaneGroup, build_group
+from megatron_darl.transport.staleness import StalenessGate, StartTicket, staleness_capacity
+from megatron_darl.transport.store import (
+    TRAINER, WORKER, MemberInfo, PeerLostError, TransportTimeout, connect_store, first_slurm_host,
+    post_exit, published_version, register, request_stop, serve_store, stop_requested, wait_for_exits,
+)
+from megatron_darl.transport.weight_sync import SyncReport, WeightReceiver, WeightSender
+
+__all__ = [
+    "ChannelConfig", "ControlPlaneConfig", "DataPlaneGroup", "GroupFrame", "GroupMeta", "Heartbeat",
+    "HeartbeatConfig", "MemberInfo", "PeerLoss", "PeerLostError", "ReceivedGroup", "SampleHub",
+    "SampleSender", "StalenessGate", "StartTicket", "SyncReport", "TRAINER", "TransportConfig",
+    "TransportTimeout", "WORKER", "WeightReceiver", "WeightSender", "WeightSyncConfig", "build_group",
+    "connect_store", "first_slurm_host", "frame_group", "post_exit", "published_version", "register",
+    "request_stop", "serve_store", "shard_of", "staleness_capacity", "stop_requested", "unframe_group", "wait_for_exits",
+]

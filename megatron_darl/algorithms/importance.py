@@ -1,0 +1,105 @@
+"""Multi-behavior importance weights (DESIGN.md section 4.6).
+
+A selected batch mixes samples from several behavior versions. Instead of weighting each sample
+by its own behavior density (high variance when versions differ), D-ARL treats the batch as one
+draw from the mixture ``q = sum_k alpha_k pi_k`` with ``alpha_k`` the token share of version k
+(the balance heuristic of multiple importance sampling, Veach 1997) and weights every token by
+``pi_t / q``. The weights are truncated at ``clip`` and carry no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def version_alpha(version_tokens: torch.Tensor) -> torch.Tensor:
+    """Mixture weights ``alpha_k = tokens_k / sum_k tokens_k`` from ``(K,)`` token counts.
+
+    Returns ``(K,)`` float64 summing to 1. Raises ``ValueError`` if the counts are negative or
+    all zero.
+    """
+    if version_tokens.dim() != 1:
+        raise ValueError(f"version_tokens must be (K,), got shape {tuple(version_tokens.shape)}")
+    counts = version_tokens.to(torch.float64)
+    if bool((counts < 0).any()):
+        raise ValueError(f"version_tokens must be >= 0, got {version_tokens.tolist()}")
+    total = counts.sum()
+    if float(total) <= 0:
+        raise ValueError("version_tokens must not be all zero (empty batch)")
+    return counts / total
+
+
+def mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """Log density of the behavior mixture: ``log q = logsumexp_k(log alpha_k + logp_k)``.
+
+    Versions with ``alpha_k == 0`` are dropped before the reduction, so their rows may hold
+    anything (``-inf`` for a version that was never cached, for instance).
+
+    Args:
+        logp_by_version: ``(K, N, T)`` per-token log pi_k for each version k.
+        alpha: ``(K,)`` non-negative mixture weights summing to 1.
+
+    Returns:
+        ``(N, T)`` log q, in the dtype of ``logp_by_version``.
+    """
+    if logp_by_version.dim() != 3:
+        raise ValueError(
+            f"logp_by_version must be (K, N, T), got shape {tuple(logp_by_version.shape)}"
+        )
+    if alpha.shape != logp_by_version.shape[:1]:
+        raise ValueError(
+            f"alpha shape {tuple(alpha.shape)} must be ({logp_by_version.shape[0]},)"
+        )
+    a = alpha.detach().to(torch.float64)
+    if bool((a < 0).any()) or not math.isclose(float(a.sum()), 1.0, abs_tol=1e-4):
+        raise ValueError(f"alpha must be non-negative and sum to 1, got {alpha.tolist()}")
+    keep = torch.nonzero(a > 0).flatten()  # (K',)
+    logp = logp_by_version  # (K', N, T) after dropping alpha-0 versions (no copy if none)
+    if keep.numel() < a.numel():
+        logp = logp_by_version.index_select(0, keep.to(logp_by_version.device))
+    log_alpha = torch.log(a[keep]).to(logp.dtype).to(logp.device)  # (K',)
+    return torch.logsumexp(logp + log_alpha[:, None, None], dim=0)  # (N, T)
+
+
+def behavior_weights(
+    logp_current: torch.Tensor,
+    log_q: torch.Tensor,
+    clip: float | None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Truncated importance weights ``w = min(exp(logp_current - log_q), clip)``, no gradient.
+
+    The exponent is clamped at ``log(clip)`` before ``exp`` so large log-ratios never overflow.
+
+    Args:
+        logp_current: ``(N, T)`` log pi_t (the proximal policy, the weights published as t).
+        log_q: ``(N, T)`` log behavior density (the mixture, or the sample's own behavior).
+        clip: truncation c > 0; ``None`` or ``inf`` for no truncation.
+        mask: optional ``(N, T)`` response mask; masked positions get weight 0 whatever their
+            log-probs hold.
+
+    Returns:
+        ``(N, T)`` float32 weights, detached.
+    """
+    if log_q.shape != logp_current.shape:
+        raise ValueError(
+            f"log_q shape {tuple(log_q.shape)} must equal logp_current {tuple(logp_current.shape)}"
+        )
+    if clip is not None and not clip > 0:
+        raise ValueError(f"clip must be > 0 or None, got {clip}")
+    with torch.no_grad():
+        log_ratio = logp_current.detach().float() - log_q.detach().float()  # (N, T)
+        cap = math.log(clip) if clip is not None and math.isfinite(clip) else 80.0
+        weights = torch.exp(log_ratio.clamp(max=cap))  # (N, T)
+        if clip is not None:
+            weights = weights.clamp(max=clip)
+        if mask is not None:
+            if mask.shape != logp_current.shape:
+                raise ValueError(
+                    f"mask shape {tuple(mask.shape)} must equal logp_current "
+                    f"{tuple(logp_current.shape)}"
+                )
+            weights = torch.where(mask.bool(), weights, torch.zeros_like(weights))
+    return weights

@@ -1,0 +1,194 @@
+"""Algorithm variants as data (DESIGN.md section 4.7), and the one call the loop makes per batch.
+
+Every variant is the same code path with a different ``VariantSpec``: which score ranks the
+buffer, which weight rule corrects for the behavior policy, which log-probs the PPO ratio is
+taken against, and the default window K and staleness eta. ``batch_behavior_weights`` turns a
+selected batch into the per-token weights and ratio base that ``policy_loss`` takes, so the
+training loop never branches on the variant.
+
+| variant        | score  | weights      | ratio base | K | eta | replays   |
+|----------------|--------|--------------|------------|---|-----|-----------|
+| sync           | fifo   | none         | proximal   | 1 | 0   | 1         |
+| async          | fifo   | none         | behavior   | 3 | 2   | 1         |
+| decoupled      | fifo   | own behavior | proximal   | 3 | 2   | 1         |
+| darl           | chi2   | mixture      | proximal   | 4 | 2   | unlimited |
+| darl_nofilter  | random | mixture      | proximal   | 4 | 2   | unlimited |
+| darl_nomis     | chi2   | own behavior | proximal   | 4 | 2   | unlimited |
+
+K and eta are defaults for ``configs/algorithm/*.yaml``; eta <= K - 1 keeps every arriving
+sample inside the window.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from megatron_darl.algorithms.importance import behavior_weights, mixture_log_density, version_alpha
+from megatron_darl.algorithms.scores import ScoreKind
+
+
+class Variant(str, enum.Enum):
+    """Algorithm variants, one ``configs/algorithm/<value>.yaml`` each."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+    DECOUPLED = "decoupled"
+    DARL = "darl"
+    DARL_NOFILTER = "darl_nofilter"
+    DARL_NOMIS = "darl_nomis"
+
+
+class WeightRule(str, enum.Enum):
+    """How the behavior-policy mismatch is corrected."""
+
+    NONE = "none"  # w = 1
+    OWN_BEHAVIOR = "own_behavior"  # w = min(pi_t / mu_{v_i}, c): decoupled PPO
+    MIXTURE = "mixture"  # w = min(pi_t / sum_k alpha_k pi_k, c): D-ARL MIS
+
+
+class RatioBase(str, enum.Enum):
+    """Which log-probs the PPO ratio rho = pi_theta / pi_base is taken against."""
+
+    BEHAVIOR = "behavior"  # the engine's log mu_{v_i} (naive async)
+    PROXIMAL = "proximal"  # the trainer's log pi_t (decoupled PPO, D-ARL)
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """What distinguishes one variant from another; everything else is shared code."""
+
+    score: ScoreKind  # ranks buffered groups for selection
+    weight_rule: WeightRule  # behavior correction in the loss
+    ratio_base: RatioBase  # denominator of the PPO ratio
+    k: int  # default replay window: behavior versions [t - k + 1, t] stay buffered
+    eta: int  # default max staleness of rollouts (0 = synchronous)
+    max_replays: int | None  # default times a group may be selected; None = while in window
+
+
+VARIANTS: dict[Variant, VariantSpec] = {
+    Variant.SYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.PROXIMAL, 1, 0, 1),
+    Variant.ASYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.BEHAVIOR, 3, 2, 1),
+    Variant.DECOUPLED: VariantSpec(
+        ScoreKind.FIFO, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL, 3, 2, 1
+    ),
+    Variant.DARL: VariantSpec(ScoreKind.CHI2, WeightRule.MIXTURE, RatioBase.PROXIMAL, 4, 2, None),
+    Variant.DARL_NOFILTER: VariantSpec(
+        ScoreKind.RANDOM, WeightRule.MIXTURE, RatioBase.PROXIMAL, 4, 2, None
+    ),
+    Variant.DARL_NOMIS: VariantSpec(
+        ScoreKind.CHI2, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL, 4, 2, None
+    ),
+}
+
+
+def variant_spec(variant: Variant | str | VariantSpec) -> VariantSpec:
+    """The spec of a variant given by Enum, name, or an already-built spec."""
+    if isinstance(variant, VariantSpec):
+        return variant
+    try:
+        return VARIANTS[Variant(variant)]
+    except ValueError:
+        names = ", ".join(v.value for v in Variant)
+        raise ValueError(
+            f"unknown algorithm variant {variant!r}; expected one of: {names}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class BatchWeights:
+    """What ``policy_loss`` needs from the behavior side of a selected batch."""
+
+    weights: torch.Tensor  # (N, T) float32 behavior weights w_ij (0 where masked), detached
+    logp_base: torch.Tensor  # (N, T) log-probs the PPO ratio is taken against, detached
+    alpha: torch.Tensor  # (K,) float64 token share of each version in the batch
+
+
+def _own_rows(
+    logp_by_version: torch.Tensor, versions: torch.Tensor, behavior_version: torch.Tensor
+) -> torch.Tensor:
+    """``(N, T)`` row of each sample's own behavior version out of ``(K, N, T)``."""
+    match = behavior_version[None, :] == versions[:, None]  # (K, N)
+    if not bool(match.any(dim=0).all()):
+        missing = sorted(set(behavior_version.tolist()) - set(versions.tolist()))
+        raise ValueError(f"behavior versions {missing} are not in versions {versions.tolist()}")
+    k_of_sample = match.long().argmax(dim=0)  # (N,)
+    n = torch.arange(behavior_version.shape[0], device=logp_by_version.device)
+    return logp_by_version[k_of_sample.to(logp_by_version.device), n]  # (N, T)
+
+
+def batch_behavior_weights(
+    variant: Variant | str | VariantSpec,
+    logp_current: torch.Tensor,
+    logp_by_version: torch.Tensor,
+    versions: torch.Tensor,
+    behavior_version: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float | None = 2.0,
+    version_tokens: torch.Tensor | None = None,
+) -> BatchWeights:
+    """Per-token behavior weights and PPO ratio base of a selected batch for ``variant``.
+
+    Args:
+        variant: a ``Variant``, its name, or a ``VariantSpec``.
+        logp_current: ``(N, T)`` trainer log pi_t (the proximal log-probs).
+        logp_by_version: ``(K, N, T)`` log pi_k for each ``versions[k]``; the row of a sample's
+            own behavior version must hold the engine's log-probs. Only the own rows are read
+            unless the rule is ``mixture``; then every version with tokens must be finite at
+            unmasked positions (backfill the cache first).
+        versions: ``(K,)`` int64 version of each row of ``logp_by_version``.
+        behavior_version: ``(N,)`` int64 behavior version of each sample (one of ``versions``).
+        mask: ``(N, T)`` response mask.
+        clip: truncation c of the weights (``mis.clip``); ``None`` for none.
+        version_tokens: ``(K,)`` tokens per version over the whole selected batch, for when the
+            batch is split over DP shards (all-reduce the local counts); default: counted here.
+
+    Returns:
+        ``BatchWeights`` with ``weights`` and ``logp_base`` for ``policy_loss``.
+    """
+    spec = variant_spec(variant)
+    k, n, t = logp_by_version.shape
+    if logp_current.shape != (n, t) or mask.shape != (n, t):
+        raise ValueError(
+            f"logp_current {tuple(logp_current.shape)} and mask {tuple(mask.shape)} must be "
+            f"({n}, {t}) to match logp_by_version {tuple(logp_by_version.shape)}"
+        )
+    if versions.shape != (k,) or behavior_version.shape != (n,):
+        raise ValueError(f"versions must be ({k},) and behavior_version ({n},)")
+    if torch.unique(versions).numel() != k:
+        raise ValueError(f"versions must be distinct, got {versions.tolist()}")
+    m = mask.bool()
+    logp_own = _own_rows(logp_by_version, versions, behavior_version).detach()  # (N, T)
+    if version_tokens is None:
+        per_sample = m.sum(dim=1).to(torch.float64)  # (N,)
+        same = (behavior_version[None, :] == versions[:, None]).to(torch.float64)  # (K, N)
+        version_tokens = same @ per_sample  # (K,)
+    alpha = version_alpha(version_tokens) if float(version_tokens.sum()) > 0 else (
+        torch.zeros(k, dtype=torch.float64)
+    )
+    if spec.weight_rule is WeightRule.NONE or not bool(m.any()):
+        weights = m.float()
+    elif spec.weight_rule is WeightRule.OWN_BEHAVIOR:
+        weights = behavior_weights(logp_current, logp_own, clip, mask=m)
+    else:
+        _check_finite(logp_by_version, alpha, m, versions)
+        log_q = mixture_log_density(logp_by_version.detach(), alpha)  # (N, T)
+        weights = behavior_weights(logp_current, log_q, clip, mask=m)
+    base = logp_own if spec.ratio_base is RatioBase.BEHAVIOR else logp_current.detach()
+    return BatchWeights(weights=weights, logp_base=base, alpha=alpha)
+
+
+def _check_finite(
+    logp_by_version: torch.Tensor, alpha: torch.Tensor, m: torch.Tensor, versions: torch.Tensor
+) -> None:
+    """Raise if a version that enters the mixture has a non-finite log-prob at a real token."""
+    zero = torch.zeros((), dtype=logp_by_version.dtype, device=logp_by_version.device)
+    for k in torch.nonzero(alpha > 0).flatten().tolist():
+        total = torch.where(m, logp_by_version[k], zero).sum()  # -inf, +inf or NaN poison it
+        if not bool(torch.isfinite(total)):
+            raise ValueError(
+                f"logp_by_version for version {int(versions[k])} is not finite at unmasked "
+                "tokens: fill or backfill the log-prob cache for every window version first"
+            )

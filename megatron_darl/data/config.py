@@ -1,0 +1,75 @@
+"""Typed dataset configuration: which file, which columns, which template, which reward.
+
+One ``DataConfig`` per ``configs/data/*.yaml``. The YAML files are presets composed by Hydra
+(or read by ``load_data_config``); library code only ever sees the dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+@dataclass
+class FieldMapConfig:
+    """Which column of a row holds which part of a ``PromptRecord``."""
+
+    prompt: str = "question"  # problem text
+    reference: str = ""  # reference answer / test code; "" = none
+    id: str = ""  # source id kept in metadata["source_id"]; "" = row index
+    tests: str = ""  # stdio test cases (list or JSON string); "" = none
+    extra_tests: str = ""  # a second test column appended to `tests` (LiveCodeBench private)
+    metadata: list[str] = field(default_factory=list)  # further columns copied to metadata
+
+
+@dataclass
+class TemplateConfig:
+    """How the problem text becomes chat messages."""
+
+    system: str = ""  # system message; "" = none
+    user: str = "{prompt}"  # user message; {prompt} and any metadata column are substituted
+
+
+@dataclass
+class BuiltinTaskConfig:
+    """The procedurally generated arithmetic task (``megatron_darl.data.builtin``)."""
+
+    num_prompts: int = 4096  # prompts generated
+    seed: int = 0  # generator seed (same seed, same prompts)
+    min_operands: int = 2  # fewest numbers in an expression
+    max_operands: int = 3  # most numbers in an expression
+    max_value: int = 20  # operands are drawn from 0..max_value
+    operators: str = "+-"  # operator characters drawn from
+
+
+@dataclass
+class DataConfig:
+    """One prompt dataset."""
+
+    name: str = "builtin"  # dataset name (logs, result tables)
+    task: str = "builtin"  # reward registry key
+    source: str = "builtin"  # "builtin" (generated) or "file" (jsonl, jsonl.gz or parquet at path)
+    path: str = ""  # dataset file when source is "file"
+    fields: FieldMapConfig = field(default_factory=FieldMapConfig)  # column mapping
+    template: TemplateConfig = field(default_factory=TemplateConfig)  # message construction
+    builtin: BuiltinTaskConfig = field(default_factory=BuiltinTaskConfig)  # generator settings
+    skip_malformed: bool = False  # skip and count bad rows instead of raising
+    max_records: int = -1  # keep the first N records; -1 = all
+    tests_format: str = "list"  # "list" (cases as stored) or "livecodebench" (JSON/compressed)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("builtin", "file"):
+            raise ValueError(f"data.source={self.source!r}: use 'builtin' or 'file'")
+        if self.tests_format not in ("list", "livecodebench"):
+            raise ValueError(f"data.tests_format={self.tests_format!r}: use 'list' or 'livecodebench'")
+
+
+def load_data_config(preset: str | Path, overrides: dict | None = None) -> DataConfig:
+    """Read a ``configs/data/*.yaml`` preset into a ``DataConfig`` (``overrides`` win)."""
+    preset = Path(preset)
+    if not preset.is_file():
+        raise FileNotFoundError(f"data config {preset} does not exist")
+    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(preset), overrides or {})
+    return OmegaConf.to_object(merged)

@@ -1,0 +1,204 @@
+"""HF <-> Megatron (dist_checkpointing) conversion of Qwen3, as per-rank worker functions.
+
+Why multi-rank: each of the ``tp * pp`` gloo ranks builds only its own model shard, streams only
+its own HF tensors from the memory-mapped safetensors and writes only its own checkpoint shards,
+so peak memory per process is ~1/(tp*pp) of the model and the code path is exactly the one the
+trainer uses to load and save (``load_hf_checkpoint``, ``sharded_state_dict``,
+``megatron_to_hf_stage``). A single process would have to hold the full model. The dist
+checkpoint itself is layout-independent: it reloads at any TP/PP.
+
+The tools in ``tools/`` validate inputs (``validate_hf_dir``, ``validate_megatron_dir``) before
+spawning anything, so bad input fails fast with one line naming the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from megatron_darl.models.qwen3.config import (
+    check_layout,
+    load_hf_config_dict,
+    padded_vocab_size,
+    spec_from_hf,
+)
+from megatron_darl.models.qwen3.hf_io import (
+    HFCheckpointReader,
+    ShardedSafetensorsWriter,
+    copy_side_files,
+    finalize_shards,
+)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class ConversionJob:
+    """What one conversion run does; passed to every worker rank."""
+
+    src_dir: str  # HF dir (to Megatron) or Megatron checkpoint dir (to HF)
+    out_dir: str  # temporary output dir; the tool renames it on success
+    tp: int
+    pp: int
+    dtype: str = "fp32"  # to-Megatron only: parameter dtype of the checkpoint
+    progress: bool = True
+    max_shard_bytes: int = 2 * 1024**3  # to-HF only: safetensors file size
+
+
+def validate_hf_dir(hf_dir: str | Path, tp: int, pp: int) -> dict:
+    """Check config, architecture, layout and every weight header; return the config dict."""
+    if not Path(hf_dir).is_dir():
+        raise FileNotFoundError(f"{hf_dir}: HF model directory does not exist")
+    cfg = load_hf_config_dict(hf_dir)
+    source = str(Path(hf_dir) / "config.json")
+    spec = spec_from_hf(cfg, source)
+    check_layout(spec, tp, pp, source)
+    HFCheckpointReader(hf_dir).validate(spec)
+    return cfg
+
+
+def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
+    """Check ``megatron_darl.json``, the layout and that every shard file is present/complete."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, read_metadata
+
+    meta = read_metadata(ckpt_dir)
+    source = str(Path(ckpt_dir) / METADATA_NAME)
+    spec = spec_from_hf(meta.hf_config, source)
+    check_layout(spec, tp, pp, source)
+    if meta.padded_vocab_size % tp:
+        raise ValueError(f"tp={tp} does not divide padded_vocab_size={meta.padded_vocab_size} "
+                         f"({source})")
+    try:
+        storage = FileSystemReader(str(ckpt_dir)).read_metadata().storage_data
+    except Exception as exc:  # noqa: BLE001 - corrupt pickle, missing .metadata ...
+        raise ValueError(f"{Path(ckpt_dir) / '.metadata'}: unreadable ({exc})") from None
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for rel, end in sorted(needed.items()):
+        path = Path(ckpt_dir) / rel
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: checkpoint shard missing")
+        if path.stat().st_size < end:
+            raise ValueError(f"{path}: checkpoint shard truncated ({path.stat().st_size} < {end})")
+    return meta
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tensor", dynamic_ncols=True)
+
+
+def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> None:
+    """One rank of HF -> Megatron: build shard, stream HF weights in, save dist checkpoint."""
+    from megatron_darl.models.qwen3.model import build_qwen3_model
+    from megatron_darl.models.qwen3.weights import load_hf_checkpoint
+    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, save_model_checkpoint
+    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+
+    ps = init_parallel(ParallelConfig(tp=job.tp, pp=job.pp), rank, world_size)
+    cfg = load_hf_config_dict(job.src_dir)
+    spec = spec_from_hf(cfg)
+    vocab = padded_vocab_size(spec.vocab_size, job.tp)
+    model = build_qwen3_model(cfg, ps, dtype=DTYPES[job.dtype], attention="sdpa",
+                              padded_vocab=vocab)
+    n_params = len(list(model[0].parameters()))
+    bar = _progress(n_params, "load HF shard (rank 0)", job.progress and rank == 0)
+    load_hf_checkpoint(model, job.src_dir, ps, progress=bar)
+    if bar is not None:
+        bar.close()
+        print("writing dist checkpoint ...", flush=True)
+    meta = CheckpointMetadata(
+        hf_config=cfg, padded_vocab_size=vocab, dtype=str(DTYPES[job.dtype]).split(".")[-1],
+        saved_tp=job.tp, saved_pp=job.pp,
+    )
+    save_model_checkpoint(model, job.out_dir, meta)
+    if rank == 0:
+        copy_side_files(job.src_dir, job.out_dir)
+
+
+def megatron_to_hf_worker(rank: int, world_size: int, job: ConversionJob) -> None:
+    """One rank of Megatron -> HF: load checkpoint shard, gather each stage, write safetensors."""
+    import torch.distributed as dist
+
+    from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
+    from megatron_darl.models.qwen3.model import build_qwen3_model
+    from megatron_darl.trainer.checkpoint_io import load_model_checkpoint, read_metadata
+    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+
+    ps = init_parallel(ParallelConfig(tp=job.tp, pp=job.pp), rank, world_size)
+    meta = read_metadata(job.src_dir)
+    model = build_qwen3_model(meta.hf_config, ps, dtype=meta.torch_dtype, attention="sdpa",
+                              padded_vocab=meta.padded_vocab_size)
+    load_model_checkpoint(model, job.src_dir)
+    writer = ShardedSafetensorsWriter(job.out_dir, job.max_shard_bytes, f"{ps.pp_rank:03d}-")
+    bar = _progress(len(list(model[0].parameters())), "write HF stage 0",
+                    job.progress and rank == 0)
+    for name, tensor in megatron_to_hf_stage(model, ps):
+        if ps.tp_rank == 0 and ps.dp_rank == 0:
+            writer.add(name, tensor)
+        if bar is not None:
+            bar.update(1)
+    parts = writer.close() if ps.tp_rank == 0 and ps.dp_rank == 0 else []
+    everything = [None] * world_size
+    dist.all_gather_object(everything, (parts, writer.total_bytes if parts else 0))
+    if rank == 0:
+        if bar is not None:
+            bar.close()
+        all_parts = [p for ranks_parts, _ in everything for p in ranks_parts]
+        finalize_shards(Path(job.out_dir), all_parts, sum(b for _, b in everything))
+        copy_side_files(job.src_dir, job.out_dir)
+        _write_hf_config(Path(job.out_dir), meta)
+
+
+def _write_hf_config(out_dir: Path, meta) -> None:
+    """Keep ``config.json`` byte-identical unless the stored dtype differs from it."""
+    path = out_dir / "config.json"
+    cfg = json.loads(path.read_text()) if path.is_file() else dict(meta.hf_config)
+    key = "dtype" if "dtype" in cfg else "torch_dtype"
+    if path.is_file() and cfg.get(key) in (meta.dtype, None):
+        return
+    cfg[key] = meta.dtype
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def staged_output_dir(out_dir: str | Path, force: bool = False):
+    """Yield a fresh temporary dir next to ``out_dir``; rename it to ``out_dir`` on success.
+
+    On any exception the temporary dir is removed, so nothing half-written is left behind.
+    """
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise FileExistsError(f"{out}: output directory exists and is not empty (use --force)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    tmp.rename(out)
+
+
+def run_job(worker, job: ConversionJob, timeout_s: float = 24 * 3600.0) -> None:
+    """Run ``worker`` on ``job.tp * job.pp`` local ranks (gloo on CPU, NCCL with GPUs)."""
+    from megatron_darl.trainer.parallel import run_local_gloo
+
+    run_local_gloo(worker, job.tp * job.pp, (job,), timeout_s=timeout_s)

@@ -1,0 +1,147 @@
+"""Math answer reward: extract the model's final answer, compare it to the reference with math-verify.
+
+A wrong verifier silently trains the wrong thing, so equivalence is never hand-written here:
+``math-verify`` (sympy-backed) decides whether ``\\frac{1}{2}`` equals ``0.5`` or ``1,000`` equals
+``1000``. This module only decides *which part* of a response is the final answer:
+
+1. the configurable patterns (LightEval style, e.g. ``(?i)final answer is:?\\s*(.+)``), last match;
+2. the GSM8K marker ``#### N``, last occurrence;
+3. the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced;
+4. otherwise math-verify's own extraction over the whole response (LaTeX, then plain expressions).
+
+References are used as stored in the benchmark files: a GSM8K solution is cut at its ``####``.
+
+Timeouts: math-verify interrupts parsing and comparison with ``signal.alarm``, which only works
+in the main thread; called from another thread the comparison runs without a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+logger = logging.getLogger(__name__)
+
+_GSM8K_MARKER = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
+_BOXED_OPENERS = ("\\boxed{", "\\fbox{")
+
+
+@dataclass
+class MathRewardConfig:
+    """How a final answer is found in a response and how long math-verify may take."""
+
+    answer_patterns: list[str] = field(default_factory=list)  # regexes tried first; group 1 of last match
+    gsm8k_marker: bool = True  # take the text after the last "#### "
+    boxed: bool = True  # take the content of the last \boxed{...}
+    fallback_to_math_verify: bool = True  # else let math-verify search the whole response
+    timeout_seconds: int = 5  # math-verify parse/compare timeout (main thread only)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}``/``\\fbox{...}`` in ``text`` (nested braces balanced)."""
+    start = max(text.rfind(opener) for opener in _BOXED_OPENERS)
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+    return None  # unbalanced: the response was cut off inside the box
+
+
+def _pattern_answer(text: str, patterns: list[str]) -> str | None:
+    for pattern in patterns:
+        matches = list(re.finditer(pattern, text))
+        if matches:
+            last = matches[-1]
+            return (last.group(1) if last.groups() else last.group(0)).strip()
+    return None
+
+
+def extract_answer(response: str, cfg: MathRewardConfig | None = None) -> str | None:
+    """The final-answer substring of ``response``, or None when no explicit answer is marked.
+
+    None means "let math-verify search the whole response" (when configured).
+    """
+    cfg = cfg or MathRewardConfig()
+    answer = _pattern_answer(response, cfg.answer_patterns)
+    if answer is None and cfg.gsm8k_marker:
+        matches = _GSM8K_MARKER.findall(response)
+        answer = matches[-1] if matches else None
+    if answer is None and cfg.boxed:
+        answer = last_boxed(response)
+    if answer is not None:
+        answer = answer.strip().rstrip(".").strip()
+        answer = answer[1:-1].strip() if len(answer) > 1 and answer[0] == answer[-1] == "$" else answer
+    return answer
+
+
+def reference_answer(reference: str) -> str:
+    """The answer part of a stored reference (a GSM8K solution keeps only what follows ``####``)."""
+    if "####" in reference:
+        return reference.rsplit("####", 1)[1].strip()
+    return reference.strip()
+
+
+def _timeout(cfg: MathRewardConfig) -> int | None:
+    if threading.current_thread() is threading.main_thread() and cfg.timeout_seconds > 0:
+        return cfg.timeout_seconds
+    return None  # signal.alarm is main-thread only (see module docstring)
+
+
+_EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+
+def _parse_answer(answer: str, timeout: int | None) -> list:
+    return parse(f"$\\boxed{{{answer}}}$", _EXTRACTION, parsing_timeout=timeout)
+
+
+@lru_cache(maxsize=4096)
+def _parse_reference(reference: str, timeout: int | None) -> list:
+    return _parse_answer(reference_answer(reference), timeout)
+
+
+def math_reward_with(response: str, reference: str, cfg: MathRewardConfig) -> float:
+    """``math_reward`` with an explicit extraction config."""
+    timeout = _timeout(cfg)
+    gold = _parse_reference(reference, timeout)
+    if not gold:
+        raise ValueError(f"math reference {reference!r} cannot be parsed by math-verify")
+    answer = extract_answer(response, cfg)
+    if answer is not None:
+        pred = _parse_answer(answer, timeout)
+    elif cfg.fallback_to_math_verify:
+        pred = parse(response, _EXTRACTION, parsing_timeout=timeout)
+    else:
+        return 0.0
+    if not pred:
+        return 0.0
+    try:
+        return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
+    except Exception as exc:  # math-verify raises on pathological sympy input; that is a miss
+        logger.debug("math-verify failed on %r vs %r: %s", answer, reference, exc)
+        return 0.0
+
+
+def math_reward(response: str, reference: str) -> float:
+    """1.0 when the final answer in ``response`` equals ``reference`` (as stored in its file), else 0.0.
+
+    Args:
+        response: model output; the answer is the last ``#### N`` or ``\\boxed{...}`` or, failing
+            those, whatever math-verify extracts from the text.
+        reference: the benchmark's reference answer (a GSM8K solution with ``####`` is accepted).
+    """
+    return math_reward_with(response, reference, _DEFAULT_CONFIG)
+
+
+_DEFAULT_CONFIG = MathRewardConfig()

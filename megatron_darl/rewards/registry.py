@@ -1,0 +1,89 @@
+"""The reward registry: task name -> ``reward_fn(record, response_text) -> float``.
+
+The rollout worker and the evaluation harness look a record's ``task`` up here and never
+branch on benchmarks themselves. One table keyed by the ``Task`` enum; every entry adapts a
+``PromptRecord`` to the verifier's own signature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable
+
+from megatron_darl.data.builtin import builtin_reward
+from megatron_darl.data.records import PromptRecord
+from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with, stdio_reward_with
+from megatron_darl.rewards.math_answer import MathRewardConfig, math_reward_with
+
+RewardFn = Callable[[PromptRecord, str], float]
+
+
+@dataclass
+class RewardConfig:
+    """Settings of every verifier (each task uses its own part)."""
+
+    math: MathRewardConfig = field(default_factory=MathRewardConfig)  # answer extraction, timeout
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)  # sandbox limits, scoring
+
+
+class Task(str, Enum):
+    """Reward families a dataset can name in ``DataConfig.task``."""
+
+    MATH = "math"  # MATH-500, AIME, LightEval-style math: \boxed / patterns + math-verify
+    GSM8K = "gsm8k"  # GSM8K: "#### N" or \boxed, compared with math-verify
+    HUMANEVAL = "humaneval"  # function completion checked by the record's check()
+    STDIO = "stdio"  # stdin/stdout programs (LiveCodeBench)
+    BUILTIN = "builtin"  # the built-in arithmetic task, exact match on "answer: N"
+
+
+def _math(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
+    return math_reward_with(response, record.reference, cfg.math)
+
+
+def _humaneval(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
+    problem = {"prompt": record.prompt, "test": record.reference,
+               "entry_point": record.metadata.get("entry_point", ""),
+               "task_id": record.metadata.get("source_id", record.prompt_id)}
+    return humaneval_reward_with(problem, response, cfg.code)
+
+
+def _stdio(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
+    return stdio_reward_with(response, record.tests, cfg.code)
+
+
+def _builtin(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
+    return builtin_reward(response, record.reference)
+
+
+REWARDS: dict[Task, Callable[[PromptRecord, str, RewardConfig], float]] = {
+    Task.MATH: _math,
+    Task.GSM8K: _math,
+    Task.HUMANEVAL: _humaneval,
+    Task.STDIO: _stdio,
+    Task.BUILTIN: _builtin,
+}
+
+
+# Verifiers that may run in worker threads. math-verify's timeout is a signal.alarm, which only
+# works in the main thread, so math tasks are scored there.
+THREAD_SAFE_TASKS = frozenset({Task.HUMANEVAL, Task.STDIO, Task.BUILTIN})
+
+
+def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:
+    """``reward_fn(record, response_text) -> float`` of ``task`` (a ``Task`` value)."""
+    try:
+        entry = REWARDS[Task(task)]
+    except ValueError:
+        raise ValueError(f"unknown reward task {task!r}; known: {[t.value for t in Task]}") from None
+    cfg = cfg or RewardConfig()
+
+    def reward_fn(record: PromptRecord, response: str) -> float:
+        return entry(record, response, cfg)
+
+    return reward_fn
+
+
+def score(record: PromptRecord, response: str, cfg: RewardConfig | None = None) -> float:
+    """Reward of ``response`` to ``record`` under the record's own task."""
+    return get_reward_fn(record.task, cfg)(record, response)

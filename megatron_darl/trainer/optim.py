@@ -1,0 +1,105 @@
+"""Megatron DDP, the distributed (ZeRO-1) Adam optimizer and the warmup-then-constant LR.
+
+Everything here is Megatron's own machinery (``DistributedDataParallel`` with contiguous grad
+buckets, ``get_megatron_optimizer`` -> ``DistributedOptimizer`` with fp32 master weights,
+``OptimizerParamScheduler``) configured for RL post-training: no loss scaling (fp32 on CPU, bf16
+on GPU), gradients reduced once after the last micro-batch (``overlap_grad_reduce=False``: an RL
+step has few micro-batches, and this keeps the CPU path free of CUDA streams), and the loss
+normalised per token by Megatron itself (``calculate_per_token_loss``: each micro-batch returns
+its loss *sum* and token count; ``finalize_model_grads`` divides the gradients by the token count
+summed over micro-batches and DP ranks). Keyword arguments that differ between megatron-core
+0.16 and 0.19 are filtered against the installed signatures.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from megatron_darl.trainer.config import OptimizerConfig, TrainerConfig
+
+
+def supported_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``kwargs`` that ``fn`` accepts (megatron-core APIs move between releases)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs)
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def wrap_ddp(chunks: list, parallel_state, cfg: TrainerConfig, bf16: bool) -> list:
+    """Wrap model chunks in Megatron DDP and make DP replicas start from identical weights."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_kwargs = dict(
+        grad_reduce_in_fp32=bool(bf16 and cfg.grad_reduce_in_fp32),
+        overlap_grad_reduce=False,
+        overlap_param_gather=False,
+        use_distributed_optimizer=cfg.optimizer.use_distributed_optimizer,
+        check_for_nan_in_grad=False,
+        bucket_size=None,
+    )
+    ddp_config = DistributedDataParallelConfig(
+        **supported_kwargs(DistributedDataParallelConfig, ddp_kwargs)
+    )
+    wrapped = []
+    for chunk in chunks:
+        kwargs = dict(
+            config=chunk.config, ddp_config=ddp_config, module=chunk,
+            pg_collection=parallel_state.pg_collection,
+        )
+        ddp = DistributedDataParallel(**supported_kwargs(DistributedDataParallel.__init__, kwargs))
+        ddp.broadcast_params()
+        wrapped.append(ddp)
+    return wrapped
+
+
+def build_optimizer(ddp_chunks: list, opt: OptimizerConfig, parallel_state, bf16: bool):
+    """Megatron optimizer (distributed when configured) over the DDP-wrapped chunks."""
+    from megatron.core import optimizer as mopt
+
+    mcfg_kwargs = dict(
+        optimizer="adam", lr=opt.lr, min_lr=opt.min_lr, weight_decay=opt.weight_decay,
+        adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps,
+        clip_grad=opt.clip_grad, bf16=bf16, fp16=False,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_distributed_optimizer=opt.use_distributed_optimizer,
+        decoupled_weight_decay=True,
+    )
+    mcfg = mopt.OptimizerConfig(**supported_kwargs(mopt.OptimizerConfig, mcfg_kwargs))
+    kwargs: dict[str, Any] = dict(
+        config=mcfg, model_chunks=ddp_chunks, pg_collection=parallel_state.pg_collection,
+        use_gloo_process_groups=False,  # refused together with pg_collection
+    )
+    if hasattr(mopt, "get_standard_config_overrides"):
+        # No weight decay on norms/biases (Megatron's classic rule; the default in <=0.15).
+        kwargs["config_overrides"] = mopt.get_standard_config_overrides(mcfg)
+    return mopt.get_megatron_optimizer(**supported_kwargs(mopt.get_megatron_optimizer, kwargs))
+
+
+def build_lr_scheduler(optimizer, opt: OptimizerConfig):
+    """Linear warmup from ``warmup_init_lr`` to ``lr`` over ``warmup_steps``, then constant.
+
+    The trainer advances the scheduler *before* each optimizer step, so step k (0-based) runs at
+    ``warmup_init_lr + (lr - warmup_init_lr) * (k + 1) / warmup_steps`` during warmup: the first
+    step already moves the weights even when ``warmup_init_lr`` is 0.
+    """
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=opt.warmup_init_lr if opt.warmup_steps > 0 else opt.lr,
+        max_lr=opt.lr,
+        min_lr=min(opt.min_lr, opt.lr),
+        lr_warmup_steps=opt.warmup_steps,
+        lr_decay_steps=opt.warmup_steps + 1,
+        lr_decay_style="constant",
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=1,
+        wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=True,
+        override_opt_param_scheduler=False,
+    )

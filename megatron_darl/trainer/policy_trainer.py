@@ -1,0 +1,265 @@
+"""The Megatron policy trainer: log-prob pass, train step, snapshots, HF export.
+
+``PolicyTrainer`` owns one rank's model chunks (Qwen3 ``GPTModel`` in Megatron DDP), the
+distributed Adam optimizer and the LR schedule. The training loop talks to it through a small
+contract and nothing else:
+
+* ``compute_logprobs(batch)`` forward-only log-probs of the scored tokens;
+* ``train_step(batch, loss_fn)`` one optimizer step; ``loss_fn(logp, batch_slice)`` returns the
+  *sum* of per-token losses of a micro-batch and a dict of float stats. The trainer divides by
+  the number of scored tokens of the whole step (all micro-batches, all DP ranks), so the update
+  is the token mean of DESIGN 4.6 whatever the DP size or micro-batch split. It knows nothing
+  about PPO: the algorithm's token-mean ``policy_loss`` becomes a sum by multiplying by the
+  micro-batch's token count (``batch_slice.num_loss_tokens``).
+* ``snapshot(version)`` / ``compute_logprobs(batch, version=k)`` for exact backfill;
+* ``export_hf_stage()`` HF-named full tensors of this pipeline stage, for weight sync;
+* ``checkpoint.save_checkpoint`` / ``load_checkpoint`` (separate module).
+
+Every rank of a DP replica (its TP x PP ranks) must call these with the same batch; each DP
+replica passes its own shard. Results are returned on every rank of the replica.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
+from megatron_darl.trainer.config import TrainerConfig
+from megatron_darl.trainer.flops import forward_flops, mfu, train_flops
+from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, wrap_ddp
+from megatron_darl.trainer.schedule import run_schedule
+from megatron_darl.trainer.snapshots import ParamSnapshots
+
+# (logp (n,) fp32 differentiable, batch_slice) -> (loss_sum scalar tensor, {stat: float})
+LossFn = Callable[[torch.Tensor, TrainBatch], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class StepResult:
+    """What one ``train_step`` reports (identical on every rank)."""
+
+    loss: float  # token-mean loss over the step (all micro-batches and DP ranks)
+    grad_norm: float  # global gradient norm before clipping
+    lr: float  # learning rate used by this step
+    num_tokens: int  # all tokens of the step over DP (prompt + response)
+    num_loss_tokens: int  # scored tokens of the step over DP
+    seconds: float  # wall time of the step
+    tokens_per_s: float  # num_tokens / seconds (all DP replicas together)
+    mfu: float  # model FLOPs utilisation (see flops.py)
+    stats: dict[str, float] = field(default_factory=dict)  # loss_fn stats, token-weighted mean
+
+
+class PolicyTrainer:
+    """One rank's share of the policy: model, optimizer, schedule, step counter and version."""
+
+    def __init__(self, cfg: TrainerConfig, parallel_state, hf_config: Any, model_chunks=None):
+        """Build (or adopt) the model chunks, wrap them in DDP, build optimizer and scheduler.
+
+        Args:
+            cfg: trainer configuration.
+            parallel_state: ``parallel.ParallelState`` of this rank.
+            hf_config: the policy's HF config (``transformers`` config or dict).
+            model_chunks: pre-built Megatron chunks (tests); default ``build_qwen3_model`` with
+                random init, then ``cfg.init_checkpoint`` loaded when set.
+        """
+        from megatron_darl.models.qwen3.config import spec_from_hf
+
+        self.cfg = cfg
+        self.ps = parallel_state
+        self.hf_config = hf_config
+        self.spec = spec_from_hf(hf_config)
+        self.bf16 = bool(cfg.bf16 and not self.ps.on_cpu)
+        chunks = model_chunks if model_chunks is not None else self._build_chunks()
+        if cfg.init_checkpoint:
+            from megatron_darl.trainer.checkpoint import load_model_weights
+
+            load_model_weights(chunks, cfg.init_checkpoint, self.ps)
+        self._configure(chunks[0].config)
+        self.model = wrap_ddp(chunks, self.ps, cfg, self.bf16)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ps, self.bf16)
+        self.scheduler = build_lr_scheduler(self.optimizer, cfg.optimizer)
+        self.step = 0  # optimizer steps taken
+        self.version = 0  # weight version published after the last step (DESIGN 3)
+        self.needs_attention_mask = bool(getattr(chunks[0], "needs_attention_mask", False))
+        params = [p for chunk in self.model for p in chunk.module.parameters()]
+        self.snapshots = ParamSnapshots(params, pin=self.ps.device.type == "cuda")
+
+    # ------------------------------------------------------------------ construction
+    def _build_chunks(self) -> list:
+        from megatron_darl.models.qwen3.model import build_qwen3_model
+
+        overrides: dict[str, Any] = {"calculate_per_token_loss": True}
+        if self.ps.tp_size > 1 and self.cfg.sequence_parallel and not self.ps.on_cpu:
+            overrides["sequence_parallel"] = True
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        torch.manual_seed(self.cfg.seed)
+        return build_qwen3_model(self.hf_config, self.ps, dtype=dtype, **overrides)
+
+    def _configure(self, config) -> None:
+        """Model-config switches the trainer relies on (set before DDP reads them)."""
+        from megatron.core.distributed import finalize_model_grads
+
+        if config.sequence_parallel and self.cfg.micro_batch.pad_multiple % self.ps.tp_size:
+            raise ValueError(
+                f"micro_batch.pad_multiple={self.cfg.micro_batch.pad_multiple} must be a "
+                f"multiple of tp={self.ps.tp_size} with sequence parallelism"
+            )
+        config.calculate_per_token_loss = True
+        config.variable_seq_lengths = True
+        config.finalize_model_grads_func = finalize_model_grads
+
+    @property
+    def model_chunks(self) -> list:
+        """The unwrapped Megatron chunks (for the HF mapping and checkpoints)."""
+        return [chunk.module for chunk in self.model]
+
+    # ------------------------------------------------------------------ batches
+    def _check(self, batch: TrainBatch) -> None:
+        if batch.num_sequences == 0:
+            raise ValueError(f"empty TrainBatch on dp_rank {self.ps.dp_rank}")
+        max_len = self.cfg.micro_batch.max_seq_len
+        too_long = torch.nonzero(batch.seq_lens > max_len).flatten().tolist()
+        if too_long:
+            i = too_long[0]
+            raise ValueError(
+                f"sequence {i} of the batch has {int(batch.seq_lens[i])} tokens, over "
+                f"micro_batch.max_seq_len={max_len} ({len(too_long)} sequence(s) too long)"
+            )
+        vocab = self.spec.vocab_size
+        if int(batch.input_ids.min()) < 0 or int(batch.input_ids.max()) >= vocab:
+            raise ValueError(f"token ids must be in [0, {vocab}) (vocab_size of the model)")
+
+    def _microbatches(self, batch: TrainBatch, score_mask: torch.Tensor) -> list[MicroBatch]:
+        mb = self.cfg.micro_batch
+        return split_microbatches(batch, score_mask, mb.token_budget, mb.pad_multiple, self.ps.device)
+
+    def _run(self, microbatches: list[MicroBatch], on_logprobs, forward_only: bool) -> None:
+        run_schedule(
+            self.model, microbatches, on_logprobs, forward_only=forward_only,
+            tp_group=self.ps.tp_group, vocab_size=self.spec.vocab_size,
+            chunk_tokens=self.cfg.micro_batch.logprob_chunk_tokens,
+            needs_attention_mask=self.needs_attention_mask,
+        )
+
+    def _last_stage_rank(self) -> int:
+        return dist.get_global_rank(self.ps.pp_group, self.ps.pp_size - 1)
+
+    # ------------------------------------------------------------------ log-prob pass
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch, version: int | None = None) -> torch.Tensor:
+        """Per-token log-probs of ``batch``'s scored tokens under the current weights.
+
+        Args:
+            batch: this DP replica's sequences (same on all its TP x PP ranks).
+            version: a snapshotted weight version to score under instead of the current one.
+
+        Returns:
+            (T,) fp32 on CPU, aligned with ``batch.input_ids``: ``log p(token_t | tokens_<t)``
+            where ``batch.loss_mask`` is True, 0 elsewhere. Same on every rank of the replica.
+        """
+        self._check(batch)
+        if version is not None and version != self.version:
+            with self.snapshots.swapped_in(version):
+                return self.compute_logprobs(batch)
+        out = torch.zeros(batch.num_tokens, dtype=torch.float32, device=self.ps.device)
+        zero = torch.zeros((), device=self.ps.device)
+
+        def on_logprobs(logp: torch.Tensor, mb: MicroBatch):
+            out[mb.source_index.to(out.device)] = logp.float()
+            return zero, torch.tensor(logp.shape[0], dtype=torch.int, device=zero.device), {}
+
+        for chunk in self.model:
+            chunk.eval()
+        self._run(self._microbatches(batch, batch.loss_mask), on_logprobs, forward_only=True)
+        if self.ps.pp_size > 1:
+            dist.broadcast(out, src=self._last_stage_rank(), group=self.ps.pp_group)
+        return out.cpu()
+
+    def logprob_flops(self, batch: TrainBatch) -> float:
+        """Forward FLOPs of a log-prob pass over ``batch`` (for MFU of that pass)."""
+        return forward_flops(self.spec, batch.seq_lens.tolist())
+
+    # ------------------------------------------------------------------ train step
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> StepResult:
+        """Forward/backward over ``batch`` with ``loss_fn``, then one optimizer step.
+
+        Increments ``step`` and ``version``. The loss is normalised by the step's total number
+        of scored tokens over all DP ranks (Megatron's per-token loss path).
+        """
+        self._check(batch)
+        if batch.num_loss_tokens == 0:
+            raise ValueError(f"TrainBatch on dp_rank {self.ps.dp_rank} has no scored tokens")
+        start = time.perf_counter()
+        records: list[tuple[int, torch.Tensor, dict[str, float]]] = []
+
+        def on_logprobs(logp: torch.Tensor, mb: MicroBatch):
+            loss_sum, stats = loss_fn(logp, mb.batch)
+            if loss_sum.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar loss sum, got {tuple(loss_sum.shape)}")
+            records.append((int(logp.shape[0]), loss_sum.detach(), stats))
+            n = torch.tensor(logp.shape[0], dtype=torch.int, device=logp.device)
+            return loss_sum, n, {}
+
+        for chunk in self.model:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self._run(self._microbatches(batch, batch.loss_mask), on_logprobs, forward_only=False)
+        self.scheduler.step(increment=1)  # LR of this step (see optim.build_lr_scheduler)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        _, grad_norm, _ = self.optimizer.step()
+        self.step += 1
+        self.version += 1
+        if self.ps.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        return self._step_result(batch, records, grad_norm, lr, seconds)
+
+    def _step_result(self, batch, records, grad_norm, lr, seconds) -> StepResult:
+        """Reduce loss and stats over DP (last stage) and share them over PP."""
+        keys = sorted(records[0][2]) if records else []
+        local = torch.zeros(4 + len(keys), dtype=torch.float64, device=self.ps.device)
+        local[0] = batch.num_tokens
+        local[1] = train_flops(self.spec, batch.seq_lens.tolist())
+        for n, loss_sum, stats in records:
+            local[2] += n
+            local[3] += float(loss_sum)
+            for j, key in enumerate(keys):
+                local[4 + j] += n * float(stats[key])
+        if self.ps.dp_size > 1:
+            dist.all_reduce(local, group=self.ps.dp_group)
+        local = local.cpu()
+        if self.ps.pp_size > 1:  # loss and stats live on the last stage
+            shared = [keys, local[2:]]
+            dist.broadcast_object_list(shared, src=self._last_stage_rank(), group=self.ps.pp_group)
+            keys, local = shared[0], torch.cat([local[:2], shared[1]])
+        tokens, flops, loss_tokens, loss_total = (float(x) for x in local[:4])
+        return StepResult(
+            loss=loss_total / max(loss_tokens, 1.0),
+            grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+            lr=lr,
+            num_tokens=int(tokens),
+            num_loss_tokens=int(loss_tokens),
+            seconds=seconds,
+            tokens_per_s=tokens / seconds,
+            mfu=mfu(flops, seconds, self.ps.world_size, self.cfg.peak_tflops),
+            stats={k: float(local[4 + j]) / max(loss_tokens, 1.0) for j, k in enumerate(keys)},
+        )
+
+    # ------------------------------------------------------------------ snapshots and export
+    def snapshot(self, version: int | None = None, keep_last: int | None = None) -> None:
+        """Keep a host copy of this rank's weights as ``version`` (default: the current one)."""
+        self.snapshots.take(self.version if version is None else version)
+        if keep_last is not None:
+            self.snapshots.keep_last(keep_last)
+
+    def export_hf_stage(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full_tensor)`` of this pipeline stage (collective over the TP group)."""
+        from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
+
+        return megatron_to_hf_stage(self.model_chunks, self.ps)

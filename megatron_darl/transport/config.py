@@ -1,0 +1,95 @@
+"""Typed configs of the transport between trainer and rollout processes.
+
+One small dataclass per concern so that the trainer, the rollout worker and the tests can each
+take only what they use; ``TransportConfig`` bundles them for Hydra (``configs/rollout/``).
+Defaults are production defaults; tests shrink the timeouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ControlPlaneConfig:
+    """Where the TCPStore served by trainer rank 0 lives and who is expected to meet there."""
+
+    host: str = "127.0.0.1"  # host of trainer rank 0 (first trainer node under Slurm)
+    port: int = 29600  # TCPStore port on that host
+    num_workers: int = 1  # rollout workers expected (worker ids 0..num_workers-1)
+    num_hubs: int = 1  # trainer DP hub ranks (one per DP replica: TP0, first PP stage)
+    num_stages: int = 1  # trainer PP stages, each with one weight-sync leader
+    store_timeout_s: float = 300.0  # connect/wait timeout of every store operation
+    poll_interval_s: float = 0.005  # sleep between non-blocking store polls
+
+    def __post_init__(self) -> None:
+        for name in ("num_workers", "num_hubs", "num_stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ControlPlaneConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ControlPlaneConfig.port must be in [0, 65535], got {self.port}")
+        if self.store_timeout_s <= 0:
+            raise ValueError(f"ControlPlaneConfig.store_timeout_s must be > 0, got {self.store_timeout_s}")
+
+
+@dataclass
+class HeartbeatConfig:
+    """Liveness: every process posts a beat; monitors name a peer silent for ``timeout_s``."""
+
+    interval_s: float = 1.0  # seconds between two beats of one process
+    timeout_s: float = 10.0  # a peer with no new beat for this long is reported dead
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError(f"HeartbeatConfig.interval_s must be > 0, got {self.interval_s}")
+        if self.timeout_s <= 2 * self.interval_s:
+            raise ValueError(
+                f"HeartbeatConfig.timeout_s ({self.timeout_s}) must exceed 2 * interval_s ({self.interval_s})"
+            )
+
+
+@dataclass
+class ChannelConfig:
+    """Sample channel rollout -> DP hub: back-pressure and the staleness bound (DESIGN.md 3)."""
+
+    groups_per_step: int = 1  # B: prompt groups the trainer consumes per optimizer step
+    max_staleness: int = 0  # eta: groups_started <= (t + eta + 1) * groups_per_step
+    max_unacked_per_hub: int = 8  # groups a worker may have posted but not yet acked, per hub
+    send_timeout_s: float = 600.0  # longest a worker waits for a hub to make room (back-pressure)
+
+    def __post_init__(self) -> None:
+        if self.groups_per_step < 1:
+            raise ValueError(f"ChannelConfig.groups_per_step must be >= 1, got {self.groups_per_step}")
+        if self.max_staleness < 0:
+            raise ValueError(f"ChannelConfig.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_unacked_per_hub < 1:
+            raise ValueError(
+                f"ChannelConfig.max_unacked_per_hub must be >= 1, got {self.max_unacked_per_hub}"
+            )
+
+
+@dataclass
+class WeightSyncConfig:
+    """Trainer PP-stage leaders -> all rollout workers, over the data-plane process groups."""
+
+    backend: str = "auto"  # "gloo", "nccl", or "auto" (nccl when CUDA is available)
+    bucket_bytes: int = 1 << 30  # target bytes per broadcast bucket (~1 GiB)
+    join_timeout_s: float = 120.0  # how long a sender waits for live workers to reach a safe point
+    collective_timeout_s: float = 300.0  # timeout of group construction and of every broadcast
+    ack_timeout_s: float = 300.0  # how long the coordinator waits for every live worker's ack
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"WeightSyncConfig.backend must be auto|gloo|nccl, got {self.backend!r}")
+        if self.bucket_bytes < 1:
+            raise ValueError(f"WeightSyncConfig.bucket_bytes must be >= 1, got {self.bucket_bytes}")
+
+
+@dataclass
+class TransportConfig:
+    """Everything the transport needs, as composed by Hydra from ``configs/rollout/``."""
+
+    control: ControlPlaneConfig = field(default_factory=ControlPlaneConfig)  # store + world
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)  # liveness
+    channel: ChannelConfig = field(default_factory=ChannelConfig)  # samples rollout -> hub
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)  # weights -> rollout

@@ -1,0 +1,119 @@
+"""Framing of a ``SampleGroup`` as two flat tensors (int64 and float32) and as bytes.
+
+Why two tensors: every field of a group is either an integer (ids, lengths, versions) or a
+float32 (behavior log-probs, rewards), so a group crosses any transport (store bytes today, a
+point-to-point NCCL/gloo send if groups grow large) as exactly two contiguous buffers with no
+pickling. Float32 log-probs round-trip bitwise: they are the behavior density and are never
+recomputed.
+
+Layout of ``ints`` (int64): ``[MAGIC, VERSION, group_id, prompt_id, worker_id, seq,
+start_version, started_index, G, (sample_id, P, T, truncated) * G, prompt ids..., response ids...,
+token versions...]``; ``floats`` (float32): ``[rewards (G), behavior log-probs...]``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import torch
+
+from megatron_darl.samples import Sample, SampleGroup
+
+MAGIC = 0x44415231  # "DAR1"
+FORMAT_VERSION = 1
+_HEAD = 9  # ints before the per-sample table
+_PER_SAMPLE = 4
+
+
+@dataclass(frozen=True)
+class GroupMeta:
+    """Channel bookkeeping that travels with a group."""
+
+    seq: int  # per (worker, hub) sequence number: the exactly-once key
+    start_version: int  # published version the worker read when it started the group
+    started_index: int  # global groups_started count taken by this group (staleness bound)
+
+
+@dataclass
+class ReceivedGroup:
+    """What a hub hands to the loop: the group and its channel bookkeeping."""
+
+    group: SampleGroup  # the samples, exactly as the worker sent them
+    meta: GroupMeta  # sequence number and staleness bookkeeping
+
+
+@dataclass
+class GroupFrame:
+    """A group as two flat tensors."""
+
+    ints: torch.Tensor  # (I,) int64
+    floats: torch.Tensor  # (F,) float32
+
+    def to_bytes(self) -> bytes:
+        ints = self.ints.contiguous().numpy().tobytes()
+        floats = self.floats.contiguous().numpy().tobytes()
+        return struct.pack("<QQ", self.ints.numel(), self.floats.numel()) + ints + floats
+
+    @staticmethod
+    def from_bytes(data: bytes) -> "GroupFrame":
+        n_int, n_float = struct.unpack_from("<QQ", data, 0)
+        off = 16
+        ints = torch.frombuffer(bytearray(data[off : off + 8 * n_int]), dtype=torch.int64)
+        off += 8 * n_int
+        floats = torch.frombuffer(bytearray(data[off : off + 4 * n_float]), dtype=torch.float32)
+        if ints.numel() != n_int or floats.numel() != n_float:
+            raise ValueError(f"truncated group frame: {len(data)} bytes")
+        return GroupFrame(ints=ints, floats=floats)
+
+
+def frame_group(group: SampleGroup, meta: GroupMeta) -> GroupFrame:
+    """Pack ``group`` and ``meta`` into a ``GroupFrame``."""
+    samples = group.samples
+    head = [MAGIC, FORMAT_VERSION, group.group_id, group.prompt_id, group.worker_id, meta.seq,
+            meta.start_version, meta.started_index, len(samples)]
+    table = []
+    for s in samples:
+        table += [s.sample_id, s.prompt_ids.numel(), s.num_tokens, int(s.truncated)]
+    parts = [torch.tensor(head + table, dtype=torch.int64)]
+    parts += [s.prompt_ids.to(torch.int64).reshape(-1) for s in samples]
+    parts += [s.response_ids.to(torch.int64).reshape(-1) for s in samples]
+    parts += [s.token_versions.to(torch.int64).reshape(-1) for s in samples]
+    floats = [torch.tensor([s.reward for s in samples], dtype=torch.float32)]
+    floats += [s.behavior_logprobs.to(torch.float32).reshape(-1) for s in samples]
+    return GroupFrame(ints=torch.cat(parts), floats=torch.cat(floats))
+
+
+def unframe_group(frame: GroupFrame) -> ReceivedGroup:
+    """Inverse of ``frame_group``; raises ``ValueError`` on a malformed frame."""
+    ints, floats = frame.ints, frame.floats
+    if ints.numel() < _HEAD or int(ints[0]) != MAGIC or int(ints[1]) != FORMAT_VERSION:
+        raise ValueError("not a sample-group frame (bad magic or format version)")
+    head = ints[:_HEAD].tolist()
+    group_id, prompt_id, worker_id, seq, start_version, started_index, g = head[2:]
+    table = ints[_HEAD : _HEAD + _PER_SAMPLE * g].view(g, _PER_SAMPLE).tolist() if g else []
+    lens_p = [row[1] for row in table]
+    lens_t = [row[2] for row in table]
+    expect_i = _HEAD + _PER_SAMPLE * g + sum(lens_p) + 2 * sum(lens_t)
+    if ints.numel() != expect_i or floats.numel() != g + sum(lens_t):
+        raise ValueError(f"group {group_id}: frame sizes do not match its sample table")
+    off = _HEAD + _PER_SAMPLE * g
+    prompts, off = _split(ints, off, lens_p)
+    responses, off = _split(ints, off, lens_t)
+    versions, _ = _split(ints, off, lens_t)
+    logprobs, _ = _split(floats, g, lens_t)
+    samples = [
+        Sample(sample_id=row[0], prompt_ids=p, response_ids=r, behavior_logprobs=lp,
+               token_versions=v, reward=float(floats[i]), truncated=bool(row[3]))
+        for i, (row, p, r, v, lp) in enumerate(zip(table, prompts, responses, versions, logprobs))
+    ]
+    group = SampleGroup(group_id=group_id, prompt_id=prompt_id, samples=samples, worker_id=worker_id)
+    return ReceivedGroup(group=group, meta=GroupMeta(seq, start_version, started_index))
+
+
+def _split(t: torch.Tensor, off: int, lengths: list[int]) -> tuple[list[torch.Tensor], int]:
+    out = []
+    for n in lengths:
+        out.append(t[off : off + n].clone())
+        off += n
+    return out, off

@@ -1,0 +1,150 @@
+"""Heartbeats and peer monitoring over the control-plane store.
+
+Why a counter and not a timestamp: trainer and rollout run on different hosts whose clocks need
+not agree, so each process posts an increasing beat number and a monitor measures, on its own
+clock, how long a peer's beat has not changed. One background thread per process both posts its
+own beat and watches its peers, on its own store connection (a blocked main thread, e.g. in a
+long generate or collective, does not stop the beat). A peer silent for ``timeout_s`` is reported
+once, by role, rank and host; the owner decides what that means (the trainer goes on, a worker
+exits non-zero).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch.distributed as dist
+
+from megatron_darl.transport.config import ControlPlaneConfig, HeartbeatConfig
+from megatron_darl.transport.store import Keys, MemberInfo, connect_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeerLoss:
+    """One report of a silent peer (or of the store itself going away)."""
+
+    peer: str  # MemberInfo.describe() of the peer, or "trainer 0 (store ...)"
+    role: str  # role of the lost peer
+    rank: int  # rank of the lost peer
+    silent_s: float  # seconds since its last observed beat
+    step: int  # the owner's step (Heartbeat.step) when the loss was noticed
+
+
+class Heartbeat:
+    """Post this process's beat and report watched peers that fall silent.
+
+    Args:
+        control: where the store is; the thread opens its own connection.
+        cfg: beat interval and timeout.
+        me: this process.
+        watch: ``(role, rank)`` of the peers to monitor; a peer counts from its first beat.
+        on_loss: called once per lost peer from the heartbeat thread.
+        store_is_peer: the member whose loss the store becoming unreachable means (the trainer
+            rank 0 that serves it); ``None`` on trainer rank 0 itself.
+    """
+
+    def __init__(
+        self,
+        control: ControlPlaneConfig,
+        cfg: HeartbeatConfig,
+        me: MemberInfo,
+        watch: list[tuple[str, int]] = (),
+        on_loss: Callable[[PeerLoss], None] | None = None,
+        store_is_peer: tuple[str, int] | None = None,
+    ) -> None:
+        self.cfg, self.me, self.step = cfg, me, 0
+        self._control = control
+        self._watch = list(watch)
+        self._on_loss = on_loss or (lambda loss: None)
+        self._store_peer = store_is_peer
+        self._seen: dict[tuple[str, int], tuple[str, float, str]] = {}  # value, when, describe
+        self._lost: dict[tuple[str, int], PeerLoss] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._store: dist.TCPStore | None = None
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{me.role}-{me.rank}", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._store = connect_store(self._control, who=self.me.describe())
+        self._beat(0)
+        self._thread.start()
+        return self
+
+    def watch(self, role: str, rank: int) -> None:
+        """Add a peer to the watch list."""
+        with self._lock:
+            if (role, rank) not in self._watch:
+                self._watch.append((role, rank))
+
+    def lost(self) -> list[PeerLoss]:
+        """Peers reported lost and not back since."""
+        with self._lock:
+            return list(self._lost.values())
+
+    def is_alive(self, role: str, rank: int) -> bool:
+        """Seen beating and not currently lost."""
+        with self._lock:
+            return (role, rank) in self._seen and (role, rank) not in self._lost
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5 * self.cfg.interval_s + 1)
+
+    def _beat(self, n: int) -> None:
+        payload = json.dumps({"beat": n, "member": self.me.to_json()})
+        self._store.set(Keys.heartbeat(self.me.role, self.me.rank), payload)
+
+    def _run(self) -> None:
+        n, store_ok_at = 0, time.monotonic()
+        while not self._stop.wait(self.cfg.interval_s):
+            n += 1
+            try:
+                self._beat(n)
+                self._check_peers()
+                store_ok_at = time.monotonic()
+            except (RuntimeError, dist.DistError, OSError) as exc:
+                silent = time.monotonic() - store_ok_at
+                if self._store_peer is not None and silent > self.cfg.timeout_s:
+                    role, rank = self._store_peer
+                    peer = f"{role} {rank} (store {self._control.host}:{self._control.port}: {exc})"
+                    self._report(PeerLoss(peer, role, rank, silent, self.step), (role, rank))
+                    return
+
+    def _check_peers(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            watch = list(self._watch)
+        keys = [Keys.heartbeat(r, k) for r, k in watch]
+        for (role, rank), key in zip(watch, keys):
+            if not self._store.check([key]):
+                continue
+            raw = self._store.get(key).decode()
+            prev = self._seen.get((role, rank))
+            if prev is None or prev[0] != raw:
+                member = MemberInfo.from_json(json.loads(raw)["member"])
+                with self._lock:
+                    self._seen[(role, rank)] = (raw, now, member.describe())
+                    back = self._lost.pop((role, rank), None)
+                if back is not None:
+                    log.warning("%s is beating again (step %d)", member.describe(), self.step)
+                continue
+            silent = now - prev[1]
+            if silent > self.cfg.timeout_s and (role, rank) not in self._lost:
+                self._report(PeerLoss(prev[2], role, rank, silent, self.step), (role, rank))
+
+    def _report(self, loss: PeerLoss, key: tuple[str, int]) -> None:
+        with self._lock:
+            self._lost[key] = loss
+        log.error(
+            "%s lost: no heartbeat for %.1f s (timeout %.1f s) at step %d",
+            loss.peer, loss.silent_s, self.cfg.timeout_s, loss.step,
+        )
+        self._on_loss(loss)

@@ -1,0 +1,98 @@
+"""Data-plane process groups built directly over the control-plane store.
+
+Why not ``torch.distributed.init_process_group``/``new_group``: a trainer rank already holds the
+Megatron default group, and a process may have only one default group. The data plane is
+therefore constructed as standalone ``ProcessGroupGloo``/``ProcessGroupNCCL`` objects over a
+``PrefixStore`` of the trainer's TCPStore; they share nothing with the default group, so a trainer
+rank can hold both. Members change when a worker dies or joins, so groups are keyed by an epoch
+prefix and rebuilt rather than repaired.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from megatron_darl.transport.store import TransportTimeout
+
+
+@dataclass
+class DataPlaneGroup:
+    """One data-plane group and how to address it."""
+
+    pg: dist.ProcessGroup  # the standalone process group
+    rank: int  # this process's rank in it
+    size: int  # members
+    backend: str  # "gloo" or "nccl"
+    name: str  # store prefix, used in errors
+    timeout_s: float  # timeout of every collective on it
+
+    @property
+    def device(self) -> torch.device:
+        """Where tensors for this group must live."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def broadcast(self, tensor: torch.Tensor, root: int, what: str) -> None:
+        """In-place broadcast from group rank ``root`` with the group timeout; errors say ``what``."""
+        self.broadcast_async(tensor, root, what)()
+
+    def broadcast_async(self, tensor: torch.Tensor, root: int, what: str) -> Callable[[], None]:
+        """Start an in-place broadcast; returns a function that waits for it (with the timeout)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        timeout = _dt.timedelta(seconds=self.timeout_s)
+        opts.timeout = timeout
+        try:
+            work = self.pg.broadcast([tensor], opts)
+        except (RuntimeError, dist.DistError) as exc:
+            raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
+
+        def wait() -> None:
+            try:
+                if not work.wait(timeout):
+                    raise TransportTimeout(f"{self.name}: broadcast of {what} timed out after {self.timeout_s:.0f} s")
+            except (RuntimeError, dist.DistError) as exc:
+                raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
+
+        return wait
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> ``nccl`` when CUDA is available, else ``gloo``."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return backend
+
+
+def build_group(
+    store: dist.Store, name: str, rank: int, size: int, backend: str, timeout_s: float
+) -> DataPlaneGroup:
+    """Construct a standalone group of ``size`` members under store prefix ``name``.
+
+    Blocks until every member constructed it (gloo connects eagerly; NCCL lazily at the first
+    collective), at most ``timeout_s``.
+    """
+    if not 0 <= rank < size:
+        raise ValueError(f"{name}: rank {rank} outside group of size {size}")
+    backend = resolve_backend(backend)
+    prefixed = dist.PrefixStore(f"dp/{name}/", store)
+    timeout = _dt.timedelta(seconds=timeout_s)
+    try:
+        if backend == "gloo":
+            pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+        elif backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            pg = dist.ProcessGroupNCCL(prefixed, rank, size, opts)
+        else:
+            raise ValueError(f"WeightSyncConfig.backend: unknown backend {backend!r}")
+    except (RuntimeError, dist.DistError) as exc:
+        raise TransportTimeout(
+            f"data-plane group {name}: rank {rank}/{size} could not connect within {timeout_s:.0f} s: {exc}"
+        ) from exc
+    return DataPlaneGroup(pg=pg, rank=rank, size=size, backend=backend, name=name, timeout_s=timeout_s)

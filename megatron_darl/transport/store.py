@@ -1,0 +1,209 @@
+"""Control plane: the TCPStore served by trainer rank 0, rendezvous records and key names.
+
+Trainer and rollout workers are separate process trees (Slurm job steps); the store is the only
+thing they share before the data-plane groups exist. Every blocking store call here has a timeout
+and a failure names what was awaited. Key names live in ``Keys`` so that no module invents its own.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+import torch.distributed as dist
+
+from megatron_darl.transport.config import ControlPlaneConfig
+
+TRAINER = "trainer"  # role of a Megatron trainer rank (hub, stage leader or rank 0)
+WORKER = "rollout"  # role of a rollout worker
+
+
+class TransportTimeout(TimeoutError):
+    """A store wait, a collective or a handshake ran past its timeout."""
+
+
+class PeerLostError(RuntimeError):
+    """A peer stopped heartbeating or closed its connection; the message names it."""
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """Who a process is: posted at rendezvous and in every heartbeat."""
+
+    role: str  # TRAINER or WORKER
+    rank: int  # trainer global rank, or rollout worker id
+    host: str  # hostname the process runs on
+    pid: int  # process id on that host
+
+    def describe(self) -> str:
+        """Human-readable name used in every error and report, e.g. ``rollout 3 (node7, pid 42)``."""
+        return f"{self.role} {self.rank} ({self.host}, pid {self.pid})"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str | bytes) -> "MemberInfo":
+        return MemberInfo(**json.loads(text))
+
+    @staticmethod
+    def here(role: str, rank: int) -> "MemberInfo":
+        """This process, as ``role`` ``rank``."""
+        return MemberInfo(role=role, rank=rank, host=socket.gethostname(), pid=os.getpid())
+
+
+class Keys:
+    """Every key the transport writes into the store."""
+
+    STOP = "ctl/stop"  # set once: workers drain and exit 0
+    PUBLISHED = "ctl/published_version"  # int: last version every live worker acked
+    STARTED = "stale/groups_started"  # counter for the staleness bound
+
+    @staticmethod
+    def member(role: str, rank: int) -> str:
+        return f"rdzv/{role}/{rank}"
+
+    @staticmethod
+    def exited(role: str, rank: int) -> str:
+        return f"rdzv/{role}/{rank}/exited"
+
+    @staticmethod
+    def heartbeat(role: str, rank: int) -> str:
+        return f"hb/{role}/{rank}"
+
+    @staticmethod
+    def sample(hub: int, worker: int, seq: int) -> str:
+        return f"ch/{hub}/{worker}/{seq}"
+
+    @staticmethod
+    def sample_ack(hub: int, worker: int) -> str:
+        return f"ch/{hub}/{worker}/acked"
+
+
+def serve_store(cfg: ControlPlaneConfig) -> dist.TCPStore:
+    """Serve the control-plane store (trainer rank 0 only); port 0 is not allowed here."""
+    return dist.TCPStore(
+        cfg.host, cfg.port, is_master=True, wait_for_workers=False,
+        timeout=_dt.timedelta(seconds=cfg.store_timeout_s),
+    )
+
+
+def connect_store(cfg: ControlPlaneConfig, who: str = "client") -> dist.TCPStore:
+    """Connect to the store served by trainer rank 0, retrying until ``store_timeout_s``."""
+    deadline = time.monotonic() + cfg.store_timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return dist.TCPStore(
+                cfg.host, cfg.port, is_master=False,
+                timeout=_dt.timedelta(seconds=min(cfg.store_timeout_s, max(1.0, deadline - time.monotonic()))),
+            )
+        except (RuntimeError, dist.DistError) as exc:  # refused: the trainer is not up yet
+            last = exc
+            time.sleep(0.2)
+    raise TransportTimeout(
+        f"{who}: no control-plane store at {cfg.host}:{cfg.port} (trainer rank 0) after "
+        f"{cfg.store_timeout_s:.0f} s: {last}"
+    )
+
+
+def register(store: dist.Store, me: MemberInfo) -> None:
+    """Post this process's rendezvous record."""
+    store.set(Keys.member(me.role, me.rank), me.to_json())
+
+
+def lookup(store: dist.Store, role: str, rank: int) -> MemberInfo | None:
+    """Rendezvous record of ``role`` ``rank``, or None when it has not joined."""
+    key = Keys.member(role, rank)
+    if not store.check([key]):
+        return None
+    return MemberInfo.from_json(store.get(key))
+
+
+def describe_peer(store: dist.Store, role: str, rank: int) -> str:
+    """``MemberInfo.describe`` of a peer, or ``role rank (not joined)``."""
+    try:
+        info = lookup(store, role, rank)
+    except (RuntimeError, dist.DistError):
+        info = None
+    return info.describe() if info is not None else f"{role} {rank} (not joined)"
+
+
+def wait_key(store: dist.Store, key: str, timeout_s: float, what: str) -> None:
+    """Block until ``key`` exists; on timeout raise ``TransportTimeout`` saying ``what`` was awaited."""
+    try:
+        store.wait([key], _dt.timedelta(seconds=timeout_s))
+    except (RuntimeError, dist.DistError) as exc:
+        if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
+            raise TransportTimeout(f"timed out after {timeout_s:.1f} s waiting for {what} (key {key})") from exc
+        raise
+
+
+def get_int(store: dist.Store, key: str, default: int) -> int:
+    """Integer value of ``key``, or ``default`` when it is absent (never blocks)."""
+    if not store.check([key]):
+        return default
+    return int(store.get(key))
+
+
+def published_version(store: dist.Store) -> int:
+    """Last weight version every live worker acked (0 before the first publish)."""
+    return get_int(store, Keys.PUBLISHED, 0)
+
+
+def stop_requested(store: dist.Store) -> bool:
+    """True once the trainer asked workers to drain and exit."""
+    return bool(store.check([Keys.STOP]))
+
+
+def request_stop(store: dist.Store) -> None:
+    """Ask every worker to finish its in-flight groups and exit 0."""
+    store.set(Keys.STOP, "1")
+
+
+def post_exit(store: dist.Store, me: MemberInfo, code: int) -> None:
+    """Say this process is leaving cleanly (best effort: the store may already be gone)."""
+    try:
+        store.set(Keys.exited(me.role, me.rank), str(code))
+    except (RuntimeError, dist.DistError):
+        pass
+
+
+def wait_for_exits(store: dist.Store, role: str, ranks: list[int], timeout_s: float, poll_s: float = 0.01) -> list[int]:
+    """Wait until every rank in ``ranks`` posted its exit; returns those that did not in time.
+
+    Trainer rank 0 calls this before closing the store so that workers can drain and leave
+    without seeing the store vanish under them.
+    """
+    deadline = time.monotonic() + timeout_s
+    left = list(ranks)
+    while left and time.monotonic() < deadline:
+        left = [r for r in left if not store.check([Keys.exited(role, r)])]
+        if left:
+            time.sleep(poll_s)
+    return left
+
+
+def first_slurm_host(env: Mapping[str, str]) -> str:
+    """First host of ``SLURM_JOB_NODELIST`` (e.g. ``gpu[03-05],gpu09`` -> ``gpu03``).
+
+    Called only from ``launch/`` (the one place that reads the environment), which passes
+    ``os.environ``; the trainer's first node serves the store.
+    """
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise ValueError("SLURM_JOB_NODELIST is not set: pass control.host explicitly")
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if match is None:
+        raise ValueError(f"SLURM_JOB_NODELIST {nodelist!r} is not a Slurm node list")
+    prefix, ranges = match.group(1), match.group(2)
+    if ranges is None:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first

@@ -1,0 +1,338 @@
+"""Weight sync: each trainer PP-stage leader broadcasts HF-named full tensors to all rollout workers.
+
+Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pickles:
+
+1. the stage-s leader offers v; each live worker, at its next safe point (between generation
+   steps), posts "ready for (v, s)";
+2. the leader waits for every live worker (heartbeat) to be ready, at most ``join_timeout_s``,
+   names the missing ones, and posts a plan: the member list and a group epoch. The data-plane
+   group {leader s} + members is rebuilt only when the members change (a dead worker never
+   blocks a later sync; a stalled one delays a sync by at most ``join_timeout_s``);
+3. the leader streams buckets of ~``bucket_bytes``: a small JSON header per bucket in the store
+   (names, dtypes, shapes, byte offsets) and one flat uint8 tensor broadcast over the group
+   (dtype-agnostic, one collective per bucket; each tensor 16-byte aligned, viewed back in place on
+   the receiver); the next bucket is packed while the previous one is in flight;
+4. each worker loads every bucket in place (``Engine.load_weights``) and, once all stages are in,
+   acks v; the coordinator (stage 0 leader) moves the published version to v when every live
+   member acked (dead ones are reported by name and dropped). A worker that missed a stage keeps
+   no valid version and generates nothing until the next sync.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
+from megatron_darl.transport.heartbeat import Heartbeat
+from megatron_darl.transport.process_group import DataPlaneGroup, build_group
+from megatron_darl.transport.store import (
+    WORKER, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
+)
+
+log = logging.getLogger(__name__)
+_ALIGN = 16
+
+
+class SyncKeys:
+    """Store keys of the weight-sync handshake."""
+
+    @staticmethod
+    def offer(stage: int) -> str:
+        return f"ws/offer/{stage}"
+
+    @staticmethod
+    def ready(version: int, stage: int, worker: int) -> str:
+        return f"ws/{version}/{stage}/ready/{worker}"
+
+    @staticmethod
+    def plan(version: int, stage: int) -> str:
+        return f"ws/{version}/{stage}/plan"
+
+    @staticmethod
+    def bucket(version: int, stage: int, index: int) -> str:
+        return f"ws/{version}/{stage}/bucket/{index}"
+
+    @staticmethod
+    def ack(worker: int) -> str:
+        return f"ws/ack/{worker}"
+
+
+@dataclass
+class BucketEntry:
+    """Where one tensor sits in a bucket's byte buffer."""
+
+    name: str  # HF parameter name
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    shape: list[int]  # full tensor shape
+    offset: int  # byte offset in the bucket buffer (16-byte aligned)
+    nbytes: int  # bytes of the tensor
+
+
+@dataclass
+class SyncReport:
+    """What one ``publish`` did on one stage leader."""
+
+    version: int  # version offered
+    stage: int  # PP stage of this leader
+    members: list[int]  # workers the stage was broadcast to
+    missing: list[str] = field(default_factory=list)  # live workers left out (not ready/failed)
+    acked: list[int] = field(default_factory=list)  # coordinator only: workers that acked
+    published: bool = False  # coordinator only: the published version moved to ``version``
+    buckets: int = 0  # buckets broadcast
+    bytes: int = 0  # payload bytes broadcast
+    seconds: float = 0.0  # wall time of publish
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in a weight bucket header")
+    return dtype
+
+
+def _buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    bucket, size = [], 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    if bucket:
+        yield bucket
+
+
+def _pack(bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> tuple[list[BucketEntry], torch.Tensor]:
+    entries, off = [], 0
+    for name, t in bucket:
+        nbytes = t.numel() * t.element_size()
+        entries.append(BucketEntry(name, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes))
+        off += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    buf = torch.empty(max(off, 1), dtype=torch.uint8, device=device)
+    for e, (_, t) in zip(entries, bucket):
+        if e.nbytes:
+            buf[e.offset : e.offset + e.nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return entries, buf
+
+
+def _unpack(entries: list[BucketEntry], buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    return [
+        (e.name, buf[e.offset : e.offset + e.nbytes].view(_dtype(e.dtype)).view(e.shape)) for e in entries
+    ]
+
+
+class WeightSender:
+    """One trainer PP-stage leader's end of weight sync.
+
+    Args:
+        stage: this leader's PP stage; stage 0 is the coordinator that moves the published version.
+        heartbeat: the trainer's heartbeat, which watches the workers (who is live).
+    """
+
+    def __init__(
+        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, stage: int,
+        heartbeat: Heartbeat, device: torch.device | None = None,
+    ) -> None:
+        if not 0 <= stage < control.num_stages:
+            raise ValueError(f"stage {stage} outside 0..{control.num_stages - 1}")
+        self._store, self._control, self.cfg, self.stage = store, control, cfg, stage
+        self._hb = heartbeat
+        for w in range(control.num_workers):
+            heartbeat.watch(WORKER, w)
+        self._group: DataPlaneGroup | None = None
+        self._members: list[int] = []
+        self._epoch = 0
+        self._device = device
+
+    def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncReport:
+        """Broadcast this stage's HF-named full tensors as ``version``; stage 0 also waits for acks."""
+        start = time.monotonic()
+        self._store.set(SyncKeys.offer(self.stage), str(version))
+        members, missing = self._gather_ready(version)
+        report = SyncReport(version=version, stage=self.stage, members=members, missing=missing)
+        if members != self._members or self._group is None:
+            self._epoch += 1
+        plan = {"epoch": self._epoch, "members": members}
+        self._store.set(SyncKeys.plan(version, self.stage), json.dumps(plan))
+        if members:
+            try:
+                self._ensure_group(members)
+                report.buckets, report.bytes = self._stream(version, named_tensors)
+            except TransportTimeout as exc:
+                log.error("weight sync v%d stage %d failed, members %s: %s", version, self.stage, members, exc)
+                report.missing += [describe_peer(self._store, WORKER, w) for w in members]
+                self._group, self._members = None, []
+        if self.stage == 0:
+            self._await_acks(version, members, report)
+        report.seconds = time.monotonic() - start
+        return report
+
+    def _live_workers(self) -> list[int]:
+        return [w for w in range(self._control.num_workers) if self._hb.is_alive(WORKER, w)]
+
+    def _gather_ready(self, version: int) -> tuple[list[int], list[str]]:
+        deadline = time.monotonic() + self.cfg.join_timeout_s
+        while True:
+            live = self._live_workers()
+            ready = [w for w in range(self._control.num_workers)
+                     if self._store.check([SyncKeys.ready(version, self.stage, w)])]
+            waiting = [w for w in live if w not in ready]
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(self._control.poll_interval_s)
+        missing = [describe_peer(self._store, WORKER, w) for w in waiting]
+        if missing:
+            log.error("weight sync v%d stage %d: not ready after %.0f s, left out: %s",
+                      version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
+        return sorted(ready), missing
+
+    def _ensure_group(self, members: list[int]) -> None:
+        if self._group is not None and members == self._members:
+            return
+        self._group = None
+        name = f"ws/{self.stage}/{self._epoch}"
+        self._group = build_group(self._store, name, 0, len(members) + 1, self.cfg.backend,
+                                  self.cfg.collective_timeout_s)
+        self._members = members
+
+    def _stream(self, version: int, named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
+        group, n, total, pending = self._group, 0, 0, None
+        device = self._device or group.device
+        for bucket in _buckets(named, self.cfg.bucket_bytes):
+            entries, buf = _pack(bucket, device)
+            if pending is not None:
+                pending()
+            header = {"last": False, "size": buf.numel(), "entries": [e.__dict__ for e in entries]}
+            self._store.set(SyncKeys.bucket(version, self.stage, n), json.dumps(header))
+            pending = group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n}")
+            n, total = n + 1, total + sum(e.nbytes for e in entries)
+        if pending is not None:
+            pending()
+        self._store.set(SyncKeys.bucket(version, self.stage, n), json.dumps({"last": True}))
+        return n, total
+
+    def _await_acks(self, version: int, members: list[int], report: SyncReport) -> None:
+        deadline = time.monotonic() + self.cfg.ack_timeout_s
+        waiting = list(members)
+        while waiting and time.monotonic() < deadline:
+            acked = [w for w in waiting if get_int(self._store, SyncKeys.ack(w), -1) >= version]
+            report.acked += acked
+            dead = [w for w in waiting if w not in acked and not self._hb.is_alive(WORKER, w)]
+            for w in dead:
+                report.missing.append(describe_peer(self._store, WORKER, w))
+            waiting = [w for w in waiting if w not in acked and w not in dead]
+            if waiting:
+                time.sleep(self._control.poll_interval_s)
+        if waiting:
+            names = [describe_peer(self._store, WORKER, w) for w in waiting]
+            log.error("weight sync v%d: no ack after %.0f s from %s; they sit out until the next sync",
+                      version, self.cfg.ack_timeout_s, "; ".join(names))
+            report.missing += names
+        if version > published_version(self._store) or not self._store.check([Keys.PUBLISHED]):
+            self._store.set(Keys.PUBLISHED, str(version))
+        report.published = True
+
+
+class WeightReceiver:
+    """A rollout worker's end of weight sync; call ``maybe_sync`` at safe points.
+
+    Args:
+        load: ``Engine.load_weights``, called once per bucket with views into the received buffer.
+        initial_version: version of the weights the engine starts with (0: the same checkpoint the
+            trainer starts from), or -1 when the engine must wait for a first sync.
+    """
+
+    def __init__(
+        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
+        load: Callable[[Iterable[tuple[str, torch.Tensor]]], None], initial_version: int = 0,
+        device: torch.device | None = None,
+    ) -> None:
+        self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
+        self._load, self._device = load, device
+        self.version = initial_version  # weights the engine holds now; -1 = none valid
+        self._attempted = max(initial_version, get_int(store, SyncKeys.ack(worker_id), -1))
+        self._groups: dict[int, tuple[int, DataPlaneGroup]] = {}  # stage -> (epoch, group)
+
+    def pending(self) -> int | None:
+        """Version offered by stage 0 and not yet attempted, or None."""
+        v = get_int(self._store, SyncKeys.offer(0), -1)
+        return v if v > self._attempted else None
+
+    def can_generate(self) -> bool:
+        """True while the engine holds at least the published version (DESIGN.md section 3)."""
+        return self.version >= 0 and self.version >= published_version(self._store)
+
+    def maybe_sync(self) -> int | None:
+        """Take part in an offered sync, if any; returns the new version when it was loaded."""
+        version = self.pending()
+        if version is None:
+            return None
+        self._attempted = version
+        ok = True
+        for stage in range(self._control.num_stages):
+            ok = self._receive_stage(version, stage) and ok
+        if not ok:
+            self.version = -1
+            log.error("rollout %d: incomplete sync of v%d; waiting for the next", self.worker_id, version)
+            return None
+        self.version = version
+        self._store.set(SyncKeys.ack(self.worker_id), str(version))
+        return version
+
+    def _receive_stage(self, version: int, stage: int) -> bool:
+        what = f"rollout {self.worker_id}, sync v{version} stage {stage}"
+        deadline = time.monotonic() + self.cfg.join_timeout_s
+        while get_int(self._store, SyncKeys.offer(stage), -1) < version:
+            if time.monotonic() > deadline:
+                log.error("%s: stage leader never offered it", what)
+                return False
+            time.sleep(self._control.poll_interval_s)
+        self._store.set(SyncKeys.ready(version, stage, self.worker_id), "1")
+        try:
+            wait_key(self._store, SyncKeys.plan(version, stage), 2 * self.cfg.join_timeout_s, f"{what}: plan")
+            plan = json.loads(self._store.get(SyncKeys.plan(version, stage)))
+            if self.worker_id not in plan["members"]:
+                log.error("%s: left out of the plan (late)", what)
+                return False
+            group = self._group(stage, plan["epoch"], plan["members"])
+            self._receive_buckets(version, stage, group, what)
+            return True
+        except TransportTimeout as exc:
+            log.error("%s failed: %s", what, exc)
+            self._groups.pop(stage, None)
+            return False
+
+    def _group(self, stage: int, epoch: int, members: list[int]) -> DataPlaneGroup:
+        cached = self._groups.get(stage)
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        self._groups.pop(stage, None)
+        group = build_group(self._store, f"ws/{stage}/{epoch}", 1 + members.index(self.worker_id),
+                            len(members) + 1, self.cfg.backend, self.cfg.collective_timeout_s)
+        self._groups[stage] = (epoch, group)
+        return group
+
+    def _receive_buckets(self, version: int, stage: int, group: DataPlaneGroup, what: str) -> None:
+        index = 0
+        while True:
+            key = SyncKeys.bucket(version, stage, index)
+            wait_key(self._store, key, self.cfg.collective_timeout_s, f"{what}: bucket {index} header")
+            header = json.loads(self._store.get(key))
+            if header["last"]:
+                return
+            buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
+            group.broadcast(buf, 0, f"{what} bucket {index}")
+            entries = [BucketEntry(**e) for e in header["entries"]]
+            named = _unpack(entries, buf)
+            if self._device is not None and self._device != buf.device:
+                named = [(n, t.to(self._device)) for n, t in named]
+            self._load(named)
+            index += 1

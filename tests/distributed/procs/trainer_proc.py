@@ -1,0 +1,131 @@
+"""A stand-in trainer rank for transport tests: hub, PP-stage leader, store host.
+
+Started as its own process tree (like the trainer Slurm job step). Rank 0 serves the control
+store; all ranks also join a gloo *default* group of their own (as Megatron ranks do), so the
+test proves the data-plane groups coexist with it. Every ``step``: hub ranks receive groups
+(``--hub-delay-s`` each: a deliberately slow trainer), ranks meet at a default-group barrier, then
+each stage leader publishes the next version from ``--source``. Writes JSON lines under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+from megatron_darl.transport import (
+    TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, PeerLoss, SampleHub,
+    TransportTimeout, WeightSender, WeightSyncConfig, connect_store, register, request_stop, serve_store,
+    wait_for_exits,
+)
+from megatron_darl.transport.staleness import StalenessGate
+from megatron_darl.transport.config import ChannelConfig
+from tests.distributed.procs.sources import load_source
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    for name, typ, default in [
+        ("port", int, 0), ("default-port", int, 0), ("rank", int, 0), ("world", int, 1),
+        ("workers", int, 1), ("hubs", int, 1), ("stages", int, 1), ("steps", int, 1),
+        ("gps", int, 1), ("eta", int, 0), ("hub-delay-s", float, 0.0), ("hb-interval", float, 0.2),
+        ("hb-timeout", float, 2.0), ("join-timeout", float, 2.0), ("timeout", float, 60.0),
+        ("drain-timeout", float, 30.0),
+        ("out", str, ""), ("model-dir", str, ""), ("source", str, "tests.distributed.procs.sources:hf_stages"),
+    ]:
+        p.add_argument(f"--{name}", type=typ, default=default)
+    return p.parse_args()
+
+
+def emit(out: str, name: str, record: dict) -> None:
+    with open(os.path.join(out, name), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def main() -> int:
+    a = parse()
+    logging.basicConfig(level=logging.INFO, format=f"[trainer {a.rank}] %(message)s")
+    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
+                                 num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.002)
+    store = serve_store(control) if a.rank == 0 else connect_store(control, who=f"trainer {a.rank}")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.default_port}", rank=a.rank,
+                            world_size=a.world, timeout=dt.timedelta(seconds=a.timeout))
+    me = MemberInfo.here(TRAINER, a.rank)
+    register(store, me)
+
+    def on_loss(loss: PeerLoss) -> None:
+        emit(a.out, "losses.jsonl", {"peer": loss.peer, "role": loss.role, "rank": loss.rank,
+                                     "time": time.time(), "step": loss.step})
+
+    hb = Heartbeat(control, HeartbeatConfig(a.hb_interval, a.hb_timeout), me, on_loss=on_loss,
+                   store_is_peer=None if a.rank == 0 else (TRAINER, 0)).start()
+    sync_cfg = WeightSyncConfig(backend="gloo", bucket_bytes=64 * 1024, join_timeout_s=a.join_timeout,
+                                collective_timeout_s=a.timeout, ack_timeout_s=a.timeout)
+    sender = WeightSender(store, control, sync_cfg, a.rank, hb) if a.rank < a.stages else None
+    hub = SampleHub(store, control, a.rank) if a.rank < a.hubs else None
+    source = load_source(a.source)
+    per_hub = a.gps // a.hubs
+    for step in range(1, a.steps + 1):
+        hb.step = step
+        if hub is not None:
+            _receive(a, hub, per_hub, step)
+        dist.monitored_barrier(timeout=dt.timedelta(seconds=a.timeout))
+        if sender is not None:
+            report = sender.publish(step, source(a.model_dir, step, a.rank, a.stages))
+            emit(a.out, f"sync{a.rank}.jsonl", {**report.__dict__, "time": time.time()})
+        dist.monitored_barrier(timeout=dt.timedelta(seconds=a.timeout))
+    if a.rank == 0:
+        request_stop(store)
+        if hub is not None:
+            _drain(a, hub, store, ChannelConfig(a.gps, a.eta))
+        emit(a.out, "done.jsonl", {"steps": a.steps, "duplicates": hub.duplicates_dropped if hub else 0,
+                                   "started": StalenessGate(store, ChannelConfig(a.gps, a.eta)).started()})
+        live = [w for w in range(a.workers) if hb.is_alive(WORKER, w)]
+        wait_for_exits(store, WORKER, live, a.timeout)
+    dist.monitored_barrier(timeout=dt.timedelta(seconds=a.timeout))
+    hb.close()
+    dist.destroy_process_group()
+    return 0
+
+
+def _receive(a: argparse.Namespace, hub: SampleHub, n: int, step: int) -> None:
+    for got in hub.receive(n, a.timeout, step=step):
+        time.sleep(a.hub_delay_s)
+        _record(a, hub, got, step)
+
+
+def _record(a: argparse.Namespace, hub: SampleHub, got, step: int) -> None:
+    g = got.group
+    emit(a.out, f"hub{hub.hub}.jsonl", {
+        "group_id": g.group_id, "worker": g.worker_id, "seq": got.meta.seq, "step": step,
+        "start_version": got.meta.start_version, "started_index": got.meta.started_index,
+        "min_token_version": min(int(s.token_versions.min()) for s in g.samples if s.num_tokens),
+        "time": time.time(),
+    })
+
+
+def _drain(a: argparse.Namespace, hub: SampleHub, store, channel: ChannelConfig) -> None:
+    """After the stop flag: take every group still in flight (workers finish what they started)."""
+    started = StalenessGate(store, channel).started()
+    deadline = time.monotonic() + a.drain_timeout
+    seen = sum(1 for _ in open(os.path.join(a.out, f"hub{hub.hub}.jsonl")))
+    while seen < started and time.monotonic() < deadline:
+        for got in hub.poll():
+            _record(a, hub, got, a.steps + 1)
+            seen += 1
+        time.sleep(0.01)
+        started = StalenessGate(store, channel).started()
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except TransportTimeout as exc:
+        logging.error("%s", exc)
+        sys.exit(2)

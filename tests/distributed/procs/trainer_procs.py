@@ -1,0 +1,115 @@
+"""Worker bodies of the trainer's distributed tests (run by ``parallel.run_local_gloo``).
+
+One launch per layout computes everything the tests compare, to keep process start-ups few:
+log-probs at init, loss/grad-norm and the full HF-named parameters after one step, and
+optionally a checkpoint (saved after step 1, then step 2 run straight) or a resume from one.
+Rank 0 writes the results to ``out_path`` with ``torch.save``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+VOCAB = 256
+SEQ_LENS = [37, 12, 25, 40, 9, 30, 18, 33]
+PROMPT_LEN = 6
+
+
+def tiny_hf_config_dict() -> dict:
+    """The tiny Qwen3 every trainer test uses (HF ``config.json`` content)."""
+    return dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=VOCAB, hidden_size=64,
+        intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=512,
+    )
+
+
+def make_batch(indices: list[int] | None = None):
+    """The fixed test batch (or the sequences ``indices`` of it), with two loss fields."""
+    from megatron_darl.trainer.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(7)
+    tokens = [torch.randint(0, VOCAB, (n,), generator=g) for n in SEQ_LENS]
+    masks = [torch.arange(n) >= PROMPT_LEN for n in SEQ_LENS]
+    prox = [-5.5 + 0.1 * torch.randn(n, generator=g) for n in SEQ_LENS]
+    weight = [0.5 + torch.rand(n, generator=g) for n in SEQ_LENS]
+    adv = torch.randn(len(SEQ_LENS), generator=g)
+    full = TrainBatch.from_sequences(tokens, masks, {"prox": prox, "w": weight}, {"adv": adv})
+    return full if indices is None else full.select(indices)
+
+
+def toy_loss(logp: torch.Tensor, batch_slice):
+    """A PPO-shaped token-sum loss that uses every kind of field (trainer-agnostic)."""
+    ratio = torch.exp(logp - batch_slice.masked("prox"))
+    per_token = -ratio * batch_slice.per_token("adv") * batch_slice.masked("w")
+    return per_token.sum(), {"ratio_mean": float(ratio.mean())}
+
+
+def _trainer(tp: int, pp: int, hf_dir: str, token_budget: int):
+    from megatron_darl.models.qwen3.weights import load_hf_checkpoint
+    from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
+    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.policy_trainer import PolicyTrainer
+
+    ps = init_parallel(ParallelConfig(tp=tp, pp=pp, timeout_s=300))
+    cfg = TrainerConfig(
+        optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6),
+        micro_batch=MicroBatchConfig(token_budget=token_budget, max_seq_len=64, pad_multiple=8),
+        bf16=False,
+    )
+    from megatron_darl.models.qwen3.model import build_qwen3_model
+
+    chunks = build_qwen3_model(tiny_hf_config_dict(), ps, calculate_per_token_loss=True)
+    load_hf_checkpoint(chunks, hf_dir, ps)
+    return PolicyTrainer(cfg, ps, tiny_hf_config_dict(), model_chunks=chunks), ps
+
+
+def gather_hf_params(trainer, ps) -> dict[str, torch.Tensor] | None:
+    """All HF-named full tensors on global rank 0 (stages and DP replica 0 only)."""
+    mine = {k: v.detach().cpu().clone() for k, v in trainer.export_hf_stage()}
+    if ps.dp_rank != 0 or ps.tp_rank != 0:
+        mine = {}
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    out: dict[str, torch.Tensor] = {}
+    for part in parts:
+        out.update(part)
+    return out
+
+
+def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save, ckpt_load):
+    """Log-probs, one step, params; optionally checkpoint after step 1 or resume and step."""
+    from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    trainer, ps = _trainer(tp, pp, hf_dir, token_budget=96)
+    shard = list(range(ps.dp_rank, len(SEQ_LENS), ps.dp_size))
+    batch = make_batch(shard)
+    result: dict = {"logp0": trainer.compute_logprobs(batch), "shard": shard}
+    trainer.snapshot()  # version 0
+    step = trainer.train_step(batch, toy_loss)
+    result.update(step1=step, params1=gather_hf_params(trainer, ps))
+    result["logp1"] = trainer.compute_logprobs(batch)
+    result["logp0_snapshot"] = trainer.compute_logprobs(batch, version=0)
+    result["logp1_after_swap"] = trainer.compute_logprobs(batch)
+    if ckpt_save:
+        save_checkpoint(trainer, ckpt_save, extra_state={"dp_rank": ps.dp_rank})
+        result["step2"] = trainer.train_step(batch, toy_loss)
+        result["params2"] = gather_hf_params(trainer, ps)
+    if ckpt_load:
+        resumed = load_checkpoint(trainer, ckpt_load)
+        result["resumed"] = {"step": trainer.step, "version": trainer.version, "extra": resumed}
+        result["step2"] = trainer.train_step(batch, toy_loss)
+        result["params2"] = gather_hf_params(trainer, ps)
+    # every rank's log-probs must agree within the replica; keep rank 0's plus a max diff
+    logps = [None] * world_size
+    dist.all_gather_object(logps, (ps.dp_rank, result["logp0"]))
+    result["replica_logp_spread"] = max(
+        float((lp - result["logp0"]).abs().max()) for r, lp in logps if r == ps.dp_rank
+    )
+    all_logp = [None] * world_size
+    dist.all_gather_object(all_logp, (shard, result["logp0"], result["logp1"]))
+    if rank == 0:
+        result["all_logp"] = all_logp
+        torch.save(result, out_path)

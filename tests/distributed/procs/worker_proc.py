@@ -1,0 +1,94 @@
+"""A rollout worker for transport tests: the real ``RolloutWorker`` with the tiny HF engine.
+
+Started as its own process tree (like the rollout Slurm job step). ``--stall-at k --stall-s s``
+makes the k-th engine call sleep (a stalled worker); at exit the engine's state dict and version
+are saved under ``--out`` so a test can compare them bitwise with the trainer's export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+
+from megatron_darl.rollout.engines import EngineConfig, SamplingConfig, build_engine
+from megatron_darl.rollout.prompts import PromptRecord, PromptSource
+from megatron_darl.rollout.worker import RolloutWorker, RolloutWorkerConfig
+from megatron_darl.transport import (
+    ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
+)
+
+
+class StallingEngine:
+    """Delegates to an engine; its ``stall_at``-th generate call first sleeps ``stall_s``."""
+
+    def __init__(self, engine, stall_at: int, stall_s: float, out: str, worker: int) -> None:
+        self.engine, self.stall_at, self.stall_s, self.calls = engine, stall_at, stall_s, 0
+        self.out, self.worker = out, worker
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        if self.calls == self.stall_at:
+            start = time.time()
+            time.sleep(self.stall_s)
+            with open(os.path.join(self.out, f"stall{self.worker}.json"), "w") as f:
+                json.dump({"start": start, "end": time.time()}, f)
+        return self.engine.generate(prompts, sampling)
+
+    def load_weights(self, named):
+        self.engine.load_weights(named)
+
+    def close(self):
+        self.engine.close()
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    for name, typ, default in [
+        ("port", int, 0), ("worker", int, 0), ("workers", int, 1), ("hubs", int, 1), ("stages", int, 1),
+        ("gps", int, 1), ("eta", int, 0), ("batch", int, 4), ("n", int, 2), ("max-new", int, 4),
+        ("hb-interval", float, 0.2), ("hb-timeout", float, 2.0), ("join-timeout", float, 2.0),
+        ("timeout", float, 60.0), ("stall-at", int, 0), ("stall-s", float, 0.0), ("out", str, ""),
+        ("model-dir", str, ""),
+    ]:
+        p.add_argument(f"--{name}", type=typ, default=default)
+    return p.parse_args()
+
+
+def main() -> int:
+    a = parse()
+    logging.basicConfig(level=logging.INFO, format=f"[rollout {a.worker}] %(message)s")
+    torch.set_num_threads(1)
+    transport = TransportConfig(
+        control=ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
+                                   num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.002),
+        heartbeat=HeartbeatConfig(a.hb_interval, a.hb_timeout),
+        channel=ChannelConfig(groups_per_step=a.gps, max_staleness=a.eta, max_unacked_per_hub=4,
+                              send_timeout_s=a.timeout),
+        weight_sync=WeightSyncConfig(backend="gloo", join_timeout_s=a.join_timeout,
+                                     collective_timeout_s=a.timeout, ack_timeout_s=a.timeout),
+    )
+    engine = build_engine(EngineConfig(backend="hf", model_path=a.model_dir, device="cpu", max_batch_size=64))
+    if a.stall_at:
+        engine = StallingEngine(engine, a.stall_at, a.stall_s, a.out, a.worker)
+    records = [PromptRecord(prompt_id=i, token_ids=(1 + i % 200, 2, 3), record=i) for i in range(64)]
+    worker = RolloutWorker(
+        RolloutWorkerConfig(worker_id=a.worker, groups_per_batch=a.batch, reward_threads=2),
+        transport, engine, PromptSource(records, a.worker, a.workers, seed=0),
+        SamplingConfig(n=a.n, max_new_tokens=a.max_new, temperature=1.0, seed=a.worker),
+        reward_fn=lambda record, text: float(len(text) % 3), decode=lambda ids: " ".join(map(str, ids)),
+    )
+    code = worker.run()
+    inner = engine.engine if isinstance(engine, StallingEngine) else engine
+    torch.save({"version": worker.weights_version, "state": {k: v.clone() for k, v in inner.state_dict().items()}},
+               os.path.join(a.out, f"worker{a.worker}.pt"))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

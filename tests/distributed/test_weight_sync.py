@@ -1,0 +1,44 @@
+"""Weight sync between separately launched trainer stage leaders and rollout workers (gloo).
+
+Two trainer ranks (PP stages 0 and 1, each its stage's leader, also holding a gloo default group
+as Megatron ranks do) publish versions from a swappable weight source; two rollout workers load
+them in place. The source is a TP/PP-free HF model split into two stages
+(``procs/sources.py:hf_stages``); a Megatron TP2xPP2 export plugs into ``--source``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.distributed.procs.scenario import Scenario
+from tests.distributed.procs.sources import hf_stages
+
+SOURCE = "tests.distributed.procs.sources:hf_stages"
+
+
+def test_every_worker_holds_the_export_bitwise_and_acked(tmp_path):
+    sc = Scenario(out=tmp_path, trainers=2, workers=2, stages=2, steps=3, gps=4, eta=1,
+                  trainer_args=["--source", SOURCE])
+    procs = sc.launch()
+    try:
+        codes = {name: procs.wait(name, 150) for name in ["trainer0", "trainer1", "worker0", "worker1"]}
+        assert codes == {"trainer0": 0, "trainer1": 0, "worker0": 0, "worker1": 0}, procs.logs()
+    finally:
+        procs.close()
+    final = sc.steps
+    expected = dict(hf_stages(str(tmp_path / "model"), final, 0, 2) + hf_stages(str(tmp_path / "model"), final, 1, 2))
+    for w in range(2):
+        saved = torch.load(tmp_path / f"worker{w}.pt")
+        assert saved["version"] == final
+        state = saved["state"]
+        assert set(state) == set(expected)
+        for name, tensor in expected.items():
+            assert state[name].dtype == tensor.dtype and torch.equal(state[name], tensor), name
+    coordinator = sc.records("sync0.jsonl")
+    assert [r["version"] for r in coordinator] == [1, 2, 3]
+    assert all(r["published"] and sorted(r["acked"]) == [0, 1] and not r["missing"] for r in coordinator)
+    stage1 = sc.records("sync1.jsonl")
+    assert [r["members"] for r in stage1] == [[0, 1]] * 3 and all(r["buckets"] >= 2 for r in stage1)
+    # every sample is tagged with the version it was generated with, never newer than published
+    for rec in sc.records("hub0.jsonl"):
+        assert rec["min_token_version"] >= rec["start_version"]

@@ -1,0 +1,151 @@
+"""ReplayBuffer: window eviction, per-shard quota, degenerate groups, warmup, replay cap, state."""
+
+import io
+
+import pytest
+import torch
+
+from megatron_darl.algorithms import grpo_advantages
+from megatron_darl.replay import LogProbCache, ReplayBuffer, shard_of
+from megatron_darl.samples import Sample, SampleGroup
+
+
+def make_group(group_id, version, rewards=(1.0, 0.0), length=3):
+    samples = [
+        Sample(
+            sample_id=group_id * 100 + i,
+            prompt_ids=torch.arange(4),
+            response_ids=torch.arange(length) + i,
+            behavior_logprobs=-torch.rand(length),
+            token_versions=torch.full((length,), version),
+            reward=r,
+        )
+        for i, r in enumerate(rewards)
+    ]
+    return SampleGroup(group_id=group_id, prompt_id=group_id % 7, samples=samples, worker_id=1)
+
+
+def test_advantages_computed_on_arrival():
+    buf = ReplayBuffer(k=2)
+    entry = buf.add(make_group(1, 0, rewards=(1.0, 0.0, 0.0, 1.0)), step=0)
+    expected = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long))
+    assert torch.equal(entry.advantages, expected)
+    assert entry.behavior_version == 0 and entry.arrival_step == 0 and not entry.degenerate
+    with pytest.raises(ValueError, match="already"):
+        buf.add(make_group(1, 0), step=0)
+
+
+def test_eviction_exactly_at_window_edge():
+    buf = ReplayBuffer(k=3)
+    for gid, version in enumerate([2, 3, 4, 5]):
+        buf.add(make_group(gid, version), step=version)
+    # t = 5: window [3, 5]; version 2 is the only one out
+    assert sorted(buf.evict(5)) == [0, 1]
+    assert [e.behavior_version for e in buf.entries()] == [3, 4, 5]
+    assert buf.evict(5) == []
+    assert sorted(buf.evict(6)) == [100, 101]  # t = 6: version 3 leaves
+    assert buf.version_histogram() == {4: 1, 5: 1}
+
+
+def test_evicted_sample_ids_drop_cache_rows():
+    buf, cache = ReplayBuffer(k=1), LogProbCache()
+    for gid, version in enumerate([0, 1]):
+        group = buf.add(make_group(gid, version), step=version).group
+        for s in group.samples:
+            cache.put(s.sample_id, version, s.behavior_logprobs, "engine")
+    assert cache.evict(buf.evict(1)) == 2
+    assert cache.versions(0) == [] and cache.versions(1) == []
+    assert cache.versions(100) == [1] and cache.versions(101) == [1]
+    assert len(cache) == 2
+
+
+def test_quota_per_shard_takes_lowest_scores():
+    buf = ReplayBuffer(k=4, num_shards=2)
+    for gid in range(12):
+        buf.add(make_group(gid, version=3), step=3)
+    scores = {gid: float((gid * 7) % 12) for gid in range(12)}
+    chosen = buf.select(step=5, quota=2, scores=scores)
+    for shard in (0, 1):
+        mine = [e for e in chosen if e.shard == shard]
+        pool = sorted((scores[e.group_id] for e in buf.entries(shard)))
+        assert [scores[e.group_id] for e in mine] == pool[:2]
+    assert len(chosen) == 4
+    only_one = buf.select(step=5, quota=3, scores=scores, shards=[1])
+    assert len(only_one) == 3 and {e.shard for e in only_one} == {1}
+
+
+def test_ties_go_to_fresher_group():
+    buf = ReplayBuffer(k=4)
+    for gid, version in [(1, 2), (2, 4), (3, 3), (4, 4)]:
+        buf.add(make_group(gid, version), step=version)
+    chosen = buf.select(step=9, quota=3, scores={1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5})
+    assert [e.group_id for e in chosen] == [4, 2, 3]  # version 4 (later arrival first), then 3
+
+
+def test_degenerate_groups_excluded():
+    buf = ReplayBuffer(k=4)
+    buf.add(make_group(1, 0, rewards=(1.0, 1.0, 1.0)), step=0)
+    buf.add(make_group(2, 0), step=0)
+    assert buf.entry(1).degenerate
+    assert [e.group_id for e in buf.select(1, 2, scores={1: 0.0, 2: 9.0})] == [2]
+    keep = ReplayBuffer(k=4, drop_degenerate=False)
+    keep.add(make_group(1, 0, rewards=(1.0, 1.0)), step=0)
+    assert [e.group_id for e in keep.select(1, 2, scores={1: 0.0})] == [1]
+
+
+def test_warmup_takes_freshest_and_ignores_scores():
+    buf = ReplayBuffer(k=4, warmup=2)
+    for gid, version in [(1, 0), (2, 1), (3, 1)]:
+        buf.add(make_group(gid, version), step=version)
+    low_for_old = {1: 0.0, 2: 5.0, 3: 9.0}
+    assert [e.group_id for e in buf.select(1, 2, scores=low_for_old)] == [3, 2]
+    assert [e.group_id for e in buf.select(2, 2, scores=low_for_old)] == [1, 2]
+    with pytest.raises(ValueError, match="scores"):
+        buf.select(2, 1)
+
+
+def test_replay_counts_and_cap():
+    buf = ReplayBuffer(k=4, max_replays=2)
+    buf.add(make_group(1, 0), step=0)
+    buf.add(make_group(2, 0), step=0)
+    scores = {1: 0.0, 2: 1.0}
+    assert [e.group_id for e in buf.select(1, 1, scores)] == [1]
+    assert [e.group_id for e in buf.select(2, 1, scores)] == [1]
+    assert [e.group_id for e in buf.select(3, 1, scores)] == [2]  # group 1 used its 2 replays
+    assert buf.entry(1).times_selected == 2 and buf.entry(2).times_selected == 1
+    assert [e.group_id for e in buf.candidates()] == [2]
+
+
+def test_shard_of_stable_and_balanced():
+    assert shard_of(12345, 8) == shard_of(12345, 8)
+    assert shard_of(5, 1) == 0
+    counts = torch.bincount(torch.tensor([shard_of(g * 8 + 3, 8) for g in range(8000)]))
+    assert counts.numel() == 8 and counts.min() > 850 and counts.max() < 1150
+    with pytest.raises(ValueError, match="num_shards"):
+        shard_of(1, 0)
+
+
+def test_state_round_trip_is_exact():
+    buf = ReplayBuffer(k=3, num_shards=2, warmup=1, max_replays=4)
+    for gid, version in enumerate([1, 2, 2, 3]):
+        buf.add(make_group(gid, version, rewards=(float(gid), 0.5, 2.0)), step=version)
+    buf.select(3, 1, scores={g: float(g) for g in range(4)})
+    blob = io.BytesIO()
+    torch.save(buf.state_dict(), blob)
+    blob.seek(0)
+    restored = ReplayBuffer(k=1)
+    restored.load_state_dict(torch.load(blob, weights_only=True))
+    assert (restored.k, restored.num_shards, restored.warmup, restored.max_replays) == (3, 2, 1, 4)
+    assert len(restored) == len(buf)
+    for a, b in zip(buf.entries(), restored.entries()):
+        assert (a.group_id, a.shard, a.arrival_step, a.behavior_version, a.arrival_seq,
+                a.times_selected) == (b.group_id, b.shard, b.arrival_step, b.behavior_version,
+                                      b.arrival_seq, b.times_selected)
+        assert torch.equal(a.advantages, b.advantages)
+        for sa, sb in zip(a.group.samples, b.group.samples):
+            assert sa.sample_id == sb.sample_id and sa.reward == sb.reward
+            for name in ("prompt_ids", "response_ids", "behavior_logprobs", "token_versions"):
+                assert torch.equal(getattr(sa, name), getattr(sb, name))
+    scores = {g: 1.0 for g in range(4)}
+    assert [e.group_id for e in buf.select(4, 2, scores)] == [
+        e.group_id for e in restored.select(4, 2, scores)]

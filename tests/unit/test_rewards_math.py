@@ -1,0 +1,121 @@
+"""Math rewards: every GSM8K, MATH-500 and AIME24 reference scores 1.0 against itself written in
+other forms (boxed, GSM8K marker, plain prose, decimals for fractions, thousands separators)
+and 0.0 against a changed answer. Runs over the shared benchmark files; skips without them."""
+
+import json
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from megatron_darl.rewards import MathRewardConfig, extract_answer, math_reward
+from megatron_darl.rewards.math_answer import last_boxed, math_reward_with, reference_answer
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = Path(os.environ.get("DARL_BENCHMARK_DIR", REPO.parent / "shared" / "data" / "benchmarks"))
+
+
+def _references(relpath: str) -> list[str]:
+    path = BENCH / relpath
+    if not path.is_file():
+        pytest.skip(f"benchmark file {path} not present (set DARL_BENCHMARK_DIR)")
+    return [json.loads(line)["answer"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def equivalent_forms(answer: str) -> list[str]:
+    """The same answer as a model might write it."""
+    forms = [
+        f"Let me work it out step by step.\nSo the answer is \\boxed{{{answer}}}.",
+        f"Adding things up gives the result.\n#### {answer}",
+        f"After simplifying, the final answer is ${answer}$.",
+    ]
+    frac = re.fullmatch(r"\\d?frac\{(\d+)\}\{(\d+)\}", answer)
+    if frac:
+        num, den = int(frac[1]), int(frac[2])
+        rest = den
+        for p in (2, 5):
+            while rest % p == 0:
+                rest //= p
+        if rest == 1:  # terminating decimal
+            forms.append(f"The answer is \\boxed{{{num / den}}}")
+    digits = answer.replace(",", "")
+    if re.fullmatch(r"\d{4,}", digits):
+        forms.append(f"The total is \\boxed{{{int(digits):,}}} dollars.")
+        forms.append(f"The total is {int(digits):,} dollars.")
+        forms.append(f"#### {digits}")
+    return forms
+
+
+def changed(answer: str) -> str:
+    """A different answer: the first integer in it incremented (or a term added)."""
+    m = re.search(r"\d+", answer)
+    if m:
+        return answer[: m.start()] + str(int(m.group()) + 1) + answer[m.end():]
+    return answer + "+7"
+
+
+def _failures(reference: str) -> list[str]:
+    answer = reference_answer(reference)
+    bad = [form for form in equivalent_forms(answer) if math_reward(form, reference) != 1.0]
+    wrong = changed(answer)
+    if math_reward(f"So the answer is \\boxed{{{wrong}}}.", reference) != 0.0:
+        bad.append(f"changed answer {wrong!r} accepted")
+    return bad
+
+
+@pytest.mark.parametrize("relpath", ["gsm8k/test.jsonl", "math500/test.jsonl", "aime24/test.jsonl"])
+def test_every_reference_matches_its_forms_and_rejects_changes(relpath):
+    refs = _references(relpath)
+    with ProcessPoolExecutor(2) as pool:  # math-verify uses signal.alarm: processes, not threads
+        results = list(pool.map(_failures, refs, chunksize=32))
+    failures = {ref[-60:]: bad for ref, bad in zip(refs, results) if bad}
+    assert not failures, f"{len(failures)} of {len(refs)} references failed: {list(failures.items())[:5]}"
+
+
+def test_gsm8k_reference_is_cut_at_marker():
+    assert reference_answer("She has 3 + 4 = 7 apples.\n#### 7") == "7"
+    assert math_reward("\\boxed{7}", "She has 3 + 4 = 7 apples.\n#### 7") == 1.0
+    assert math_reward("\\boxed{3}", "She has 3 + 4 = 7 apples.\n#### 7") == 0.0
+
+
+def test_last_boxed_balances_nested_braces_and_takes_the_last():
+    text = "first \\boxed{1} then \\boxed{\\frac{1}{2}} and \\fbox{x^{2}}"
+    assert last_boxed(text) == "x^{2}"
+    assert last_boxed("\\boxed{\\frac{1}{2}} done") == "\\frac{1}{2}"
+    assert last_boxed("cut off \\boxed{\\frac{1}{") is None
+    assert last_boxed("no box") is None
+
+
+def test_extraction_order_patterns_then_marker_then_boxed():
+    cfg = MathRewardConfig(answer_patterns=[r"(?i)final answer:\s*(\S+)"])
+    text = "\\boxed{3}\n#### 4\nFinal answer: 5"
+    assert extract_answer(text, cfg) == "5"
+    assert extract_answer(text) == "4"
+    assert extract_answer("so \\boxed{3}.") == "3"
+    assert extract_answer("nothing marked here") is None
+
+
+def test_configurable_pattern_changes_the_verdict():
+    response = "I think \\boxed{12}. Answer: 13"
+    assert math_reward(response, "13") == 0.0
+    cfg = MathRewardConfig(answer_patterns=[r"Answer:\s*(-?\d+)"])
+    assert math_reward_with(response, "13", cfg) == 1.0
+
+
+def test_no_fallback_means_unmarked_answers_score_zero():
+    assert math_reward("the result is $42$", "42") == 1.0
+    cfg = MathRewardConfig(fallback_to_math_verify=False)
+    assert math_reward_with("the result is $42$", "42", cfg) == 0.0
+
+
+def test_garbage_and_empty_responses_score_zero():
+    assert math_reward("", "42") == 0.0
+    assert math_reward("\\boxed{}", "42") == 0.0
+    assert math_reward("\\boxed{\\frac{", "\\frac{1}{2}") == 0.0
+
+
+def test_unparseable_reference_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot be parsed"):
+        math_reward("\\boxed{1}", "")

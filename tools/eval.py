@@ -1,0 +1,140 @@
+"""Evaluate an HF or Megatron checkpoint on the reasoning and code benchmarks.
+
+    python tools/eval.py --model DIR --benchmarks gsm8k,math500,aime24,aime25,humaneval,livecodebench --n 16
+
+Writes ``results.json``, ``results.md`` and one ``samples_<benchmark>.jsonl`` per benchmark to
+``--out-dir``. Benchmark files are found under ``--benchmark-dir`` (default
+``$DARL_BENCHMARK_DIR``, else ``<repo>/../shared/data/benchmarks``) at the paths in
+``configs/eval/benchmarks.yaml``, or at ``--<name>-path``. A Megatron checkpoint (a directory
+with ``megatron_darl.json``) is converted to a temporary HF directory first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from megatron_darl.data.loaders import load_records
+from megatron_darl.eval import (
+    EvalConfig,
+    evaluate_benchmark,
+    load_benchmark_table,
+    markdown_table,
+    resolve_benchmark,
+    resolve_hf_dir,
+    write_results,
+)
+from megatron_darl.rewards import CodeRewardConfig, MathRewardConfig, RewardConfig
+from megatron_darl.rollout.engines import EngineConfig, build_engine
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "configs" / "eval" / "benchmarks.yaml"
+DATA_PRESETS = REPO / "configs" / "data"
+CONVERTER = REPO / "tools" / "convert_megatron_to_hf.py"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    table = load_benchmark_table(TABLE)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="HF checkpoint dir, or Megatron dir with megatron_darl.json")
+    p.add_argument("--benchmarks", default="gsm8k,math500,aime24", help=f"comma list of {','.join(table)}")
+    p.add_argument("--n", type=int, default=16, help="samples per prompt")
+    p.add_argument("--k", default="", help="comma list of pass@k values (default: powers of 2 and n)")
+    p.add_argument("--out-dir", default="outputs/eval", help="where results go")
+    p.add_argument("--benchmark-dir", default=os.environ.get("DARL_BENCHMARK_DIR", str(REPO.parent / "shared/data/benchmarks")))
+    for name in table:
+        p.add_argument(f"--{name}-path", default="", help=f"{name} file (overrides --benchmark-dir)")
+    p.add_argument("--limit", type=int, default=-1, help="first N prompts per benchmark")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-prompts", type=int, default=8, help="prompts per generate call")
+    p.add_argument("--math-answer-pattern", action="append", default=[],
+                   help="regex whose group 1 is the final answer (LightEval style); repeatable, tried first")
+    p.add_argument("--stdio-scoring", choices=["all", "fraction"], default="all")
+    p.add_argument("--enable-thinking", choices=["default", "on", "off"], default="default")
+    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine generates at once")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm only")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def eval_config(args: argparse.Namespace) -> EvalConfig:
+    reward = RewardConfig(math=MathRewardConfig(answer_patterns=list(args.math_answer_pattern)),
+                          code=CodeRewardConfig(stdio_scoring=args.stdio_scoring))
+    thinking = {"default": None, "on": True, "off": False}[args.enable_thinking]
+    return EvalConfig(
+        n=args.n, ks=[int(k) for k in args.k.split(",") if k], temperature=args.temperature,
+        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        batch_prompts=args.batch_prompts, limit=args.limit, enable_thinking=thinking,
+        reward=reward, progress=not args.no_progress,
+    )
+
+
+def resolve_datasets(args: argparse.Namespace) -> dict:
+    """{name: DataConfig}; fails on unknown names and missing files before any model is loaded."""
+    table = load_benchmark_table(TABLE)
+    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    unknown = [b for b in names if b not in table]
+    if unknown:
+        raise ValueError(f"--benchmarks: unknown {unknown}; known: {sorted(table)}")
+    return {
+        name: resolve_benchmark(name, table[name], DATA_PRESETS, Path(args.benchmark_dir),
+                                getattr(args, f"{name}_path"))
+        for name in names
+    }
+
+
+def run(args: argparse.Namespace) -> tuple[Path, Path]:
+    from transformers import AutoTokenizer
+
+    cfg = eval_config(args)
+    datasets = resolve_datasets(args)
+    out_dir = Path(args.out_dir)
+    with tempfile.TemporaryDirectory(prefix="darl_eval_") as tmp:
+        model_dir = resolve_hf_dir(args.model, tmp, CONVERTER)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        engine = build_engine(EngineConfig(
+            backend=args.backend, model_path=str(model_dir), dtype=args.dtype, device=args.device,
+            max_batch_size=args.max_batch_size, tensor_parallel_size=args.tensor_parallel_size,
+        ))
+        try:
+            results = []
+            for name, data_cfg in datasets.items():
+                loaded = load_records(data_cfg)
+                if loaded.skipped:
+                    print(f"[eval] {name}: skipped {loaded.skipped} malformed rows", file=sys.stderr)
+                results.append(evaluate_benchmark(name, loaded.records, engine, tokenizer, cfg,
+                                                  out_dir / f"samples_{name}.jsonl"))
+        finally:
+            engine.close()
+    meta = {"model": str(args.model), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "backend": args.backend, "n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
+            "files": {name: d.path for name, d in datasets.items()}}
+    paths = write_results(results, out_dir, meta)
+    print(markdown_table(results))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        json_path, md_path = run(args)
+    except (FileNotFoundError, ValueError) as exc:  # user mistakes: say what, no traceback
+        print(f"[eval] error: {exc}", file=sys.stderr)
+        return 2
+    print(f"[eval] wrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
