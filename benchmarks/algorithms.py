@@ -10,7 +10,10 @@ log-prob pass left out, so the step estimate is a lower bound) at 0.45 MFU on on
 memory-bound elementwise passes over (K, N, T) tensors.
 
     python benchmarks/algorithms.py            # full size (about 3 GB of host memory)
-    python benchmarks/algorithms.py --small    # 64 x 8 x 512 smoke run
+    python benchmarks/algorithms.py --small    # 64 x 8 x 512 smoke run (128x fewer tokens)
+
+One thread by default: on a shared CPU, extra OpenMP threads spin against other jobs and make
+timings several times worse (and noisy); the single-thread time is an upper bound.
 
 Writes ``benchmarks/results/algorithms_*.json`` with metric ``seconds`` (total per step).
 """
@@ -18,6 +21,7 @@ Writes ``benchmarks/results/algorithms_*.json`` with metric ``seconds`` (total p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,7 +95,10 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="64 x 8 x 512 smoke run")
     parser.add_argument("--repeats", type=int, default=None, help="runs; the fastest is kept")
     parser.add_argument("--k", type=int, default=4, help="behavior versions in the batch")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: reproducible on a shared machine)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     prompts, samples, tokens = (64, 8, 512) if args.small else (512, 16, 4096)
     repeats = args.repeats or (3 if args.small else 2)
     x = make_inputs(prompts, samples, tokens, args.k)
@@ -101,7 +108,8 @@ def main() -> None:
     metrics = {**best, "train_step_estimate_s": step,
                "fraction_of_train_step": best["seconds"] / step}
     config = {"prompts": prompts, "samples": samples, "tokens": tokens, "k": args.k,
-              "threads": torch.get_num_threads(), "small": args.small, "repeats": repeats}
+              "threads": torch.get_num_threads(), "small": args.small, "repeats": repeats,
+              "load_avg_1min": round(os.getloadavg()[0], 2)}  # shared CPU: timings are noisy
     print_table([{**config, **metrics}])
     print(f"\nalgorithm core on CPU: {best['seconds']:.2f} s for {num_tokens / 1e6:.1f}M tokens; "
           f"a Qwen3-1.7B train step on the same tokens is >= {step:.0f} s on an H100 at "

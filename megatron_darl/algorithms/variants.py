@@ -106,6 +106,29 @@ class BatchWeights:
     alpha: torch.Tensor  # (K,) float64 token share of each version in the batch
 
 
+def _validate_batch(
+    logp_current: torch.Tensor,
+    logp_by_version: torch.Tensor,
+    versions: torch.Tensor,
+    behavior_version: torch.Tensor,
+    mask: torch.Tensor,
+) -> None:
+    if logp_by_version.dim() != 3:
+        raise ValueError(
+            f"logp_by_version must be (K, N, T), got shape {tuple(logp_by_version.shape)}"
+        )
+    k, n, t = logp_by_version.shape
+    if logp_current.shape != (n, t) or mask.shape != (n, t):
+        raise ValueError(
+            f"logp_current {tuple(logp_current.shape)} and mask {tuple(mask.shape)} must be "
+            f"({n}, {t}) to match logp_by_version {tuple(logp_by_version.shape)}"
+        )
+    if versions.shape != (k,) or behavior_version.shape != (n,):
+        raise ValueError(f"versions must be ({k},) and behavior_version ({n},)")
+    if torch.unique(versions).numel() != k:
+        raise ValueError(f"versions must be distinct, got {versions.tolist()}")
+
+
 def _own_rows(
     logp_by_version: torch.Tensor, versions: torch.Tensor, behavior_version: torch.Tensor
 ) -> torch.Tensor:
@@ -149,25 +172,17 @@ def batch_behavior_weights(
         ``BatchWeights`` with ``weights`` and ``logp_base`` for ``policy_loss``.
     """
     spec = variant_spec(variant)
-    k, n, t = logp_by_version.shape
-    if logp_current.shape != (n, t) or mask.shape != (n, t):
-        raise ValueError(
-            f"logp_current {tuple(logp_current.shape)} and mask {tuple(mask.shape)} must be "
-            f"({n}, {t}) to match logp_by_version {tuple(logp_by_version.shape)}"
-        )
-    if versions.shape != (k,) or behavior_version.shape != (n,):
-        raise ValueError(f"versions must be ({k},) and behavior_version ({n},)")
-    if torch.unique(versions).numel() != k:
-        raise ValueError(f"versions must be distinct, got {versions.tolist()}")
+    _validate_batch(logp_current, logp_by_version, versions, behavior_version, mask)
     m = mask.bool()
     logp_own = _own_rows(logp_by_version, versions, behavior_version).detach()  # (N, T)
     if version_tokens is None:
         per_sample = m.sum(dim=1).to(torch.float64)  # (N,)
         same = (behavior_version[None, :] == versions[:, None]).to(torch.float64)  # (K, N)
         version_tokens = same @ per_sample  # (K,)
-    alpha = version_alpha(version_tokens) if float(version_tokens.sum()) > 0 else (
-        torch.zeros(k, dtype=torch.float64)
-    )
+    if float(version_tokens.sum()) > 0:
+        alpha = version_alpha(version_tokens)  # (K,)
+    else:
+        alpha = torch.zeros(versions.shape[0], dtype=torch.float64)
     if spec.weight_rule is WeightRule.NONE or not bool(m.any()):
         weights = m.float()
     elif spec.weight_rule is WeightRule.OWN_BEHAVIOR:

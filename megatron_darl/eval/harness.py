@@ -10,7 +10,6 @@ table, plus a jsonl of every sample for inspection.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -23,8 +22,6 @@ from megatron_darl.data.templates import encode_prompt
 from megatron_darl.eval.metrics import avg_at_n, default_ks, mean_pass_at_k
 from megatron_darl.rewards.registry import THREAD_SAFE_TASKS, RewardConfig, Task, get_reward_fn
 from megatron_darl.rollout.engines.base import Engine, SamplingConfig
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -200,18 +200,20 @@ class ReplayBuffer:
             raise ValueError(f"scores are required after warmup (step {step} >= {self.warmup})")
         chosen: list[BufferEntry] = []
         for shard in range(self.num_shards) if shards is None else shards:
-            pool = self.candidates(shard)
-            if not warm:
-                pool = [e for e in pool if e.group_id in scores]
+            pool = self.entries(shard)
             if not pool:
                 continue
+            eligible = torch.tensor(
+                [self.eligible(e) and (warm or e.group_id in scores) for e in pool]
+            )  # (M,)
             score = torch.tensor(
-                [0.0 if warm else float(scores[e.group_id]) for e in pool], dtype=torch.float64
-            )
-            fresh = torch.tensor([float(e.behavior_version) for e in pool], dtype=torch.float64)
-            seq_rank = torch.tensor([float(e.arrival_seq) for e in pool], dtype=torch.float64)
-            freshness = fresh * (self._next_seq + 1) + seq_rank  # (M,) version, then arrival
-            idx = select_groups(score, torch.ones(len(pool), dtype=torch.bool), quota, freshness)
+                [0.0 if warm or e.group_id not in scores else float(scores[e.group_id])
+                 for e in pool], dtype=torch.float64,
+            )  # (M,) all equal during warmup: freshness decides
+            version = torch.tensor([e.behavior_version for e in pool], dtype=torch.float64)
+            seq = torch.tensor([e.arrival_seq for e in pool], dtype=torch.float64)
+            freshness = version * (self._next_seq + 1) + seq  # (M,) version, then arrival
+            idx = select_groups(score, eligible, quota, freshness)
             chosen.extend(pool[i] for i in idx.tolist())
         for e in chosen:
             e.times_selected += 1

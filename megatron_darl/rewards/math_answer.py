@@ -5,14 +5,17 @@ A wrong verifier silently trains the wrong thing, so equivalence is never hand-w
 ``1000``. This module only decides *which part* of a response is the final answer:
 
 1. the configurable patterns (LightEval style, e.g. ``(?i)final answer is:?\\s*(.+)``), last match;
-2. the GSM8K marker ``#### N``, last occurrence;
-3. the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced;
+2. the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced;
+3. the GSM8K marker ``#### N``, last occurrence that is not a markdown heading (``#### Step 1``,
+   ``#### Final Answer``: text starting with a word);
 4. otherwise math-verify's own extraction over the whole response (LaTeX, then plain expressions).
 
 References are used as stored in the benchmark files: a GSM8K solution is cut at its ``####``.
 
 Timeouts: math-verify interrupts parsing and comparison with ``signal.alarm``, which only works
-in the main thread; called from another thread the comparison runs without a timeout.
+in a main thread. In the main thread the check runs inline with those timeouts; from any other
+thread (the rollout worker scores in a thread pool) it runs in a helper process with a hard
+timeout on top (``math_pool``, ``math_worker``). ``MathRewardConfig.isolation`` can force either way.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from megatron_darl.rewards.math_pool import verify_in_helper
+
 logger = logging.getLogger(__name__)
 
 _GSM8K_MARKER = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
+_HEADING = re.compile(r"[A-Za-z]{2,}(?:\s|:|$)")  # "#### Final Answer" is markdown, not an answer
 _BOXED_OPENERS = ("\\boxed{", "\\fbox{")
 
 
@@ -39,7 +45,16 @@ class MathRewardConfig:
     gsm8k_marker: bool = True  # take the text after the last "#### "
     boxed: bool = True  # take the content of the last \boxed{...}
     fallback_to_math_verify: bool = True  # else let math-verify search the whole response
-    timeout_seconds: int = 5  # math-verify parse/compare timeout (main thread only)
+    timeout_seconds: int = 5  # math-verify's own parse/compare timeout (signal.alarm)
+    isolation: str = "auto"  # "auto": inline in the main thread, helper process elsewhere;
+    #                          "process": always a helper process; "inline": never (no timeout
+    #                          off the main thread)
+    hard_timeout_seconds: float = 30.0  # helper process: give up (score 0.0) after this long
+    pool_workers: int = 4  # most helper processes (match the rollout worker's reward threads)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("auto", "process", "inline"):
+            raise ValueError(f"MathRewardConfig.isolation={self.isolation!r}: use auto, process or inline")
 
 
 def last_boxed(text: str) -> str | None:
@@ -75,11 +90,11 @@ def extract_answer(response: str, cfg: MathRewardConfig | None = None) -> str | 
     """
     cfg = cfg or MathRewardConfig()
     answer = _pattern_answer(response, cfg.answer_patterns)
-    if answer is None and cfg.gsm8k_marker:
-        matches = _GSM8K_MARKER.findall(response)
-        answer = matches[-1] if matches else None
     if answer is None and cfg.boxed:
         answer = last_boxed(response)
+    if answer is None and cfg.gsm8k_marker:
+        matches = [m for m in _GSM8K_MARKER.findall(response) if not _HEADING.match(m)]
+        answer = matches[-1] if matches else None
     if answer is not None:
         answer = answer.strip().rstrip(".").strip()
         answer = answer[1:-1].strip() if len(answer) > 1 and answer[0] == answer[-1] == "$" else answer
@@ -93,8 +108,12 @@ def reference_answer(reference: str) -> str:
     return reference.strip()
 
 
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def _timeout(cfg: MathRewardConfig) -> int | None:
-    if threading.current_thread() is threading.main_thread() and cfg.timeout_seconds > 0:
+    if _in_main_thread() and cfg.timeout_seconds > 0:
         return cfg.timeout_seconds
     return None  # signal.alarm is main-thread only (see module docstring)
 
@@ -112,7 +131,15 @@ def _parse_reference(reference: str, timeout: int | None) -> list:
 
 
 def math_reward_with(response: str, reference: str, cfg: MathRewardConfig) -> float:
-    """``math_reward`` with an explicit extraction config."""
+    """``math_reward`` with an explicit extraction config (see the module docstring on timeouts)."""
+    if cfg.isolation == "process" or (cfg.isolation == "auto" and not _in_main_thread()):
+        request = {"response": response, "reference": reference, "cfg": asdict(cfg)}
+        return verify_in_helper(request, cfg.hard_timeout_seconds, cfg.pool_workers)
+    return verify_inline(response, reference, cfg)
+
+
+def verify_inline(response: str, reference: str, cfg: MathRewardConfig) -> float:
+    """The check itself, in this thread (timeouts only when it is a main thread)."""
     timeout = _timeout(cfg)
     gold = _parse_reference(reference, timeout)
     if not gold:

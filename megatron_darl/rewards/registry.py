@@ -65,8 +65,9 @@ REWARDS: dict[Task, Callable[[PromptRecord, str, RewardConfig], float]] = {
 }
 
 
-# Verifiers that may run in worker threads. math-verify's timeout is a signal.alarm, which only
-# works in the main thread, so math tasks are scored there.
+# Verifiers that are cheapest from worker threads. Math works from any thread too, but off the
+# main thread each check is a round trip to a helper process (math_pool), so batch scorers such
+# as the evaluation harness keep math in the main thread.
 THREAD_SAFE_TASKS = frozenset({Task.HUMANEVAL, Task.STDIO, Task.BUILTIN})
 
 

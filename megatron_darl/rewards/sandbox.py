@@ -13,6 +13,9 @@ is ``sandbox_boot.py``). Each run gets:
 - no network: a fresh network namespace (``unshare(CLONE_NEWNET)``, needs root or
   CAP_SYS_ADMIN); when that is refused the Python audit-hook guard that blocks socket creation
   is what keeps the program offline. ``SandboxResult.network_isolation`` says which one held;
+- no writes outside its directory: a private mount namespace where every mount but the
+  temporary directory is read-only (same privilege needed), else the guard's write check
+  (``SandboxResult.filesystem_isolation``);
 - an unprivileged uid (``nobody``) when we are root and the interpreter is readable by it
   (RLIMIT_NPROC only binds non-root users); otherwise the guard's ban on fork/exec stops forks;
 - stdout/stderr capped at ``max_output_bytes``: past the cap the group is killed.
@@ -52,6 +55,7 @@ class SandboxConfig:
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_output_bytes: int = 1 << 20  # cap on stdout and on stderr; exceeding it kills the run
     network_namespace: bool = True  # try unshare(CLONE_NEWNET) (falls back to the guard)
+    readonly_filesystem: bool = True  # try a mount namespace with all but the temp dir read-only
     drop_privileges: bool = True  # when root, run as `nobody` if the interpreter allows it
     python_guard: bool = True  # audit hook: no sockets, fork/exec, ctypes, writes outside tmp
     python: str = ""  # interpreter; "" = the running one (sys.executable)
@@ -67,6 +71,7 @@ class SandboxResult:
     timed_out: bool  # the wall-clock limit killed it
     output_truncated: bool  # the output cap killed it
     network_isolation: str  # "netns" or "audit_hook" (or "none" when both are disabled)
+    filesystem_isolation: str  # "mountns" (read-only but the temp dir), "audit_hook" or "none"
     uid: int  # uid the program ran under
 
     @property
@@ -85,10 +90,14 @@ def _world_reachable(path: Path) -> bool:
 
 
 @lru_cache(maxsize=8)
-def _stdlib_of(python: str) -> Path:
-    out = subprocess.run([python, "-I", "-S", "-c", "import os; print(os.__file__)"],
-                         capture_output=True, text=True, env={}, timeout=30)
-    return Path(out.stdout.strip())
+def _stdlib_of(python: str) -> Path | None:
+    """Where ``python`` keeps ``os.py`` (None when the interpreter cannot be run)."""
+    try:
+        out = subprocess.run([python, "-I", "-S", "-c", "import os; print(os.__file__)"],
+                             capture_output=True, text=True, env={}, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
 
 def _unprivileged_ids(cfg: SandboxConfig, python: str) -> tuple[int, int]:
@@ -98,7 +107,8 @@ def _unprivileged_ids(cfg: SandboxConfig, python: str) -> tuple[int, int]:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
         return -1, -1
-    if not (_world_reachable(Path(python)) and _world_reachable(_stdlib_of(python))):
+    stdlib = _stdlib_of(python)
+    if stdlib is None or not (_world_reachable(Path(python)) and _world_reachable(stdlib)):
         return -1, -1  # e.g. a pyenv interpreter under /root (0700): stay root, guard on
     return nobody.pw_uid, nobody.pw_gid
 
@@ -108,6 +118,7 @@ def _settings(cfg: SandboxConfig, uid: int, gid: int) -> str:
         {"cpu_seconds": cfg.cpu_seconds, "memory_bytes": cfg.memory_bytes,
          "file_size_bytes": cfg.file_size_bytes, "max_processes": cfg.max_processes,
          "max_open_files": cfg.max_open_files, "network_namespace": cfg.network_namespace,
+         "readonly_filesystem": cfg.readonly_filesystem,
          "python_guard": cfg.python_guard, "uid": uid, "gid": gid}
     )
 
@@ -238,12 +249,13 @@ def run_sandboxed(program: str, stdin: str = "", cfg: SandboxConfig | None = Non
         stderr=stderr.decode("utf-8", errors="replace"),
         timed_out=timed_out,
         output_truncated=truncated,
-        network_isolation=_network_isolation(status, cfg),
+        network_isolation=_isolation(status.get("netns"), "netns", cfg),
+        filesystem_isolation=_isolation(status.get("readonly_fs"), "mountns", cfg),
         uid=int(status.get("uid", -1)),
     )
 
 
-def _network_isolation(status: dict, cfg: SandboxConfig) -> str:
-    if status.get("netns"):
-        return "netns"
+def _isolation(kernel: bool | None, name: str, cfg: SandboxConfig) -> str:
+    if kernel:
+        return name
     return "audit_hook" if cfg.python_guard else "none"

@@ -7,6 +7,10 @@ started before anything else is trusted. In order it:
 
 1. leaves the network: ``unshare(CLONE_NEWNET)`` through libc (Python 3.11 has no
    ``os.unshare``), so only an unconfigured loopback exists; needs CAP_SYS_ADMIN (root here);
+   then makes the filesystem read-only except its temporary directory: a private mount
+   namespace (``CLONE_NEWNS``, propagation private first so nothing reaches the host) in which
+   the temporary directory is bind-mounted onto itself and every other mount is remounted
+   read-only (device files such as /dev/null stay writable);
 2. sets rlimits: CPU seconds, address space, file size, process count, open files, no core;
 3. drops to an unprivileged uid (``nobody``) when root and told to (RLIMIT_NPROC is not
    enforced for uid 0);
@@ -25,11 +29,15 @@ import resource
 import sys
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_MS = {"rdonly": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "remount": 32, "bind": 4096,
+       "rec": 16384, "private": 1 << 18}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _BLOCKED_EVENTS = frozenset(
     {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
      "subprocess.Popen", "os.kill", "os.killpg", "socket.__new__", "ctypes.dlopen",
-     "ctypes.cdata", "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
+     "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.call_function", "ctypes.cdata",
+     "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
 )
 _BLOCKED_IMPORTS = frozenset({"ctypes", "_ctypes", "_posixsubprocess"})
 _PATH_EVENTS = frozenset(
@@ -38,12 +46,51 @@ _PATH_EVENTS = frozenset(
 )
 
 
+def _libc():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+    return libc
+
+
 def _unshare_network() -> bool:
     try:
-        import ctypes
+        return _libc().unshare(_CLONE_NEWNET) == 0
+    except (OSError, AttributeError):
+        return False
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(_CLONE_NEWNET) == 0
+
+def _mount_points() -> list[tuple[bytes, int]]:
+    """(mount point, flags to keep) of every mount, from /proc/self/mountinfo."""
+    points = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape").encode("latin-1")  # \040 etc.
+            keep = sum(_MS[o] for o in ("nosuid", "nodev", "noexec") if o in fields[5].split(","))
+            points.append((point, keep))
+    return points
+
+
+def _readonly_filesystem(root: str) -> bool:
+    """Everything but ``root`` read-only, in a private mount namespace. False when refused."""
+    try:
+        libc = _libc()
+        if libc.unshare(_CLONE_NEWNS) != 0:
+            return False
+        if libc.mount(None, b"/", None, _MS["rec"] | _MS["private"], None) != 0:
+            return False  # without private propagation a remount could reach the host: stop
+        work = os.fsencode(root)
+        if libc.mount(work, work, None, _MS["bind"], None) != 0:
+            return False
+        flags = _MS["remount"] | _MS["bind"] | _MS["rdonly"]
+        ok = True
+        for point, keep in _mount_points():
+            if point != work and libc.mount(None, point, None, flags | keep, None) != 0:
+                ok = ok and point.startswith((b"/proc", b"/sys"))  # pseudo-fs may refuse: fine
+        os.chdir(root)  # the cwd must be the new writable mount, not the directory under it
+        return ok
     except (OSError, AttributeError):
         return False
 
@@ -113,10 +160,11 @@ def main() -> None:
     settings = json.loads(sys.argv[1])
     status_fd = int(sys.argv[2])
     netns = settings["network_namespace"] and _unshare_network()
+    readonly = settings["readonly_filesystem"] and _readonly_filesystem(os.path.realpath(os.getcwd()))
     _set_limits(settings)
     dropped = _drop_privileges(settings)
-    status = {"netns": netns, "uid": os.getuid(), "dropped_privileges": dropped,
-              "guard": settings["python_guard"]}
+    status = {"netns": netns, "readonly_fs": readonly, "uid": os.getuid(),
+              "dropped_privileges": dropped, "guard": settings["python_guard"]}
     with os.fdopen(status_fd, "w") as f:
         f.write(json.dumps(status) + "\n")
     _run_program(os.path.realpath(os.getcwd()), settings["python_guard"])
@@ -135,6 +183,8 @@ def _run_program(root: str, guard: bool) -> None:
     sys.modules["__main__"] = module
     sys.argv = [path]
     sys.path[0] = root
+    for name in [m for m in sys.modules if m.split(".")[0] in _BLOCKED_IMPORTS]:
+        del sys.modules[name]  # imported by the isolation steps; the program must re-import
     if guard:
         sys.addaudithook(_make_guard(root, os.getpid()))
     exec(code, module.__dict__)

@@ -131,10 +131,14 @@ class RolloutWorker:
         receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.cfg.worker_id,
                                   self.engine.load_weights, initial_version=self.cfg.initial_version)
         pending: list[_Pending] = []
-        while not stop_requested(store):
-            pending = self._flush(sender, pending, store, wait=False)
+
+        def safe_point() -> None:
             hb.step = receiver.maybe_sync() or hb.step
             self.weights_version = receiver.version
+
+        while not stop_requested(store):
+            pending = self._flush(sender, pending, safe_point, wait=False)
+            safe_point()
             if not receiver.can_generate():
                 time.sleep(self.cfg.idle_sleep_s)
                 continue
@@ -143,7 +147,7 @@ class RolloutWorker:
                 time.sleep(self.cfg.idle_sleep_s)
                 continue
             pending += self._generate(tickets, receiver.version, pool)
-        self._flush(sender, pending, store, wait=True)
+        self._flush(sender, pending, safe_point, wait=True)
         log.info("%s: stop flag seen, drained %d groups sent", self.me.describe(), self.groups_sent)
         return EXIT_OK
 
@@ -183,7 +187,8 @@ class RolloutWorker:
         ]
         return SampleGroup(group_id=group_id, prompt_id=record.prompt_id, samples=samples, worker_id=self.cfg.worker_id)
 
-    def _flush(self, sender: SampleSender, pending: list[_Pending], store: dist.Store, wait: bool) -> list[_Pending]:
+    def _flush(self, sender: SampleSender, pending: list[_Pending], safe_point: Callable[[], None],
+               wait: bool) -> list[_Pending]:
         left = []
         for p in pending:
             if not wait and not p.rewards.done():
@@ -191,6 +196,6 @@ class RolloutWorker:
                 continue
             for sample, reward in zip(p.group.samples, p.rewards.result()):
                 sample.reward = reward
-            sender.send(p.group, p.ticket)
+            sender.send(p.group, p.ticket, while_waiting=safe_point)
             self.groups_sent += 1
         return left

@@ -3,27 +3,32 @@
 A checkpoint directory holds one dist_checkpointing checkpoint with:
 
 * the model (Megatron ``sharded_state_dict``: reloadable at any TP/PP/DP);
-* the distributed optimizer in the ``fully_sharded_model_space`` format (each parameter's
-  Adam state as a flat slice of its canonical tensor: reloadable at another DP size, and at
-  another TP/PP as Megatron allows for that format);
+* the distributed optimizer, by default in Megatron's ``dp_reshardable`` format (each rank
+  writes its own Adam-state buffers in parallel, no gather; reloadable at another DP size, the
+  same TP/PP), or with ``optim_sharding="fully_reshardable"`` in the canonical per-parameter
+  layout (gathered on DP rank 0 at save; reloadable at another TP/PP too). The model weights
+  alone reload at any TP/PP/DP either way. (``fully_sharded_model_space`` relies on
+  ``ShardedTensor.flattened_range``, which megatron-core 0.16's torch_dist backend refuses.);
 * common objects: LR scheduler state, step, version and the model's ``Qwen3Spec`` (a checkpoint
   of another model is refused with the differing fields named);
 * RNG states per (PP, TP) coordinate (restored when TP and PP are unchanged; skipped otherwise:
   our models have no dropout, so only sampling-free determinism is affected);
 
 plus ``extra/dp<rank>.pt``, written by each DP replica's hub rank (TP 0, PP 0): the loop's own
-state (replay buffer, log-prob cache), which is per DP shard (DESIGN 3). ``trainer_state.json``
-is written last; a directory without it is incomplete. Everything is written under
-``<dir>.tmp`` and renamed to ``<dir>`` only when all ranks are done.
+state (replay buffer, log-prob cache), which is per DP shard (DESIGN 3). ``megatron_darl.json``
+(``checkpoint_io.CheckpointMetadata``, the same file the converters write, with the trainer's
+step/version/layout under ``extra["trainer"]``) is written last; a directory without it is
+incomplete. Everything is written under ``<dir>.tmp`` and renamed to ``<dir>`` only when all
+ranks are done. Because the model keys and metadata are the converters' own, a trainer
+checkpoint converts straight to HF with ``tools/convert_megatron_to_hf.py``.
 
-Model-only loading (``load_model_weights``) reads the same model keys, so it takes both our
-checkpoints and those of ``tools/convert_hf_to_megatron.py``; an HF directory (``config.json``
-with safetensors) is loaded through the Qwen3 mapping instead.
+Model-only loading (``load_model_weights``) takes both our checkpoints and those of
+``tools/convert_hf_to_megatron.py``; an HF directory (``config.json`` with safetensors) is
+loaded through the Qwen3 mapping instead.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -34,8 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-STATE_FILE = "trainer_state.json"
-OPTIM_SHARDING = "fully_sharded_model_space"
+OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
 
 
 @dataclass
@@ -69,7 +73,7 @@ def _rng_object(trainer):
     )
 
 
-def _sharded_state(trainer, is_loading: bool, with_rng: bool) -> dict:
+def _sharded_state(trainer, is_loading: bool, with_rng: bool, optim_sharding: str) -> dict:
     model_sd = _model_sharded(trainer)
     flat_model = {}
     for sd in model_sd.values():
@@ -77,7 +81,7 @@ def _sharded_state(trainer, is_loading: bool, with_rng: bool) -> dict:
     state = dict(model_sd)
     state["optimizer"] = trainer.optimizer.sharded_state_dict(
         flat_model, is_loading=is_loading,
-        **_optim_kwargs(trainer.optimizer.sharded_state_dict),
+        **_optim_kwargs(trainer.optimizer.sharded_state_dict, optim_sharding),
     )
     state["scheduler"] = trainer.scheduler.state_dict()
     state["step"] = trainer.step
@@ -88,16 +92,21 @@ def _sharded_state(trainer, is_loading: bool, with_rng: bool) -> dict:
     return state
 
 
-def _optim_kwargs(fn) -> dict:
+def _optim_kwargs(fn, optim_sharding: str) -> dict:
     import inspect
 
     params = inspect.signature(fn).parameters
-    if "metadata" in params:
-        return {"metadata": {"distrib_optim_sharding_type": OPTIM_SHARDING}}
-    return {"sharding_type": OPTIM_SHARDING} if "sharding_type" in params else {}
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if "metadata" in params or var_kw:  # ChainedOptimizer forwards **kwargs
+        meta = {"distrib_optim_sharding_type": optim_sharding, "chained_optim_avoid_prefix": True}
+        return {"metadata": meta}
+    return {"sharding_type": optim_sharding} if "sharding_type" in params else {}
 
 
-def save_checkpoint(trainer, ckpt_dir: str | os.PathLike, extra_state: Any = None) -> Path:
+def save_checkpoint(
+    trainer, ckpt_dir: str | os.PathLike, extra_state: Any = None,
+    optim_sharding: str = "dp_reshardable",
+) -> Path:
     """Save everything needed to resume; collective over all ranks.
 
     Args:
@@ -105,30 +114,61 @@ def save_checkpoint(trainer, ckpt_dir: str | os.PathLike, extra_state: Any = Non
         ckpt_dir: final directory (must not exist yet).
         extra_state: this DP replica's loop state (any picklable object); taken from the
             replica's hub rank (TP 0, PP 0).
+        optim_sharding: ``dp_reshardable`` (fast, same TP/PP on resume) or
+            ``fully_reshardable`` (resume at any TP/PP; gathers optimizer state on DP rank 0).
     """
     from megatron.core import dist_checkpointing
 
     final, tmp = Path(ckpt_dir), Path(f"{ckpt_dir}.tmp")
     ps = trainer.ps
+    if optim_sharding not in OPTIM_SHARDINGS:
+        raise ValueError(f"optim_sharding={optim_sharding!r}; choose one of {OPTIM_SHARDINGS}")
     if final.exists():
         raise ValueError(f"checkpoint directory {final} already exists")
     if ps.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "extra").mkdir(parents=True)
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(trainer, False, with_rng=True), str(tmp))
+    dist_checkpointing.save(_sharded_state(trainer, False, True, optim_sharding), str(tmp))
     if ps.tp_rank == 0 and ps.pp_rank == 0:
         torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
     dist.barrier()
     if ps.rank == 0:
-        meta = {
-            "step": trainer.step, "version": trainer.version, "tp": ps.tp_size,
-            "pp": ps.pp_size, "dp": ps.dp_size, "model_spec": trainer.spec.to_dict(),
-        }
-        (tmp / STATE_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        _write_metadata(trainer, tmp, optim_sharding)
         tmp.rename(final)
     dist.barrier()
     return final
+
+
+def _write_metadata(trainer, ckpt_dir: Path, optim_sharding: str) -> None:
+    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
+
+    ps, chunk = trainer.ps, trainer.model_chunks[0]
+    hf = trainer.hf_config
+    hf_dict = dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
+    trainer_meta = {
+        "step": trainer.step, "version": trainer.version, "dp": ps.dp_size,
+        "optim_sharding": optim_sharding,
+    }
+    meta = CheckpointMetadata(
+        hf_config=hf_dict, padded_vocab_size=int(getattr(chunk, "padded_vocab", 0)),
+        dtype=str(next(chunk.parameters()).dtype).replace("torch.", ""),
+        saved_tp=ps.tp_size, saved_pp=ps.pp_size, model_spec=trainer.spec.to_dict(),
+        extra={"trainer": trainer_meta},
+    )
+    import megatron.core
+
+    meta.megatron_core_version = getattr(megatron.core, "__version__", "")
+    write_metadata(ckpt_dir, meta)
+
+
+def _saved_spec(meta) -> dict:
+    """The Qwen3 spec a checkpoint's metadata describes (``model_spec``, else its HF config)."""
+    if meta.model_spec:
+        return meta.model_spec
+    from megatron_darl.models.qwen3.config import spec_from_hf
+
+    return spec_from_hf(meta.hf_config).to_dict()
 
 
 def check_same_model(spec, ckpt_dir: Path, saved: dict) -> None:
@@ -143,18 +183,29 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike) -> Resumed:
     """Restore model, optimizer, scheduler, step, version (and RNG at equal TP/PP)."""
     from megatron.core import dist_checkpointing
 
+    from megatron_darl.trainer.checkpoint_io import read_metadata
+
     path = Path(ckpt_dir)
-    meta_path = path / STATE_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: missing (not a complete trainer checkpoint)")
-    meta = json.loads(meta_path.read_text())
-    check_same_model(trainer.spec, path, meta["model_spec"])
+    saved = read_metadata(path)
+    meta = saved.extra.get("trainer")
+    if meta is None:
+        raise ValueError(f"{path}: a model-only checkpoint (no trainer state); use init_checkpoint")
+    check_same_model(trainer.spec, path, _saved_spec(saved))
     ps = trainer.ps
-    same_mp = (meta["tp"], meta["pp"]) == (ps.tp_size, ps.pp_size)
-    state = dist_checkpointing.load(_sharded_state(trainer, True, with_rng=same_mp), str(path))
+    same_mp = (saved.saved_tp, saved.saved_pp) == (ps.tp_size, ps.pp_size)
+    sharding = meta["optim_sharding"]
+    if not same_mp and sharding != "fully_reshardable":
+        raise ValueError(
+            f"{path} was saved at tp={saved.saved_tp} pp={saved.saved_pp} with optimizer format "
+            f"{sharding!r}; resuming at tp={ps.tp_size} pp={ps.pp_size} needs "
+            f"optim_sharding='fully_reshardable' at save (or load_model_weights for weights only)"
+        )
+    state = dist_checkpointing.load(_sharded_state(trainer, True, same_mp, sharding), str(path))
     for i, chunk in enumerate(trainer.model_chunks):
         chunk.load_state_dict(state[f"model{i}"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    with torch.no_grad():  # fp32 runs: main params are views of the (grad-requiring) params
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    _untie_adam_steps(trainer.optimizer)
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.step, trainer.version = int(state["step"]), int(state["version"])
     if same_mp:
@@ -163,6 +214,23 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike) -> Resumed:
         torch.load(path / "extra" / f"dp{r:05d}.pt", weights_only=False) for r in range(meta["dp"])
     ]
     return Resumed(trainer.step, trainer.version, int(meta["dp"]), extras)
+
+
+def _untie_adam_steps(optimizer) -> None:
+    """Give every parameter its own Adam ``step`` tensor after a load.
+
+    Without apex/TE, Megatron's ``DistributedOptimizer.load_state_dict`` hands the *same*
+    ``step`` tensor to every parameter's torch-Adam state; torch increments it in place once
+    per parameter, so the bias correction of every later step would be wrong (measured: a
+    resumed step off by ~half an LR step on almost every weight).
+    """
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    for opt in inner:
+        torch_opt = getattr(opt, "optimizer", None)
+        for param_state in getattr(torch_opt, "state", {}).values():
+            step = param_state.get("step")
+            if isinstance(step, torch.Tensor):
+                param_state["step"] = step.detach().clone()
 
 
 def _restore_rng(state: dict) -> None:
@@ -176,8 +244,10 @@ def _restore_rng(state: dict) -> None:
 
 
 def load_model_weights(model_chunks: list, ckpt_dir: str | os.PathLike, parallel_state) -> None:
-    """Load only the model weights (init from a converted or a trainer checkpoint, or HF)."""
-    from megatron.core import dist_checkpointing
+    """Load only the model weights: a converted or trainer checkpoint (any TP/PP), or HF."""
+    from megatron_darl.trainer.checkpoint_io import (
+        METADATA_NAME, load_model_checkpoint, read_metadata,
+    )
 
     path = Path(ckpt_dir)
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
@@ -185,13 +255,9 @@ def load_model_weights(model_chunks: list, ckpt_dir: str | os.PathLike, parallel
 
         load_hf_checkpoint(model_chunks, path, parallel_state)
         return
-    if not (path / "metadata.json").is_file():
-        raise FileNotFoundError(f"{path}: neither a dist_checkpointing nor a HF model directory")
-    for meta_name in (STATE_FILE, "megatron_darl.json"):
-        if (path / meta_name).is_file():
-            saved = json.loads((path / meta_name).read_text())
-            if "model_spec" in saved:
-                check_same_model(model_chunks[0].qwen3_spec, path, saved["model_spec"])
-    for i, chunk in enumerate(model_chunks):
-        state = dist_checkpointing.load({f"model{i}": chunk.sharded_state_dict()}, str(path))
-        chunk.load_state_dict(state[f"model{i}"])
+    if not (path / METADATA_NAME).is_file():
+        raise FileNotFoundError(
+            f"{path}: neither a megatron_darl checkpoint ({METADATA_NAME}) nor a HF model directory"
+        )
+    check_same_model(model_chunks[0].qwen3_spec, path, _saved_spec(read_metadata(path)))
+    load_model_checkpoint(model_chunks, path)

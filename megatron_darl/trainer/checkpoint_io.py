@@ -5,9 +5,10 @@ TP/PP), ``megatron_darl.json`` (how to rebuild the model: HF config, padded voca
 tools detect a Megatron checkpoint dir by this file name) and the HF ``config.json``/tokenizer
 files, so ``AutoTokenizer.from_pretrained(dir)`` works and the checkpoint converts back to HF.
 
-Keys are always written with Megatron's *local*-layer names: a model built with Transformer
-Engine layers (whose input norms live inside the fused linears) is mapped to the same keys, so
-checkpoints move between TE and non-TE machines.
+Keys are Megatron's own: its local layer spec already maps the input norms to the Transformer
+Engine names (``self_attention.linear_qkv.layer_norm_weight``...), so checkpoints move between
+TE and non-TE machines, and plain ``dist_checkpointing.load(model.sharded_state_dict(), dir)``
+reads them.
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ import torch
 
 METADATA_NAME = "megatron_darl.json"
 FORMAT_VERSION = 1
-_TE_TO_LOCAL = {
-    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
-}
 
 
 @dataclass
@@ -41,6 +38,7 @@ class CheckpointMetadata:
     format: str = "megatron_darl"
     format_version: int = FORMAT_VERSION
     megatron_core_version: str = ""
+    model_spec: dict[str, Any] = field(default_factory=dict)  # Qwen3Spec.to_dict() (checks)
     extra: dict[str, Any] = field(default_factory=dict)  # trainer state (step, version, ...)
 
     @property
@@ -74,24 +72,17 @@ def read_metadata(ckpt_dir: str | Path) -> CheckpointMetadata:
     return meta
 
 
-def _canonicalize(sharded: dict) -> dict:
-    """Rename TE-fused norm keys to local names, in place, recursively."""
-    for value in sharded.values():
-        if isinstance(value, dict):
-            _canonicalize(value)
-            continue
-        key = getattr(value, "key", None)
-        if isinstance(key, str):
-            for te, local in _TE_TO_LOCAL.items():
-                if key.endswith(te):
-                    value.key = key[: -len(te)] + local
-    return sharded
-
-
 def sharded_model_state_dict(model_chunks) -> dict:
-    """The models' ``sharded_state_dict()`` with canonical (local-layer) checkpoint keys."""
+    """The model's ``sharded_state_dict()`` (Megatron's own checkpoint keys)."""
     assert len(model_chunks) == 1, "virtual pipeline chunks are not supported yet"
-    return _canonicalize(model_chunks[0].sharded_state_dict())
+    return _unwrap(model_chunks[0]).sharded_state_dict()
+
+
+def _unwrap(model):
+    """The model inside Megatron DDP / Float16Module wrappers (they nest ``.module``)."""
+    while hasattr(model, "module") and not hasattr(model, "decoder"):
+        model = model.module
+    return model
 
 
 def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMetadata) -> None:
@@ -126,7 +117,7 @@ def load_model_checkpoint(model_chunks, ckpt_dir: str | Path) -> None:
     except Exception as exc:  # noqa: BLE001 - torch.distributed.checkpoint raises many types
         msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{ckpt_dir}: cannot load checkpoint ({msg})") from exc
-    missing, unexpected = model_chunks[0].load_state_dict(state, strict=False)
+    missing, _ = _unwrap(model_chunks[0]).load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing:
         raise ValueError(f"{ckpt_dir}: checkpoint lacks {missing[:5]}")

@@ -12,6 +12,7 @@ distributed tests use it to run the same code at TP x PP > 1 without a launcher.
 from __future__ import annotations
 
 import datetime
+import inspect
 import os
 import socket
 from dataclasses import dataclass, field
@@ -128,20 +129,32 @@ def init_parallel(
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
-    mpu.initialize_model_parallel(
+    mp_kwargs = dict(
         tensor_model_parallel_size=cfg.tp,
         pipeline_model_parallel_size=cfg.pp,
         distributed_timeout_minutes=max(1, int(cfg.timeout_s // 60)),
     )
+    known = inspect.signature(mpu.initialize_model_parallel).parameters
+    mpu.initialize_model_parallel(**{k: v for k, v in mp_kwargs.items() if k in known})
     _seed_megatron_rng(tensor_parallel, cfg.seed, on_cpu)
     return _state_from_mpu(mpu, device, dp_size)
+
+
+def init_single_process(cfg: ParallelConfig | None = None) -> ParallelState:
+    """``init_parallel`` for a world of one (benchmarks, notebooks, single-GPU tests)."""
+    cfg = cfg or ParallelConfig()
+    return init_parallel(cfg, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
 
 
 def _seed_megatron_rng(tensor_parallel, seed: int, on_cpu: bool) -> None:
     torch.manual_seed(seed)
     # On CPU there is no CUDA generator to fork: the inference tracker makes fork() a no-op
     # (dropout is 0 for our models, and weights come from checkpoints or CPU init).
-    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=on_cpu)
+    seed_fn = tensor_parallel.model_parallel_cuda_manual_seed
+    if "inference_rng_tracker" in inspect.signature(seed_fn).parameters:
+        seed_fn(seed, inference_rng_tracker=on_cpu)
+    else:  # older megatron-core: no tracker choice (CPU runs then need a CUDA-free fork)
+        seed_fn(seed)
 
 
 def _state_from_mpu(mpu, device: torch.device, dp_size: int) -> ParallelState:

@@ -16,6 +16,7 @@ drops any group id it already delivered. Back-pressure: a worker waits while
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -62,13 +63,17 @@ class SampleSender:
         acked = get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1)
         return self._next[hub] - 1 - acked
 
-    def send(self, group: SampleGroup, ticket: StartTicket, should_abort=lambda: False) -> int:
-        """Post ``group`` to its hub, waiting (up to ``send_timeout_s``) for room; returns the hub."""
+    def send(self, group: SampleGroup, ticket: StartTicket, while_waiting: Callable[[], None] = lambda: None) -> int:
+        """Post ``group`` to its hub, waiting (up to ``send_timeout_s``) for room; returns the hub.
+
+        ``while_waiting`` runs between polls: a worker blocked by back-pressure is at a safe point
+        and must keep serving weight syncs, or a trainer that publishes before it acks more
+        groups would deadlock with it.
+        """
         hub = shard_of(group.group_id, self._control.num_hubs)
         deadline = time.monotonic() + self.cfg.send_timeout_s
         while self.unacked(hub) >= self.cfg.max_unacked_per_hub:
-            if should_abort():
-                raise RuntimeError(f"rollout {self.worker_id}: send of group {group.group_id} aborted")
+            while_waiting()
             if time.monotonic() > deadline:
                 raise TransportTimeout(
                     f"rollout {self.worker_id}: hub {hub} acked nothing for {self.cfg.send_timeout_s:.0f} s "

@@ -88,6 +88,15 @@ class Heartbeat:
         with self._lock:
             return list(self._lost.values())
 
+    def is_lost(self, role: str, rank: int) -> bool:
+        """Reported lost and not beating again since."""
+        with self._lock:
+            return (role, rank) in self._lost
+
+    def refresh(self, store: dist.Store) -> None:
+        """Look at every watched peer now, from the caller's thread and store connection."""
+        self._check_peers(store)
+
     def is_alive(self, role: str, rank: int) -> bool:
         """Seen beating and not currently lost."""
         with self._lock:
@@ -108,7 +117,7 @@ class Heartbeat:
             n += 1
             try:
                 self._beat(n)
-                self._check_peers()
+                self._check_peers(self._store)
                 store_ok_at = time.monotonic()
             except (RuntimeError, dist.DistError, OSError) as exc:
                 silent = time.monotonic() - store_ok_at
@@ -118,16 +127,17 @@ class Heartbeat:
                     self._report(PeerLoss(peer, role, rank, silent, self.step), (role, rank))
                     return
 
-    def _check_peers(self) -> None:
+    def _check_peers(self, store: dist.Store) -> None:
         now = time.monotonic()
         with self._lock:
             watch = list(self._watch)
         keys = [Keys.heartbeat(r, k) for r, k in watch]
         for (role, rank), key in zip(watch, keys):
-            if not self._store.check([key]):
+            if not store.check([key]):
                 continue
-            raw = self._store.get(key).decode()
-            prev = self._seen.get((role, rank))
+            raw = store.get(key).decode()
+            with self._lock:
+                prev = self._seen.get((role, rank))
             if prev is None or prev[0] != raw:
                 member = MemberInfo.from_json(json.loads(raw)["member"])
                 with self._lock:

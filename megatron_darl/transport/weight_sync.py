@@ -3,7 +3,8 @@
 Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pickles:
 
 1. the stage-s leader offers v; each live worker, at its next safe point (between generation
-   steps), posts "ready for (v, s)";
+   steps), sees stage 0's offer and posts "ready for v" once, for all stages; it then takes the
+   stages in order (a later stage's leader waits in group construction meanwhile);
 2. the leader waits for every live worker (heartbeat) to be ready, at most ``join_timeout_s``,
    names the missing ones, and posts a plan: the member list and a group epoch. The data-plane
    group {leader s} + members is rebuilt only when the members change (a dead worker never
@@ -14,8 +15,10 @@ Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pick
    the receiver); the next bucket is packed while the previous one is in flight;
 4. each worker loads every bucket in place (``Engine.load_weights``) and, once all stages are in,
    acks v; the coordinator (stage 0 leader) moves the published version to v when every live
-   member acked (dead ones are reported by name and dropped). A worker that missed a stage keeps
-   no valid version and generates nothing until the next sync.
+   member acked (dead ones are reported by name and dropped) and at least one did (a sync that
+   reached no worker leaves the published version where it was). A worker that missed the sync
+   keeps its old weights but generates nothing while they are older than the published version;
+   one that missed only some stages holds no valid version until the next sync.
 """
 
 from __future__ import annotations
@@ -48,8 +51,12 @@ class SyncKeys:
         return f"ws/offer/{stage}"
 
     @staticmethod
-    def ready(version: int, stage: int, worker: int) -> str:
-        return f"ws/{version}/{stage}/ready/{worker}"
+    def ready(version: int, worker: int) -> str:
+        return f"ws/{version}/ready/{worker}"
+
+    @staticmethod
+    def failed(version: int, worker: int) -> str:
+        return f"ws/{version}/failed/{worker}"
 
     @staticmethod
     def plan(version: int, stage: int) -> str:
@@ -147,63 +154,87 @@ class WeightSender:
         self._hb = heartbeat
         for w in range(control.num_workers):
             heartbeat.watch(WORKER, w)
+        heartbeat.refresh(store)
         self._group: DataPlaneGroup | None = None
         self._members: list[int] = []
-        self._epoch = 0
+        self._epoch = 0  # store prefix counter of this stage's groups
+        self._last_version = -1
         self._device = device
 
     def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncReport:
-        """Broadcast this stage's HF-named full tensors as ``version``; stage 0 also waits for acks."""
+        """Broadcast this stage's HF-named full tensors as ``version``; stage 0 also waits for acks.
+
+        Raises ``TransportTimeout`` when live workers exist but none became ready within
+        ``join_timeout_s + collective_timeout_s``, or (stage 0) when no worker loaded the version.
+        """
         start = time.monotonic()
+        self._drop_group_if_a_member_failed()
         self._store.set(SyncKeys.offer(self.stage), str(version))
         members, missing = self._gather_ready(version)
         report = SyncReport(version=version, stage=self.stage, members=members, missing=missing)
-        if members != self._members or self._group is None:
+        reuse = self._group is not None and members == self._members
+        if not reuse:
             self._epoch += 1
-        plan = {"epoch": self._epoch, "members": members}
-        self._store.set(SyncKeys.plan(version, self.stage), json.dumps(plan))
+        self._store.set(SyncKeys.plan(version, self.stage), json.dumps({"epoch": self._epoch, "members": members}))
         if members:
             try:
-                self._ensure_group(members)
+                if not reuse:
+                    self._group, self._members = None, []
+                    self._group = build_group(self._store, f"ws/{self.stage}/{self._epoch}", 0, len(members) + 1,
+                                              self.cfg.backend, self.cfg.collective_timeout_s)
+                    self._members = members
                 report.buckets, report.bytes = self._stream(version, named_tensors)
             except TransportTimeout as exc:
                 log.error("weight sync v%d stage %d failed, members %s: %s", version, self.stage, members, exc)
                 report.missing += [describe_peer(self._store, WORKER, w) for w in members]
                 self._group, self._members = None, []
+        self._last_version = version
         if self.stage == 0:
             self._await_acks(version, members, report)
         report.seconds = time.monotonic() - start
         return report
 
+    def _drop_group_if_a_member_failed(self) -> None:
+        """A member that failed the last sync may have dropped its end of the group: rebuild."""
+        if self._group is None or self._last_version < 0:
+            return
+        if any(self._store.check([SyncKeys.failed(self._last_version, w)]) for w in self._members):
+            self._group, self._members = None, []
+
     def _live_workers(self) -> list[int]:
+        self._hb.refresh(self._store)
         return [w for w in range(self._control.num_workers) if self._hb.is_alive(WORKER, w)]
 
     def _gather_ready(self, version: int) -> tuple[list[int], list[str]]:
-        deadline = time.monotonic() + self.cfg.join_timeout_s
+        """Wait for every live worker's safe point; after ``join_timeout_s`` go on with the ready ones."""
+        start = time.monotonic()
         while True:
             live = self._live_workers()
-            ready = [w for w in range(self._control.num_workers)
-                     if self._store.check([SyncKeys.ready(version, self.stage, w)])]
+            ready = [w for w in range(self._control.num_workers) if self._store.check([SyncKeys.ready(version, w)])]
             waiting = [w for w in live if w not in ready]
-            if not waiting or time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if not waiting or (ready and waited > self.cfg.join_timeout_s):
                 break
+            if waited > self.cfg.join_timeout_s + self.cfg.collective_timeout_s:
+                names = "; ".join(describe_peer(self._store, WORKER, w) for w in waiting)
+                raise TransportTimeout(f"weight sync v{version} stage {self.stage}: no live worker reached a "
+                                       f"safe point in {waited:.0f} s: {names}")
             time.sleep(self._control.poll_interval_s)
         missing = [describe_peer(self._store, WORKER, w) for w in waiting]
         if missing:
-            log.error("weight sync v%d stage %d: not ready after %.0f s, left out: %s",
+            log.error("weight sync v%d stage %d: not ready after %.1f s, left out until the next sync: %s",
                       version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
         return sorted(ready), missing
 
-    def _ensure_group(self, members: list[int]) -> None:
-        if self._group is not None and members == self._members:
-            return
-        self._group = None
-        name = f"ws/{self.stage}/{self._epoch}"
-        self._group = build_group(self._store, name, 0, len(members) + 1, self.cfg.backend,
-                                  self.cfg.collective_timeout_s)
-        self._members = members
-
     def _stream(self, version: int, named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
+        state = {"n": 0}
+        try:
+            return self._stream_buckets(version, named, state)
+        except TransportTimeout:
+            self._store.set(SyncKeys.bucket(version, self.stage, state["n"]), json.dumps({"last": True, "aborted": True}))
+            raise
+
+    def _stream_buckets(self, version: int, named: Iterable[tuple[str, torch.Tensor]], state: dict) -> tuple[int, int]:
         group, n, total, pending = self._group, 0, 0, None
         device = self._device or group.device
         for bucket in _buckets(named, self.cfg.bucket_bytes):
@@ -212,8 +243,9 @@ class WeightSender:
                 pending()
             header = {"last": False, "size": buf.numel(), "entries": [e.__dict__ for e in entries]}
             self._store.set(SyncKeys.bucket(version, self.stage, n), json.dumps(header))
-            pending = group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n}")
             n, total = n + 1, total + sum(e.nbytes for e in entries)
+            state["n"] = n
+            pending = group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n - 1}")
         if pending is not None:
             pending()
         self._store.set(SyncKeys.bucket(version, self.stage, n), json.dumps({"last": True}))
@@ -225,7 +257,8 @@ class WeightSender:
         while waiting and time.monotonic() < deadline:
             acked = [w for w in waiting if get_int(self._store, SyncKeys.ack(w), -1) >= version]
             report.acked += acked
-            dead = [w for w in waiting if w not in acked and not self._hb.is_alive(WORKER, w)]
+            dead = [w for w in waiting if w not in acked and (
+                self._hb.is_lost(WORKER, w) or self._store.check([SyncKeys.failed(version, w)]))]
             for w in dead:
                 report.missing.append(describe_peer(self._store, WORKER, w))
             waiting = [w for w in waiting if w not in acked and w not in dead]
@@ -236,6 +269,11 @@ class WeightSender:
             log.error("weight sync v%d: no ack after %.0f s from %s; they sit out until the next sync",
                       version, self.cfg.ack_timeout_s, "; ".join(names))
             report.missing += names
+        if not members:
+            log.error("weight sync v%d: no live rollout worker took part; published version stays", version)
+            return
+        if not report.acked:
+            raise TransportTimeout(f"weight sync v{version}: no rollout worker loaded it ({'; '.join(report.missing)})")
         if version > published_version(self._store) or not self._store.check([Keys.PUBLISHED]):
             self._store.set(Keys.PUBLISHED, str(version))
         report.published = True
@@ -260,6 +298,7 @@ class WeightReceiver:
         self.version = initial_version  # weights the engine holds now; -1 = none valid
         self._attempted = max(initial_version, get_int(store, SyncKeys.ack(worker_id), -1))
         self._groups: dict[int, tuple[int, DataPlaneGroup]] = {}  # stage -> (epoch, group)
+        self._loaded_any = False  # a bucket of the sync in progress reached the engine
 
     def pending(self) -> int | None:
         """Version offered by stage 0 and not yet attempted, or None."""
@@ -276,12 +315,17 @@ class WeightReceiver:
         if version is None:
             return None
         self._attempted = version
+        self._store.set(SyncKeys.ready(version, self.worker_id), "1")  # for every stage at once
+        self._loaded_any = False
         ok = True
         for stage in range(self._control.num_stages):
             ok = self._receive_stage(version, stage) and ok
         if not ok:
-            self.version = -1
-            log.error("rollout %d: incomplete sync of v%d; waiting for the next", self.worker_id, version)
+            if self._loaded_any:  # weights of two versions mixed: none is valid until the next sync
+                self.version = -1
+            self._store.set(SyncKeys.failed(version, self.worker_id), "1")
+            log.error("rollout %d: missed sync of v%d (engine keeps v%d); waiting for the next",
+                      self.worker_id, version, self.version)
             return None
         self.version = version
         self._store.set(SyncKeys.ack(self.worker_id), str(version))
@@ -289,15 +333,9 @@ class WeightReceiver:
 
     def _receive_stage(self, version: int, stage: int) -> bool:
         what = f"rollout {self.worker_id}, sync v{version} stage {stage}"
-        deadline = time.monotonic() + self.cfg.join_timeout_s
-        while get_int(self._store, SyncKeys.offer(stage), -1) < version:
-            if time.monotonic() > deadline:
-                log.error("%s: stage leader never offered it", what)
-                return False
-            time.sleep(self._control.poll_interval_s)
-        self._store.set(SyncKeys.ready(version, stage, self.worker_id), "1")
         try:
-            wait_key(self._store, SyncKeys.plan(version, stage), 2 * self.cfg.join_timeout_s, f"{what}: plan")
+            wait_key(self._store, SyncKeys.plan(version, stage), self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
+                     f"{what}: plan of the stage leader")
             plan = json.loads(self._store.get(SyncKeys.plan(version, stage)))
             if self.worker_id not in plan["members"]:
                 log.error("%s: left out of the plan (late)", what)
@@ -326,6 +364,8 @@ class WeightReceiver:
             key = SyncKeys.bucket(version, stage, index)
             wait_key(self._store, key, self.cfg.collective_timeout_s, f"{what}: bucket {index} header")
             header = json.loads(self._store.get(key))
+            if header.get("aborted"):
+                raise TransportTimeout(f"{what}: the stage leader aborted the sync at bucket {index}")
             if header["last"]:
                 return
             buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
@@ -334,5 +374,6 @@ class WeightReceiver:
             named = _unpack(entries, buf)
             if self._device is not None and self._device != buf.device:
                 named = [(n, t.to(self._device)) for n, t in named]
+            self._loaded_any = True
             self._load(named)
             index += 1

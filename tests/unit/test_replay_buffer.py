@@ -149,3 +149,20 @@ def test_state_round_trip_is_exact():
     scores = {g: 1.0 for g in range(4)}
     assert [e.group_id for e in buf.select(4, 2, scores)] == [
         e.group_id for e in restored.select(4, 2, scores)]
+
+
+def test_groups_without_a_score_are_not_selected_after_warmup():
+    buf = ReplayBuffer(k=4)
+    for gid in (1, 2, 3):
+        buf.add(make_group(gid, 0), step=0)
+    assert [e.group_id for e in buf.select(1, 3, scores={2: 0.4, 3: 0.2})] == [3, 2]
+    assert buf.entry(1).times_selected == 0
+
+
+def test_shard_of_agrees_with_the_sample_channel_routing():
+    # the channel routes a group to a hub and the buffer files it under a shard: they must agree
+    channel = pytest.importorskip("megatron_darl.transport.channel")
+    ids = list(range(500)) + [(w << 40) | i for w in range(4) for i in range(50)]
+    for num_shards in (1, 2, 3, 8):
+        assert [shard_of(g, num_shards) for g in ids] == [
+            channel.shard_of(g, num_shards) for g in ids]

@@ -88,13 +88,21 @@ def test_last_boxed_balances_nested_braces_and_takes_the_last():
     assert last_boxed("no box") is None
 
 
-def test_extraction_order_patterns_then_marker_then_boxed():
+def test_extraction_order_patterns_then_boxed_then_marker():
     cfg = MathRewardConfig(answer_patterns=[r"(?i)final answer:\s*(\S+)"])
     text = "\\boxed{3}\n#### 4\nFinal answer: 5"
     assert extract_answer(text, cfg) == "5"
-    assert extract_answer(text) == "4"
-    assert extract_answer("so \\boxed{3}.") == "3"
+    assert extract_answer(text) == "3"
+    assert extract_answer("so 3 + 1 = 4\n#### 4") == "4"
     assert extract_answer("nothing marked here") is None
+
+
+def test_markdown_heading_is_not_a_gsm8k_marker():
+    response = "#### Step 1\nAdd them.\n#### Final Answer\n$\\boxed{42}$"
+    assert extract_answer(response) == "42"
+    assert math_reward(response, "42") == 1.0
+    assert extract_answer("#### Step 1: add\nThe answer is 42.") is None  # heading skipped
+    assert math_reward("#### Final Answer\nThe answer is 42.", "42") == 1.0  # math-verify finds it
 
 
 def test_configurable_pattern_changes_the_verdict():
@@ -119,3 +127,31 @@ def test_garbage_and_empty_responses_score_zero():
 def test_unparseable_reference_is_a_clear_error():
     with pytest.raises(ValueError, match="cannot be parsed"):
         math_reward("\\boxed{1}", "")
+
+
+def test_off_main_thread_checks_run_in_helpers_with_the_same_verdicts():
+    from concurrent.futures import ThreadPoolExecutor
+
+    responses = ["\\boxed{0.5}", "#### 0.5", "\\boxed{3}", "so it is $\\frac{2}{4}$"]
+    inline = [math_reward(r, "\\frac{1}{2}") for r in responses]
+    with ThreadPoolExecutor(2) as pool:
+        threaded = list(pool.map(lambda r: math_reward(r, "\\frac{1}{2}"), responses))
+    assert threaded == inline == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_helper_past_its_hard_timeout_scores_zero_and_is_replaced():
+    from megatron_darl.rewards import math_pool
+
+    patient = MathRewardConfig(isolation="process")
+    assert math_reward_with("\\boxed{7}", "7", patient) == 1.0  # helper started and warm
+    before = set(math_pool._live)
+    hasty = MathRewardConfig(isolation="process", hard_timeout_seconds=1e-6)
+    assert math_reward_with("\\boxed{7}", "7", hasty) == 0.0
+    assert len(before - math_pool._live) == 1  # the silent helper was killed
+    assert math_reward_with("\\boxed{7}", "7", patient) == 1.0  # and a fresh one answers
+    with pytest.raises(ValueError, match="cannot be parsed"):
+        math_reward_with("\\boxed{1}", "", patient)
+    with pytest.raises(ValueError, match="isolation"):
+        MathRewardConfig(isolation="thread")
+    math_pool.shutdown()
+    assert not math_pool._live

@@ -127,6 +127,20 @@ def test_write_outside_the_temp_dir_is_refused(tmp_path, code):
     assert not Path(target).exists()
 
 
+def test_read_only_mounts_alone_stop_writes_outside(tmp_path):
+    cfg = SandboxConfig(wall_seconds=5.0, python_guard=False)
+    target = tmp_path / "escape.txt"
+    code = f"open('inside.txt', 'w').write('ok')\nopen({str(target)!r}, 'w').write('owned')"
+    result = run_sandboxed(code, "", cfg)
+    if result.filesystem_isolation != "mountns":
+        pytest.skip("no mount namespace here (needs CAP_SYS_ADMIN); the audit hook is the fallback")
+    assert not result.ok and "Read-only file system" in result.stderr
+    assert not target.exists()
+    probe = tmp_path / "host_still_writable"
+    probe.write_text("yes")  # the read-only view never leaks to the worker
+    assert probe.read_text() == "yes"
+
+
 def test_writes_inside_the_temp_dir_are_allowed_and_removed():
     result = run_sandboxed("import os\nopen('a.txt', 'w').write('hi')\nprint(os.getcwd())\n"
                            "print(os.path.expanduser('~'))", "", FAST)
@@ -174,6 +188,19 @@ def test_network_namespace_alone_blocks_the_network():
     probe = run_sandboxed("print(open('/proc/net/dev').read())", "", cfg)
     interfaces = [line.split(":")[0].strip() for line in probe.stdout.splitlines()[2:] if ":" in line]
     assert interfaces == ["lo"]
+
+
+@pytest.mark.parametrize("code", [
+    "import ctypes\nctypes.CDLL(None).system(b'echo owned')",
+    "import ctypes\nctypes.pythonapi.system(b'echo owned')",
+    "import sys\nsys.modules['ctypes'].CDLL(None).system(b'echo owned')",
+    "import subprocess\nsubprocess.run(['echo', 'owned'])",
+    "import os\nos.system('echo owned')",
+])
+def test_guard_bypasses_through_ctypes_or_subprocesses_are_refused(code):
+    result = run_sandboxed(code, "", FAST)
+    assert not result.ok and "owned" not in result.stdout
+    assert "sandbox:" in result.stderr or "KeyError" in result.stderr
 
 
 def test_sandbox_failure_never_raises_in_the_worker():

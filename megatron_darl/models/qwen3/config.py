@@ -186,10 +186,11 @@ def transformer_config_from_hf(
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         attention_softmax_in_fp32=True, use_cpu_initialization=on_cpu,
-        # Fused kernels need apex/TE/CUDA; Megatron falls back or asserts without them.
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-        apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
-        cross_entropy_loss_fusion=False,
+        # SwiGLU and bias-dropout-add fusions are Megatron's own torch.compile/jit kernels: on
+        # for GPU. The rest need apex/TE (rope, grad-accum, softmax) and stay off without them.
+        bias_activation_fusion=not on_cpu, bias_dropout_fusion=not on_cpu,
+        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        persist_layer_norm=False, cross_entropy_loss_fusion=False,
     )
     if on_cpu:
         kwargs["batch_p2p_sync"] = False  # gloo batch_isend_irecv + sync hangs/raises on CPU

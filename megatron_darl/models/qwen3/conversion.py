@@ -93,6 +93,14 @@ def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
     return meta
 
 
+def _quiet_warnings() -> None:
+    """Megatron warns at import about missing TE/apex; converters need none of them."""
+    import warnings
+
+    for category in (UserWarning, FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"(megatron|torch)\..*")
+
+
 def _progress(total: int, desc: str, enabled: bool):
     if not enabled:
         return None
@@ -108,6 +116,7 @@ def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, save_model_checkpoint
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
+    _quiet_warnings()
     ps = init_parallel(ParallelConfig(tp=job.tp, pp=job.pp), rank, world_size)
     cfg = load_hf_config_dict(job.src_dir)
     spec = spec_from_hf(cfg)
@@ -122,7 +131,7 @@ def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> Non
         print("writing dist checkpoint ...", flush=True)
     meta = CheckpointMetadata(
         hf_config=cfg, padded_vocab_size=vocab, dtype=str(DTYPES[job.dtype]).split(".")[-1],
-        saved_tp=job.tp, saved_pp=job.pp,
+        saved_tp=job.tp, saved_pp=job.pp, model_spec=spec.to_dict(),
     )
     save_model_checkpoint(model, job.out_dir, meta)
     if rank == 0:
@@ -133,19 +142,20 @@ def megatron_to_hf_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     """One rank of Megatron -> HF: load checkpoint shard, gather each stage, write safetensors."""
     import torch.distributed as dist
 
-    from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
+    from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage, stage_hf_names
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.trainer.checkpoint_io import load_model_checkpoint, read_metadata
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
+    _quiet_warnings()
     ps = init_parallel(ParallelConfig(tp=job.tp, pp=job.pp), rank, world_size)
     meta = read_metadata(job.src_dir)
     model = build_qwen3_model(meta.hf_config, ps, dtype=meta.torch_dtype, attention="sdpa",
                               padded_vocab=meta.padded_vocab_size)
     load_model_checkpoint(model, job.src_dir)
     writer = ShardedSafetensorsWriter(job.out_dir, job.max_shard_bytes, f"{ps.pp_rank:03d}-")
-    bar = _progress(len(list(model[0].parameters())), "write HF stage 0",
-                    job.progress and rank == 0)
+    total = len(stage_hf_names(model[0].qwen3_spec, ps.pp_rank, ps.pp_size))
+    bar = _progress(total, "write HF (stage 0)", job.progress and rank == 0)
     for name, tensor in megatron_to_hf_stage(model, ps):
         if ps.tp_rank == 0 and ps.dp_rank == 0:
             writer.add(name, tensor)

@@ -49,8 +49,10 @@ def forward_logits(model_chunks, input_ids: torch.Tensor, parallel_state):
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from megatron_darl.models.qwen3.model import unwrap_qwen3
+
     ps = parallel_state
-    model = model_chunks[0]
+    model = unwrap_qwen3(model_chunks[0])
     b, s = input_ids.shape
     input_ids = input_ids.to(ps.device)
     position_ids = torch.arange(s, device=ps.device).unsqueeze(0).expand(b, s)

@@ -72,6 +72,18 @@ def hf_tensor_names(spec: Qwen3Spec, layers: range | None = None, ends: bool = T
     return names
 
 
+def stage_hf_names(spec: Qwen3Spec, pp_rank: int, pp_size: int) -> list[str]:
+    """HF names that stage ``pp_rank`` yields in ``megatron_to_hf_stage``, in order."""
+    names = hf_tensor_names(spec, stage_layers(spec, pp_rank, pp_size), ends=False)
+    if pp_rank == 0:
+        names.insert(0, HF_EMBED)
+    if pp_rank == pp_size - 1:
+        names.append(HF_FINAL_NORM)
+        if not spec.tie_word_embeddings:
+            names.append(HF_LM_HEAD)
+    return names
+
+
 def hf_tensor_shapes(spec: Qwen3Spec) -> dict[str, tuple[int, ...]]:
     """Expected shape of every HF tensor name (to validate a checkpoint before loading)."""
     h, hd, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
@@ -207,8 +219,10 @@ def megatron_to_hf_stage(model_chunks, parallel_state) -> Iterator[tuple[str, to
     sends). One parameter is gathered at a time. Tensors keep the model dtype; vocab padding
     is stripped; with tied embeddings ``lm_head.weight`` is not yielded (as in HF checkpoints).
     """
+    from megatron_darl.models.qwen3.model import unwrap_qwen3
+
     ps = parallel_state
-    for model in model_chunks:
+    for model in map(unwrap_qwen3, model_chunks):
         spec: Qwen3Spec = model.qwen3_spec
         params = _params(model)
         g = lambda name: _gather_tp(params[name].detach(), ps.tp_group, ps.tp_size)  # noqa: E731

@@ -63,13 +63,23 @@ def qwen3_block_spec(layer_spec, num_local_layers: int):
     """The decoder block: ``num_local_layers`` copies of the layer plus the final RMSNorm."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    norm = layer_spec.submodules.input_layernorm
-    if norm is None or getattr(norm, "__name__", "") == "IdentityOp":
+    fused_norm = layer_spec.submodules.input_layernorm
+    if fused_norm is None or getattr(fused_norm, "__name__", "") == "IdentityOp":
         # TE fuses the input norm into linear_qkv; the final norm is TE's RMSNorm.
-        from megatron.core.extensions.transformer_engine import TENorm
-
-        norm = TENorm
+        from megatron.core.extensions.transformer_engine import TENorm as norm
+    else:
+        # torch.nn.RMSNorm behind Megatron's wrapper (stable across megatron-core versions).
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm as norm
     return TransformerBlockSubmodules(layer_specs=[layer_spec] * num_local_layers, layer_norm=norm)
+
+
+def unwrap_qwen3(model):
+    """The ``GPTModel`` inside Megatron DDP / Float16Module wrappers (they nest ``.module``)."""
+    while not hasattr(model, "qwen3_spec") and hasattr(model, "module"):
+        model = model.module
+    if not hasattr(model, "qwen3_spec"):
+        raise TypeError(f"{type(model).__name__} was not built by build_qwen3_model")
+    return model
 
 
 def _supported_kwargs(fn, kwargs: dict[str, Any]) -> dict[str, Any]:

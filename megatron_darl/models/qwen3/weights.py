@@ -13,6 +13,7 @@ import torch
 
 from megatron_darl.models.qwen3.hf_io import HFCheckpointReader
 from megatron_darl.models.qwen3.mapping import TE_ALIASES, TensorGetter, iter_megatron_shard
+from megatron_darl.models.qwen3.model import unwrap_qwen3
 
 
 def _resolve(name: str, params: dict[str, torch.Tensor]) -> str:
@@ -34,7 +35,7 @@ def load_hf_weights(model_chunks, get: TensorGetter | dict, parallel_state, prog
     ps = parallel_state
     get = get.__getitem__ if isinstance(get, dict) else get
     written = 0
-    for model in model_chunks:
+    for model in map(unwrap_qwen3, model_chunks):
         params = dict(model.named_parameters())
         todo = set(params)
         shard = iter_megatron_shard(
@@ -62,5 +63,5 @@ def load_hf_checkpoint(model_chunks, hf_dir: str | Path, parallel_state, progres
     The checkpoint is validated (names and shapes) before anything is copied.
     """
     reader = HFCheckpointReader(hf_dir)
-    reader.validate(model_chunks[0].qwen3_spec)
+    reader.validate(unwrap_qwen3(model_chunks[0]).qwen3_spec)
     return load_hf_weights(model_chunks, reader.get, parallel_state, progress)

@@ -34,8 +34,8 @@ def parse() -> argparse.Namespace:
     for name, typ, default in [
         ("port", int, 0), ("default-port", int, 0), ("rank", int, 0), ("world", int, 1),
         ("workers", int, 1), ("hubs", int, 1), ("stages", int, 1), ("steps", int, 1),
-        ("gps", int, 1), ("eta", int, 0), ("hub-delay-s", float, 0.0), ("hb-interval", float, 0.2),
-        ("hb-timeout", float, 2.0), ("join-timeout", float, 2.0), ("timeout", float, 60.0),
+        ("gps", int, 1), ("eta", int, 0), ("hub-delay-s", float, 0.0), ("hb-interval", float, 0.25),
+        ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0), ("timeout", float, 60.0),
         ("drain-timeout", float, 30.0),
         ("out", str, ""), ("model-dir", str, ""), ("source", str, "tests.distributed.procs.sources:hf_stages"),
     ]:
@@ -50,9 +50,9 @@ def emit(out: str, name: str, record: dict) -> None:
 
 def main() -> int:
     a = parse()
-    logging.basicConfig(level=logging.INFO, format=f"[trainer {a.rank}] %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [trainer {a.rank}] %(message)s")
     control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
-                                 num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.002)
+                                 num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005)
     store = serve_store(control) if a.rank == 0 else connect_store(control, who=f"trainer {a.rank}")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.default_port}", rank=a.rank,
                             world_size=a.world, timeout=dt.timedelta(seconds=a.timeout))
@@ -128,4 +128,6 @@ if __name__ == "__main__":
         sys.exit(main())
     except TransportTimeout as exc:
         logging.error("%s", exc)
-        sys.exit(2)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)  # skip interpreter teardown with live gloo/heartbeat threads

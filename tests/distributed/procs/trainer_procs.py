@@ -1,6 +1,7 @@
 """Worker bodies of the trainer's distributed tests (run by ``parallel.run_local_gloo``).
 
-One launch per layout computes everything the tests compare, to keep process start-ups few:
+One launch per world size runs its layouts one after the other (``destroy_parallel`` keeps the
+default group), and each layout computes everything the tests compare:
 log-probs at init, loss/grad-norm and the full HF-named parameters after one step, and
 optionally a checkpoint (saved after step 1, then step 2 run straight) or a resume from one.
 Rank 0 writes the results to ``out_path`` with ``torch.save``.
@@ -79,37 +80,78 @@ def gather_hf_params(trainer, ps) -> dict[str, torch.Tensor] | None:
     return out
 
 
-def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save, ckpt_load):
-    """Log-probs, one step, params; optionally checkpoint after step 1 or resume and step."""
+def layouts_worker(rank, world_size, hf_dir, layouts):
+    """Run ``layout_worker`` for each ``(tp, pp, out_path, save, load, init)`` in turn."""
+    from megatron_darl.trainer.parallel import destroy_parallel
+
+    for tp, pp, out_path, save, load, init in layouts:
+        layout_worker(rank, world_size, tp, pp, hf_dir, out_path, save, load, init)
+        destroy_parallel(keep_default_group=True)
+
+
+def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ckpt_load=None,
+                  ckpt_init=None):
+    """Log-probs, one step, params; optionally checkpoint after step 1 or resume and step.
+
+    ``ckpt_init``: also build a second trainer through the production path (random init, then
+    ``TrainerConfig.init_checkpoint``) and record its log-probs.
+    """
     from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
 
     trainer, ps = _trainer(tp, pp, hf_dir, token_budget=96)
     shard = list(range(ps.dp_rank, len(SEQ_LENS), ps.dp_size))
     batch = make_batch(shard)
     result: dict = {"logp0": trainer.compute_logprobs(batch), "shard": shard}
+    result["num_microbatches"] = len(trainer._microbatches(batch, batch.loss_mask))
     trainer.snapshot()  # version 0
     step = trainer.train_step(batch, toy_loss)
     result.update(step1=step, params1=gather_hf_params(trainer, ps))
     result["logp1"] = trainer.compute_logprobs(batch)
     result["logp0_snapshot"] = trainer.compute_logprobs(batch, version=0)
     result["logp1_after_swap"] = trainer.compute_logprobs(batch)
+    result["errors"] = _bad_input_errors(trainer, batch)
     if ckpt_save:
         save_checkpoint(trainer, ckpt_save, extra_state={"dp_rank": ps.dp_rank})
         result["step2"] = trainer.train_step(batch, toy_loss)
         result["params2"] = gather_hf_params(trainer, ps)
     if ckpt_load:
         resumed = load_checkpoint(trainer, ckpt_load)
-        result["resumed"] = {"step": trainer.step, "version": trainer.version, "extra": resumed}
+        result["resumed"] = resumed
         result["step2"] = trainer.train_step(batch, toy_loss)
         result["params2"] = gather_hf_params(trainer, ps)
-    # every rank's log-probs must agree within the replica; keep rank 0's plus a max diff
-    logps = [None] * world_size
-    dist.all_gather_object(logps, (ps.dp_rank, result["logp0"]))
-    result["replica_logp_spread"] = max(
-        float((lp - result["logp0"]).abs().max()) for r, lp in logps if r == ps.dp_rank
-    )
+    if ckpt_init:
+        result["logp_init_ckpt"] = _production_trainer(ps, ckpt_init).compute_logprobs(batch)
     all_logp = [None] * world_size
-    dist.all_gather_object(all_logp, (shard, result["logp0"], result["logp1"]))
+    dist.all_gather_object(all_logp, (ps.dp_rank, shard, result["logp0"], result["logp1"]))
     if rank == 0:
         result["all_logp"] = all_logp
         torch.save(result, out_path)
+
+
+def _production_trainer(ps, init_checkpoint: str):
+    from megatron_darl.trainer.config import MicroBatchConfig, TrainerConfig
+    from megatron_darl.trainer.policy_trainer import PolicyTrainer
+
+    cfg = TrainerConfig(
+        micro_batch=MicroBatchConfig(token_budget=128, max_seq_len=64, pad_multiple=8),
+        bf16=False, init_checkpoint=init_checkpoint,
+    )
+    return PolicyTrainer(cfg, ps, tiny_hf_config_dict())
+
+
+def _bad_input_errors(trainer, batch) -> list[str]:
+    """Messages of the errors that over-long and out-of-vocab sequences raise."""
+    from megatron_darl.trainer.batch import TrainBatch
+
+    messages = []
+    too_long = TrainBatch.from_sequences(
+        [torch.zeros(10, dtype=torch.long), torch.zeros(65, dtype=torch.long)],
+        [torch.arange(10) > 0, torch.arange(65) > 0],
+    )
+    bad_ids = TrainBatch.from_sequences([torch.full((4,), VOCAB)], [torch.arange(4) > 0])
+    for bad in (too_long, bad_ids):
+        try:
+            trainer.compute_logprobs(bad)
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages

@@ -52,7 +52,7 @@ def parse() -> argparse.Namespace:
     for name, typ, default in [
         ("port", int, 0), ("worker", int, 0), ("workers", int, 1), ("hubs", int, 1), ("stages", int, 1),
         ("gps", int, 1), ("eta", int, 0), ("batch", int, 4), ("n", int, 2), ("max-new", int, 4),
-        ("hb-interval", float, 0.2), ("hb-timeout", float, 2.0), ("join-timeout", float, 2.0),
+        ("hb-interval", float, 0.25), ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0),
         ("timeout", float, 60.0), ("stall-at", int, 0), ("stall-s", float, 0.0), ("out", str, ""),
         ("model-dir", str, ""),
     ]:
@@ -62,11 +62,11 @@ def parse() -> argparse.Namespace:
 
 def main() -> int:
     a = parse()
-    logging.basicConfig(level=logging.INFO, format=f"[rollout {a.worker}] %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rollout {a.worker}] %(message)s")
     torch.set_num_threads(1)
     transport = TransportConfig(
         control=ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
-                                   num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.002),
+                                   num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005),
         heartbeat=HeartbeatConfig(a.hb_interval, a.hb_timeout),
         channel=ChannelConfig(groups_per_step=a.gps, max_staleness=a.eta, max_unacked_per_hub=4,
                               send_timeout_s=a.timeout),

@@ -1,0 +1,222 @@
+"""Throughput of the policy trainer: a full train step and the log-prob pass, vs HF + AdamW.
+
+For each model (random init, bf16 on GPU) and layout (``tp1``, ``tp2``, ``dp2``, ``pp2``...), the
+trainer runs ``PolicyTrainer.train_step`` (forward, backward, distributed Adam step) and
+``compute_logprobs`` on a global batch of ``--seqs`` sequences of ``--seq`` tokens (the first
+``--prompt`` tokens of each unscored), cut into micro-batches of ``--token-budget`` tokens. The
+loss is a PPO-shaped token sum (the trainer's cost does not depend on it). On one GPU the same run
+also times a plain Hugging Face step: ``Qwen3ForCausalLM`` (sdpa, bf16) with its own
+cross-entropy loss, the same micro-batches and ``torch.optim.AdamW`` (fused on GPU).
+
+FLOPs (``megatron_darl/trainer/flops.py``): per token of a train step ``6 * N + 12 * L * H * Q * s``
+with N = matmul parameters including the LM head (PaLM / Megatron-LM convention, full s x s
+attention; ``mfu_causal`` halves the attention term); the log-prob pass is a third of that.
+MFU = FLOPs / seconds / (GPUs x 989 TFLOP/s dense bf16, H100/H200 SXM; ``--peak-tflops``).
+Scaling efficiency of a 2-GPU layout = its tokens/s / (2 x the 1-GPU tokens/s of this run).
+
+    python benchmarks/train_step.py                              # 1.7B and 4B, 1 GPU
+    python benchmarks/train_step.py --layouts tp1 tp2 dp2        # on the 2-GPU machine
+    python benchmarks/train_step.py --tiny                       # CPU smoke check, no JSON
+Benchmark name ``train_step``; metrics ``mfu``, ``tokens_per_s``, ``logprob_tokens_per_s``,
+``hf_tokens_per_s``, ``peak_gib`` (+ ``logprob_mfu``, ``mfu_causal``, ``scaling_efficiency``...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.record import print_table, write_result  # noqa: E402
+
+TINY = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=512,
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rope_parameters={"rope_theta": 1e6},
+            rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096)
+LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "dp2": (1, 1, 2), "pp2": (1, 2, 2),
+           "tp2pp2": (2, 2, 4), "tp4": (4, 1, 4), "dp4": (1, 1, 4)}
+
+
+def make_batch(args, vocab: int, dp_rank: int, dp_size: int):
+    """This DP rank's share of the global batch (interleaved), with the loss fields."""
+    from megatron_darl.trainer.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(1234)
+    tokens = [torch.randint(0, vocab, (args.seq,), generator=g) for _ in range(args.seqs)]
+    mask = torch.arange(args.seq) >= args.prompt
+    mine = list(range(dp_rank, args.seqs, dp_size))
+    return TrainBatch.from_sequences(
+        [tokens[i] for i in mine], [mask] * len(mine),
+        {"prox": [torch.full((args.seq,), -12.0) for _ in mine]},
+        {"adv": torch.randn(len(mine), generator=g)},
+    )
+
+
+def ppo_like_loss(logp, batch_slice):
+    ratio = torch.exp(logp - batch_slice.masked("prox"))
+    clipped = torch.clamp(ratio, 0.8, 1.2)
+    adv = batch_slice.per_token("adv")
+    return -torch.minimum(ratio * adv, clipped * adv).sum(), {}
+
+
+def _timed(fn, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
+def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
+    """One rank: build the trainer, time steps and log-prob passes; rank 0 writes JSON."""
+    import torch.distributed as dist
+
+    from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
+    from megatron_darl.trainer.flops import forward_flops, train_flops
+    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.policy_trainer import PolicyTrainer
+
+    ps = init_parallel(ParallelConfig(tp=tp, pp=pp))
+    cfg = TrainerConfig(
+        optimizer=OptimizerConfig(lr=1e-6),
+        micro_batch=MicroBatchConfig(token_budget=args.token_budget, max_seq_len=args.seq,
+                                     pad_multiple=64 if args.seq % 64 == 0 else 1),
+        peak_tflops=args.peak_tflops,
+    )
+    trainer = PolicyTrainer(cfg, ps, hf_config)
+    batch = make_batch(args, hf_config["vocab_size"], ps.dp_rank, ps.dp_size)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    step_s = _timed(lambda: trainer.train_step(batch, ppo_like_loss), args.warmup, args.iters)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    logprob_s = _timed(lambda: trainer.compute_logprobs(batch), args.warmup, args.iters)
+    tokens = args.seq * args.seqs
+    lens = [args.seq] * args.seqs
+    devices = world_size * args.peak_tflops * 1e12
+    result = {
+        "tokens_per_s": tokens / step_s, "logprob_tokens_per_s": tokens / logprob_s,
+        "mfu": train_flops(trainer.spec, lens) / step_s / devices,
+        "mfu_causal": train_flops(trainer.spec, lens, causal=True) / step_s / devices,
+        "logprob_mfu": forward_flops(trainer.spec, lens) / logprob_s / devices,
+        "step_s": step_s, "logprob_s": logprob_s, "peak_gib": peak,
+        "microbatches_per_rank": len(trainer._microbatches(batch, batch.loss_mask)),
+    }
+    peaks = [None] * world_size
+    dist.all_gather_object(peaks, peak)
+    result["peak_gib"] = max(p for p in peaks if p is not None) if peak is not None else None
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(result))
+
+
+def hf_tokens_per_s(hf_config: dict, args) -> float:
+    """Plain HF step: micro-batches of the same size, CE loss, AdamW, one process."""
+    import transformers
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kwargs = {k: v for k, v in hf_config.items() if k not in ("architectures", "model_type")}
+    with torch.device(device):
+        model = transformers.Qwen3ForCausalLM._from_config(
+            transformers.Qwen3Config(**kwargs), attn_implementation="sdpa", dtype=dtype
+        ).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+    rows = max(1, args.token_budget // args.seq)
+    ids = torch.randint(0, hf_config["vocab_size"], (args.seqs, args.seq), device=device)
+    labels = ids.clone()
+    labels[:, : args.prompt] = -100
+
+    def step():
+        for start in range(0, args.seqs, rows):
+            out = model(input_ids=ids[start : start + rows], labels=labels[start : start + rows])
+            out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    seconds = _timed(step, args.warmup, args.iters)
+    del model, opt
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return args.seq * args.seqs / seconds
+
+
+def bench(name: str, hf_config: dict, layout: str, args) -> dict:
+    from megatron_darl.trainer.parallel import run_local_gloo
+
+    tp, pp, world = LAYOUTS[layout]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        run_local_gloo(trainer_worker, world, args=(tp, pp, hf_config, args, str(out)),
+                       timeout_s=args.timeout)
+        row = {"model": name, "layout": layout, "gpus": world, **json.loads(out.read_text())}
+    return row
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["qwen3_1.7b", "qwen3_4b"])
+    parser.add_argument("--layouts", nargs="+", default=["tp1"], choices=sorted(LAYOUTS))
+    parser.add_argument("--seq", type=int, default=4096, help="tokens per sequence")
+    parser.add_argument("--prompt", type=int, default=512, help="unscored prefix per sequence")
+    parser.add_argument("--seqs", type=int, default=16, help="sequences per global step")
+    parser.add_argument("--token-budget", type=int, default=8192, help="tokens per micro-batch")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="per layout run, seconds")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke check at tiny shapes")
+    parser.add_argument("--out-dir", default=None, help="results dir (default benchmarks/results)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from megatron_darl.models.qwen3.config import load_preset
+
+    args = parse_args(argv)
+    if args.tiny:
+        args.models, args.seq, args.prompt, args.seqs = ["tiny"], 128, 16, 8
+        args.token_budget, args.warmup, args.iters = 256, 1, 2
+    rows = []
+    for name in args.models:
+        hf_config = dict(TINY) if name == "tiny" else load_preset(name)
+        base = None
+        for layout in args.layouts:
+            row = bench(name, hf_config, layout, args)
+            if row["gpus"] == 1 and base is None:
+                base = row["tokens_per_s"]
+                row["hf_tokens_per_s"] = None if args.skip_hf else hf_tokens_per_s(hf_config, args)
+            row["scaling_efficiency"] = row["tokens_per_s"] / (row["gpus"] * base) if base else None
+            rows.append(row)
+            _record(name, layout, row, args)
+    print_table(rows)
+    return 0
+
+
+def _record(name: str, layout: str, row: dict, args) -> None:
+    if args.tiny and args.out_dir is None:
+        return
+    config = {k: getattr(args, k) for k in ("seq", "prompt", "seqs", "token_budget", "warmup", "iters")}
+    config.update(model=name, layout=layout, gpus=row["gpus"], init="random",
+                  flop_formula="6*N + 12*L*H*Q*s per token, N incl. LM head (PaLM, non-causal)")
+    metrics = {k: v for k, v in row.items() if k not in ("model", "layout", "gpus")}
+    print(f"wrote {write_result('train_step', config, metrics, Path(args.out_dir) if args.out_dir else None)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

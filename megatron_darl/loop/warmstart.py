@@ -1,0 +1,167 @@
+"""Supervised warm start for the embedded default: the initial tiny policy, cached on disk.
+
+RL from a random policy on the built-in task has no signal (every reward is 0, every group is
+degenerate), so when no initial checkpoint is given, the embedded default first fits a tiny
+Qwen3-architecture model to the task's step-by-step reference solutions for a few hundred
+steps, stopping while it is still imperfect so the RL phase has something to improve. The
+result is an ordinary Hugging Face checkpoint (config, safetensors, the task's tokenizer) in a
+cache directory keyed by everything that determines it, so a second run reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from megatron_darl.data.builtin import build_builtin_tokenizer, builtin_prompts, builtin_reward
+from megatron_darl.data.builtin import reference_solution
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the embedded default's Qwen3-architecture policy (about 1M parameters)."""
+
+    hidden_size: int = 128  # model width
+    intermediate_size: int = 384  # SwiGLU width
+    num_hidden_layers: int = 4  # transformer layers
+    num_attention_heads: int = 4  # query heads
+    num_key_value_heads: int = 2  # GQA key/value heads
+    head_dim: int = 32  # per-head width
+    max_position_embeddings: int = 256  # longest prompt + response
+    tie_word_embeddings: bool = True  # share embedding and LM head
+
+
+@dataclass
+class WarmStartConfig:
+    """How the initial policy is fitted to reference solutions."""
+
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)  # policy shape
+    steps: int = 300  # optimizer steps of supervised training
+    batch_size: int = 64  # sequences per step
+    lr: float = 3e-3  # AdamW learning rate (cosine-decayed to 10%)
+    seed: int = 0  # model init and data order
+    num_prompts: int = 2048  # training prompts (a seed disjoint from the RL prompts)
+    prompt_seed: int = 12345  # seed of the training prompts
+    max_operands: int = 3  # difficulty of the training prompts
+    max_value: int = 20  # operands drawn from 0..max_value
+    cache_dir: str = "~/.cache/megatron_darl/warmstart"  # where fitted policies are kept
+    device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda"
+
+
+def cache_key(cfg: WarmStartConfig) -> str:
+    """Stable hash of everything that determines the fitted policy (the cache dir excluded)."""
+    payload = asdict(cfg)
+    payload.pop("cache_dir")
+    payload.pop("device")
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _hf_config(cfg: TinyModelConfig, tokenizer):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, rms_norm_eps=1e-6,
+        tie_word_embeddings=cfg.tie_word_embeddings, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _training_batches(cfg: WarmStartConfig, tokenizer, device: torch.device):
+    """Endless shuffled batches: (ids (B, L), labels (B, L) with -100 outside solutions)."""
+    records = builtin_prompts(cfg.num_prompts, cfg.prompt_seed, max_operands=cfg.max_operands,
+                              max_value=cfg.max_value)
+    seqs = []
+    for rec in records:
+        prompt = tokenizer(rec.prompt, add_special_tokens=True)["input_ids"]
+        answer = tokenizer(reference_solution(rec), add_special_tokens=False)["input_ids"]
+        seqs.append((prompt, answer + [tokenizer.eos_token_id]))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    while True:
+        for idx in torch.randperm(len(seqs), generator=gen).split(cfg.batch_size):
+            chunk = [seqs[i] for i in idx.tolist()]
+            width = max(len(p) + len(a) for p, a in chunk)
+            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+            labels = torch.full_like(ids, -100)
+            for row, (p, a) in enumerate(chunk):
+                ids[row, : len(p) + len(a)] = torch.tensor(p + a)
+                labels[row, len(p): len(p) + len(a)] = torch.tensor(a)
+            yield ids.to(device), labels.to(device)
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def fit_policy(cfg: WarmStartConfig, out_dir: Path, log=print) -> Path:
+    """Fit the tiny policy and save it (HF format, with tokenizer) to ``out_dir``."""
+    from transformers import Qwen3ForCausalLM
+
+    device = _resolve_device(cfg.device)
+    tokenizer = build_builtin_tokenizer(out_dir)
+    torch.manual_seed(cfg.seed)
+    model = Qwen3ForCausalLM(_hf_config(cfg.model, tokenizer)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps, eta_min=cfg.lr * 0.1)
+    batches = _training_batches(cfg, tokenizer, device)
+    start = time.time()
+    for step in range(1, cfg.steps + 1):
+        ids, labels = next(batches)
+        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
+                     labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == cfg.steps:
+            log(f"[warmstart] step {step}/{cfg.steps} loss {loss.item():.3f} "
+                f"({time.time() - start:.0f}s)")
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    return out_dir
+
+
+def greedy_accuracy(model_dir: Path, num_prompts: int = 128, seed: int = 7, max_new_tokens: int = 48) -> float:
+    """Greedy exact-match accuracy of a saved policy on fresh built-in prompts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    records = builtin_prompts(num_prompts, seed)
+    enc = tokenizer([r.prompt for r in records], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(builtin_reward(t, r.reference) for t, r in zip(texts, records)) / len(records)
+
+
+def ensure_warm_policy(cfg: WarmStartConfig, log=print) -> Path:
+    """The cached warm-started policy for ``cfg``, fitted first when absent.
+
+    Fitting writes to a temporary sibling directory renamed into place only on success, so an
+    interrupted run never leaves a half-written policy in the cache.
+    """
+    root = Path(cfg.cache_dir).expanduser()
+    final = root / cache_key(cfg)
+    if (final / "config.json").exists():
+        log(f"[warmstart] reusing cached initial policy {final}")
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"[warmstart] fitting the initial policy ({cfg.steps} supervised steps) into {final}")
+    fit_policy(cfg, tmp, log=log)
+    tmp.rename(final)
+    return final

@@ -1,0 +1,57 @@
+"""Dead peers are loud and bounded: a killed worker is named within the heartbeat timeout and
+training goes on without it; a killed trainer makes the surviving worker exit non-zero within
+the timeout; no process of either job step is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
+from tests.distributed.procs.launcher import wait_for
+from tests.distributed.procs.scenario import Scenario
+
+HB_TIMEOUT = 4.0  # the procs' --hb-timeout default
+SLACK = 2.0  # heartbeat interval + polling + a loaded 2-core machine
+
+
+def _sessions_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(p.info["pid"]) in pids and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p.info["pid"])
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return alive
+
+
+def test_killed_worker_is_reported_and_killed_trainer_stops_workers(tmp_path):
+    sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=200, gps=4, eta=1,
+                  trainer_args=["--hub-delay-s", "0.05"])
+    procs = sc.launch()
+    pids = [p.pid for p in procs.procs.values()]
+    try:
+        wait_for(lambda: len(sc.records("hub0.jsonl")) >= 8, 120, "8 groups at the hub")
+        t_kill = time.time()
+        procs.kill("worker1")
+        wait_for(lambda: any(r["rank"] == 1 for r in sc.records("losses.jsonl")), HB_TIMEOUT + 10, "loss report")
+        loss = next(r for r in sc.records("losses.jsonl") if r["rank"] == 1)
+        assert loss["time"] - t_kill <= HB_TIMEOUT + SLACK, (loss, t_kill)
+        assert loss["peer"].startswith("rollout 1 (") and f"pid {procs.procs['worker1'].pid}" in loss["peer"]
+        # training goes on: later versions are published to the surviving worker alone
+        wait_for(lambda: any(r["time"] > loss["time"] and r["published"] and r["members"] == [0]
+                             for r in sc.records("sync0.jsonl")), 60, "a sync after the loss", poll=0.2)
+        n_before = len(sc.records("hub0.jsonl"))
+        wait_for(lambda: len(sc.records("hub0.jsonl")) >= n_before + 4, 30, "groups after the loss")
+        t_trainer = time.time()
+        procs.kill("trainer0")
+        code = procs.wait("worker0", HB_TIMEOUT + 15)
+        assert code == EXIT_TRAINER_LOST, procs.logs()
+        assert time.time() - t_trainer <= HB_TIMEOUT + SLACK + 3
+    finally:
+        procs.close()
+    assert _sessions_alive(pids) == []

@@ -1,0 +1,74 @@
+"""Unit tests of the trainer's configs, FLOP count, snapshots and checkpoint refusals."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megatron_darl.models.qwen3.config import spec_from_hf
+from megatron_darl.trainer.checkpoint import load_checkpoint
+from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
+from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig
+from megatron_darl.trainer.flops import forward_flops, matmul_params, mfu, train_flops
+from megatron_darl.trainer.snapshots import ParamSnapshots
+
+QWEN3_1_7B = dict(
+    architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=2048,
+    intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+    head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="optimizer.lr"):
+        OptimizerConfig(lr=0.0)
+    with pytest.raises(ValueError, match="token_budget=1000 cannot hold one sequence"):
+        MicroBatchConfig(token_budget=1000, max_seq_len=4096)
+
+
+def test_flops_of_qwen3_1_7b():
+    spec = spec_from_hf(QWEN3_1_7B)
+    # 1.7B total minus the 311M embedding, plus the tied LM head counted as a matmul
+    assert matmul_params(spec) == pytest.approx(1.72e9, rel=0.01)
+    one = forward_flops(spec, [4096])
+    attn = 4 * 28 * 2048 * 4096**2
+    assert one == pytest.approx(2 * matmul_params(spec) * 4096 + attn)
+    assert forward_flops(spec, [4096], causal=True) == pytest.approx(one - attn / 2)
+    assert train_flops(spec, [4096, 4096]) == pytest.approx(6 * one)
+    # per token: 6 N + 12 L H Q s, as benchmarks/model_step.py counts it
+    per_token = 6 * matmul_params(spec) + 12 * 28 * 16 * 128 * 4096
+    assert train_flops(spec, [4096]) / 4096 == pytest.approx(per_token)
+    assert mfu(989e12, 1.0, 1, 989.0) == pytest.approx(1.0)
+
+
+def test_snapshots_swap_and_restore():
+    p = torch.nn.Parameter(torch.arange(4.0))
+    snaps = ParamSnapshots([p], pin=False)
+    snaps.take(0)
+    with torch.no_grad():
+        p.add_(10.0)
+    snaps.take(1)
+    snaps.keep_last(2)
+    with snaps.swapped_in(0):
+        assert p.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert p.tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert snaps.bytes() == 2 * 4 * 4 and snaps.versions == [0, 1]
+    snaps.keep_last(1)
+    with pytest.raises(ValueError, match="no parameter snapshot of version 0"):
+        with snaps.swapped_in(0):
+            pass
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    spec = spec_from_hf(QWEN3_1_7B)
+    other = dict(spec.to_dict(), hidden_size=64, num_layers=4)
+    (tmp_path / "metadata.json").write_text("{}")  # dist_checkpointing's own file
+    write_metadata(tmp_path, CheckpointMetadata(
+        hf_config=QWEN3_1_7B, padded_vocab_size=151936, dtype="float32", saved_tp=1, saved_pp=1,
+        model_spec=other, extra={"trainer": {"step": 3, "version": 3, "dp": 1}},
+    ))
+    trainer = SimpleNamespace(spec=spec)
+    with pytest.raises(ValueError, match="checkpoint of another model.*hidden_size: checkpoint 64"):
+        load_checkpoint(trainer, tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_checkpoint(trainer, tmp_path / "missing")

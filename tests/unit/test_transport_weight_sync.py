@@ -1,0 +1,118 @@
+"""Weight sync in one process: stage leader and workers as threads over a real TCPStore + gloo.
+
+Fast checks of the protocol (bucketing, dtype-agnostic byte buckets, acks, the published version,
+a worker that never reaches a safe point being left out and named). The multi-process version
+with separate process trees is ``tests/distributed/test_weight_sync.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from megatron_darl.transport import (
+    TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, WeightReceiver,
+    WeightSender, WeightSyncConfig, connect_store, published_version, serve_store,
+)
+from tests.distributed.procs.launcher import free_port
+
+HB = HeartbeatConfig(interval_s=0.05, timeout_s=1.0)
+
+
+def _weights(version: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(version)
+    return [
+        ("model.embed_tokens.weight", torch.randn(50, 8, generator=g)),
+        ("model.layers.0.mlp.up_proj.weight", torch.randn(16, 8, generator=g).to(torch.bfloat16)),
+        ("model.layers.0.input_layernorm.weight", torch.randn(7, generator=g)),
+        ("model.scalar", torch.tensor(float(version))),
+        ("model.counts", torch.arange(5, dtype=torch.int64) + version),
+    ]
+
+
+def _world(workers: int):
+    control = ControlPlaneConfig(port=free_port(), num_workers=workers, store_timeout_s=20, poll_interval_s=0.002)
+    store = serve_store(control)
+    hb = Heartbeat(control, HB, MemberInfo.here(TRAINER, 0)).start()
+    worker_hbs = [Heartbeat(control, HB, MemberInfo.here(WORKER, w)).start() for w in range(workers)]
+    time.sleep(0.2)  # let the trainer's monitor see the workers beat
+    return control, store, hb, worker_hbs
+
+
+def _serve(receiver: WeightReceiver, until: int, stop: threading.Event) -> None:
+    while receiver.version < until and not stop.is_set():
+        receiver.maybe_sync()
+        time.sleep(0.005)
+
+
+def test_sync_is_bitwise_bucketed_and_acked():
+    control, store, hb, whbs = _world(2)
+    cfg = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=5, collective_timeout_s=20, ack_timeout_s=20)
+    loaded = {0: {}, 1: {}}
+    calls = {0: 0, 1: 0}
+
+    def loader(w):
+        def load(named):
+            calls[w] += 1
+            loaded[w].update({n: t.clone() for n, t in named})
+        return load
+
+    sender = WeightSender(store, control, cfg, 0, hb)
+    receivers = [WeightReceiver(connect_store(control), control, cfg, w, loader(w)) for w in range(2)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_serve, args=(r, 2, stop), daemon=True) for r in receivers]
+    for t in threads:
+        t.start()
+    try:
+        reports = [sender.publish(v, _weights(v)) for v in (1, 2)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for h in [hb, *whbs]:
+            h.close()
+    assert all(r.published and sorted(r.acked) == [0, 1] and not r.missing for r in reports)
+    assert reports[1].buckets >= 3 and reports[1].bytes == sum(t.numel() * t.element_size() for _, t in _weights(2))
+    assert published_version(store) == 2 and [r.version for r in receivers] == [2, 2]
+    for w in range(2):
+        assert calls[w] >= 6  # one load per bucket, two versions
+        for name, tensor in _weights(2):
+            got = loaded[w][name]
+            assert got.dtype == tensor.dtype and got.shape == tensor.shape and torch.equal(got, tensor), name
+
+
+def test_a_worker_that_never_reaches_a_safe_point_is_left_out_and_named():
+    control, store, hb, whbs = _world(2)
+    cfg = WeightSyncConfig(backend="gloo", bucket_bytes=1 << 20, join_timeout_s=0.5, collective_timeout_s=20,
+                           ack_timeout_s=20)
+    sender = WeightSender(store, control, cfg, 0, hb)
+    receiver = WeightReceiver(connect_store(control), control, cfg, 0, lambda named: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=_serve, args=(receiver, 1, stop), daemon=True)
+    thread.start()
+    try:
+        report = sender.publish(1, _weights(1))  # worker 1 beats but never calls maybe_sync
+    finally:
+        stop.set()
+        thread.join(10)
+        for h in [hb, *whbs]:
+            h.close()
+    assert report.members == [0] and report.acked == [0] and report.published
+    assert len(report.missing) == 1 and report.missing[0].startswith("rollout 1 (")
+    assert published_version(store) == 1
+
+
+def test_publish_with_live_workers_that_never_join_times_out_naming_them():
+    control, store, hb, whbs = _world(1)
+    cfg = WeightSyncConfig(backend="gloo", join_timeout_s=0.2, collective_timeout_s=0.3, ack_timeout_s=1)
+    sender = WeightSender(store, control, cfg, 0, hb)
+    try:
+        with pytest.raises(TimeoutError, match=r"rollout 0"):
+            sender.publish(1, _weights(1))
+    finally:
+        for h in [hb, *whbs]:
+            h.close()
+    assert published_version(store) == 0
