@@ -107,13 +107,24 @@ def megatron_step_seconds(cfg: dict, args, dtype) -> tuple[float, str, float | N
         _free()
 
 
+def hf_sdpa_model(config, dtype: torch.dtype, device):
+    """Random-init ``Qwen3ForCausalLM`` with SDPA attention (transformers 4.x and 5.x)."""
+    import transformers
+
+    with torch.device(device):
+        try:
+            return transformers.Qwen3ForCausalLM._from_config(
+                config, attn_implementation="sdpa", dtype=dtype)
+        except TypeError:  # transformers < 4.56 names it torch_dtype
+            return transformers.Qwen3ForCausalLM._from_config(
+                config, attn_implementation="sdpa", torch_dtype=dtype)
+
+
 def hf_step_seconds(cfg: dict, args, dtype, device: torch.device) -> float:
     import transformers
 
     config = transformers.Qwen3Config(**cfg)
-    with torch.device(device):
-        model = transformers.Qwen3ForCausalLM._from_config(
-            config, attn_implementation="sdpa", dtype=dtype).train()
+    model = hf_sdpa_model(config, dtype, device).train()
     ids = torch.randint(0, cfg["vocab_size"], (args.batch, args.seq), device=device)
 
     def step():

@@ -24,7 +24,6 @@ import logging
 import re
 import threading
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
@@ -125,9 +124,22 @@ def _parse_answer(answer: str, timeout: int | None) -> list:
     return parse(f"$\\boxed{{{answer}}}$", _EXTRACTION, parsing_timeout=timeout)
 
 
-@lru_cache(maxsize=4096)
+_REFERENCE_CACHE: dict[str, list] = {}  # reference text -> parsed gold (successes only)
+_REFERENCE_CACHE_SIZE = 8192
+
+
 def _parse_reference(reference: str, timeout: int | None) -> list:
-    return _parse_answer(reference_answer(reference), timeout)
+    """Parsed gold answer, cached; a failed parse is retried once with 4x the timeout (it may
+    have been a slow machine, not a bad reference) and never cached."""
+    gold = _REFERENCE_CACHE.get(reference)
+    if gold is None:
+        answer = reference_answer(reference)
+        gold = _parse_answer(answer, timeout)
+        if not gold and timeout is not None:
+            gold = _parse_answer(answer, 4 * timeout)
+        if gold and len(_REFERENCE_CACHE) < _REFERENCE_CACHE_SIZE:
+            _REFERENCE_CACHE[reference] = gold
+    return gold
 
 
 def math_reward_with(response: str, reference: str, cfg: MathRewardConfig) -> float:

@@ -125,6 +125,23 @@ class TrainBatch:
         seq_of_token = torch.repeat_interleave(torch.arange(self.num_sequences), self.seq_lens)
         return self.seq_fields[name][seq_of_token[self.loss_mask]]
 
+    def scored_to_padded(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lay (n,) scored-token values out as (N, T_max) rows, one per sequence.
+
+        For losses written over ``(N, T)`` tensors (``algorithms.policy_loss``). Differentiable
+        in ``values``. Returns ``(padded, mask)``: zeros and ``False`` where no token is scored.
+        """
+        counts = torch.stack([m.sum() for m in torch.split(self.loss_mask, self.seq_lens.tolist())])
+        width = max(int(counts.max()), 1)
+        rows = torch.repeat_interleave(torch.arange(self.num_sequences), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        cols = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
+        rows, cols = rows.to(values.device), cols.to(values.device)
+        padded = values.new_zeros(self.num_sequences, width).index_put((rows, cols), values)
+        mask = torch.zeros(self.num_sequences, width, dtype=torch.bool, device=values.device)
+        mask[rows, cols] = True
+        return padded, mask
+
     def split_by_sequence(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Cut a (T,) tensor aligned with ``input_ids`` into per-sequence (L_i,) views."""
         return list(torch.split(flat, self.seq_lens.tolist()))

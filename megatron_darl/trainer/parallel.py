@@ -101,8 +101,9 @@ def init_parallel(
         cfg: the layout.
         rank, world_size, init_method: passed to ``init_process_group`` when it has not been
             called yet (otherwise the existing default group is reused, e.g. after
-            ``destroy_parallel(keep_default_group=True)``); ``None`` lets torch read ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` itself
-            (``env://``), as set by torchrun, srun wrappers or ``run_local_gloo``.
+            ``destroy_parallel(keep_default_group=True)``); ``None`` lets torch read
+            ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` itself (``env://``), as set by torchrun,
+            srun wrappers or ``run_local_gloo``.
 
     Returns:
         The ``ParallelState`` of this rank. On CPU, ``cpu_compat`` is applied first.
@@ -111,7 +112,13 @@ def init_parallel(
     from megatron.core import tensor_parallel
 
     backend = cfg.resolved_backend()
-    on_cpu = backend == "gloo" and not torch.cuda.is_available()
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu == (backend == "nccl"):
+        raise ValueError(
+            f"ParallelConfig.backend={cfg.backend!r} with CUDA "
+            f"{'unavailable' if on_cpu else 'available'}: use nccl on GPU, gloo on CPU (hide "
+            "GPUs with CUDA_VISIBLE_DEVICES= for a CPU run)"
+        )
     if on_cpu:
         from megatron_darl.trainer.cpu_compat import apply_cpu_compat
 
@@ -124,7 +131,7 @@ def init_parallel(
         )
     world = dist.get_world_size()
     dp_size = validate_layout(cfg, world)
-    if torch.cuda.is_available() and backend == "nccl":
+    if not on_cpu:
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
     else:

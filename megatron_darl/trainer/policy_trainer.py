@@ -9,8 +9,15 @@ contract and nothing else:
   *sum* of per-token losses of a micro-batch and a dict of float stats. The trainer divides by
   the number of scored tokens of the whole step (all micro-batches, all DP ranks), so the update
   is the token mean of DESIGN 4.6 whatever the DP size or micro-batch split. It knows nothing
-  about PPO: the algorithm's token-mean ``policy_loss`` becomes a sum by multiplying by the
-  micro-batch's token count (``batch_slice.num_loss_tokens``).
+  about PPO; the loop adapts the algorithm's loss, e.g.::
+
+      def loss_fn(logp, b):                      # logp (n,): b's scored tokens, in order
+          lp, mask = b.scored_to_padded(logp)    # (N, T) for losses written per sequence
+          prox, _ = b.scored_to_padded(b.masked("logp_proximal"))
+          w, _ = b.scored_to_padded(b.masked("behavior_weight"))
+          loss, stats = policy_loss(lp, prox, w, b.seq_fields["advantage"], mask,
+                                    clip_low, clip_high, num_tokens=1.0)  # 1.0: a sum
+          return loss, stats_as_floats(stats)
 * ``snapshot(version)`` / ``compute_logprobs(batch, version=k)`` for exact backfill;
 * ``export_hf_stage()`` HF-named full tensors of this pipeline stage, for weight sync;
 * ``checkpoint.save_checkpoint`` / ``load_checkpoint`` (separate module).
@@ -50,7 +57,7 @@ class StepResult:
     num_loss_tokens: int  # scored tokens of the step over DP
     seconds: float  # wall time of the step
     tokens_per_s: float  # num_tokens / seconds (all DP replicas together)
-    mfu: float  # model FLOPs utilisation (see flops.py)
+    mfu: float  # model FLOPs utilisation, full-attention convention (see flops.py)
     stats: dict[str, float] = field(default_factory=dict)  # loss_fn stats, token-weighted mean
 
 
@@ -212,7 +219,8 @@ class PolicyTrainer:
         self._run(self._microbatches(batch, batch.loss_mask), on_logprobs, forward_only=False)
         self.scheduler.step(increment=1)  # LR of this step (see optim.build_lr_scheduler)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        _, grad_norm, _ = self.optimizer.step()
+        out = self.optimizer.step()  # (update_successful, grad_norm, num_zeros_in_grad)
+        grad_norm = out[1] if isinstance(out, tuple) else None
         self.step += 1
         self.version += 1
         if self.ps.device.type == "cuda":

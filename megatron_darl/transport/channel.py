@@ -9,7 +9,8 @@ throughput; weights, which are GBs, use the NCCL data plane (``weight_sync``).
 
 Exactly once: sequence numbers are per (worker, hub); the hub consumes seq s only after s-1,
 deletes the key, then acks s; a restarted worker resumes after the last acked seq and the hub
-drops any group id it already delivered. Back-pressure: a worker waits while
+drops any group id it already delivered. A group goes to hub ``shard_of(group_id, num_hubs)``,
+the same function the replay buffer uses for its DP shards. Back-pressure: a worker waits while
 ``max_unacked_per_hub`` of its groups to one hub are unacked.
 """
 
@@ -20,28 +21,12 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from megatron_darl.replay import shard_of  # the replay buffer's owner function: hub == DP shard
 from megatron_darl.samples import SampleGroup
 from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
 from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
 from megatron_darl.transport.staleness import StartTicket
 from megatron_darl.transport.store import TRAINER, WORKER, Keys, TransportTimeout, describe_peer, get_int
-
-_MASK = (1 << 64) - 1
-
-
-def shard_of(group_id: int, num_shards: int) -> int:
-    """DP shard (hub) that owns ``group_id``: a splitmix64 hash of the id mod ``num_shards``.
-
-    Lives here because ``megatron_darl/replay`` has no such function yet; replay should import
-    this one. Hashing (not ``id % dp``) keeps shards balanced when group ids fold in worker ids.
-    """
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    z = (group_id + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return (z ^ (z >> 31)) % num_shards
-
 
 class SampleSender:
     """Worker side of the channel."""

@@ -7,8 +7,9 @@ pickling. Float32 log-probs round-trip bitwise: they are the behavior density an
 recomputed.
 
 Layout of ``ints`` (int64): ``[MAGIC, VERSION, group_id, prompt_id, worker_id, seq,
-start_version, started_index, G, (sample_id, P, T, truncated) * G, prompt ids..., response ids...,
-token versions...]``; ``floats`` (float32): ``[rewards (G), behavior log-probs...]``.
+start_version, started_index, G, (sample_id, P, T, truncated) * G, rewards (G, float64 bits),
+prompt ids..., response ids..., token versions...]``; ``floats`` (float32): behavior log-probs.
+Rewards keep their float64 value exactly.
 """
 
 from __future__ import annotations
@@ -75,12 +76,12 @@ def frame_group(group: SampleGroup, meta: GroupMeta) -> GroupFrame:
     table = []
     for s in samples:
         table += [s.sample_id, s.prompt_ids.numel(), s.num_tokens, int(s.truncated)]
-    parts = [torch.tensor(head + table, dtype=torch.int64)]
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64).view(torch.int64)
+    parts = [torch.tensor(head + table, dtype=torch.int64), rewards]
     parts += [s.prompt_ids.to(torch.int64).reshape(-1) for s in samples]
     parts += [s.response_ids.to(torch.int64).reshape(-1) for s in samples]
     parts += [s.token_versions.to(torch.int64).reshape(-1) for s in samples]
-    floats = [torch.tensor([s.reward for s in samples], dtype=torch.float32)]
-    floats += [s.behavior_logprobs.to(torch.float32).reshape(-1) for s in samples]
+    floats = [torch.zeros(0, dtype=torch.float32)] + [s.behavior_logprobs.to(torch.float32).reshape(-1) for s in samples]
     return GroupFrame(ints=torch.cat(parts), floats=torch.cat(floats))
 
 
@@ -94,17 +95,18 @@ def unframe_group(frame: GroupFrame) -> ReceivedGroup:
     table = ints[_HEAD : _HEAD + _PER_SAMPLE * g].view(g, _PER_SAMPLE).tolist() if g else []
     lens_p = [row[1] for row in table]
     lens_t = [row[2] for row in table]
-    expect_i = _HEAD + _PER_SAMPLE * g + sum(lens_p) + 2 * sum(lens_t)
-    if ints.numel() != expect_i or floats.numel() != g + sum(lens_t):
+    expect_i = _HEAD + _PER_SAMPLE * g + g + sum(lens_p) + 2 * sum(lens_t)
+    if ints.numel() != expect_i or floats.numel() != sum(lens_t):
         raise ValueError(f"group {group_id}: frame sizes do not match its sample table")
     off = _HEAD + _PER_SAMPLE * g
-    prompts, off = _split(ints, off, lens_p)
+    rewards = ints[off : off + g].clone().view(torch.float64).tolist()
+    prompts, off = _split(ints, off + g, lens_p)
     responses, off = _split(ints, off, lens_t)
     versions, _ = _split(ints, off, lens_t)
-    logprobs, _ = _split(floats, g, lens_t)
+    logprobs, _ = _split(floats, 0, lens_t)
     samples = [
         Sample(sample_id=row[0], prompt_ids=p, response_ids=r, behavior_logprobs=lp,
-               token_versions=v, reward=float(floats[i]), truncated=bool(row[3]))
+               token_versions=v, reward=rewards[i], truncated=bool(row[3]))
         for i, (row, p, r, v, lp) in enumerate(zip(table, prompts, responses, versions, logprobs))
     ]
     group = SampleGroup(group_id=group_id, prompt_id=prompt_id, samples=samples, worker_id=worker_id)

@@ -25,6 +25,7 @@ from tests.distributed.procs.qwen3_tiny import hf_logits, input_ids, make_tiny_h
 
 REPO = Path(__file__).resolve().parents[2]
 TOL = 1e-4
+pytestmark = pytest.mark.slow  # ~2 CPU-minutes: 9 spawned ranks + 2 converter runs
 
 
 def _tool(name: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:

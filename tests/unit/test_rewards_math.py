@@ -56,11 +56,16 @@ def changed(answer: str) -> str:
     return answer + "+7"
 
 
+# math_reward's logic with a generous timeout: this checks equivalence, and a loaded CI machine
+# must not turn a slow parse into a false failure.
+PATIENT = MathRewardConfig(timeout_seconds=60)
+
+
 def _failures(reference: str) -> list[str]:
     answer = reference_answer(reference)
-    bad = [form for form in equivalent_forms(answer) if math_reward(form, reference) != 1.0]
+    bad = [form for form in equivalent_forms(answer) if math_reward_with(form, reference, PATIENT) != 1.0]
     wrong = changed(answer)
-    if math_reward(f"So the answer is \\boxed{{{wrong}}}.", reference) != 0.0:
+    if math_reward_with(f"So the answer is \\boxed{{{wrong}}}.", reference, PATIENT) != 0.0:
         bad.append(f"changed answer {wrong!r} accepted")
     return bad
 

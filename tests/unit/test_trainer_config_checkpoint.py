@@ -26,6 +26,27 @@ def test_config_errors_name_the_field():
         MicroBatchConfig(token_budget=1000, max_seq_len=4096)
 
 
+@pytest.mark.parametrize("name", ["default", "cpu_tiny"])
+def test_trainer_yaml_presets_build(name):
+    from pathlib import Path
+
+    import yaml
+
+    from megatron_darl.trainer.config import TrainerConfig
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "trainer"
+    data = yaml.safe_load((root / "default.yaml").read_text())
+    if name != "default":
+        for key, value in yaml.safe_load((root / f"{name}.yaml").read_text()).items():
+            if key != "defaults":
+                data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    cfg = TrainerConfig(
+        optimizer=OptimizerConfig(**data.pop("optimizer")),
+        micro_batch=MicroBatchConfig(**data.pop("micro_batch")), **data,
+    )
+    assert cfg.micro_batch.token_budget >= cfg.micro_batch.max_seq_len
+
+
 def test_flops_of_qwen3_1_7b():
     spec = spec_from_hf(QWEN3_1_7B)
     # 1.7B total minus the 311M embedding, plus the tied LM head counted as a matmul

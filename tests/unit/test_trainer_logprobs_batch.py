@@ -17,9 +17,9 @@ def _batch(lens=(5, 3, 7), prompt=2):
 
 def test_logprobs_match_log_softmax_and_grad():
     g = torch.Generator().manual_seed(1)
-    logits = torch.randn(37, 29, generator=g, dtype=torch.float64).requires_grad_()
-    targets = torch.randint(0, 29, (37,), generator=g)
-    out = vocab_parallel_logprobs(logits, targets, chunk_tokens=8)
+    logits = torch.randn(11, 7, generator=g, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, 7, (11,), generator=g)
+    out = vocab_parallel_logprobs(logits, targets, chunk_tokens=4)
     ref = torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None]).squeeze(-1)
     assert torch.allclose(out.float(), ref.float(), atol=1e-6)
     assert torch.autograd.gradcheck(
@@ -59,3 +59,13 @@ def test_bad_batches_raise():
     with pytest.raises(ValueError, match="token_fields\\['x'\\]"):
         TrainBatch(torch.arange(4), torch.tensor([4]), torch.zeros(4, dtype=torch.bool),
                    token_fields={"x": torch.zeros(3)})
+
+
+def test_scored_to_padded_feeds_an_nt_loss():
+    batch = _batch()  # lens 5, 3, 7 with 2 prompt tokens -> 3, 1, 5 scored
+    values = torch.arange(9.0, requires_grad=True)
+    padded, mask = batch.scored_to_padded(values)
+    assert padded.shape == (3, 5) and mask.sum(1).tolist() == [3, 1, 5]
+    assert padded[1].tolist() == [3.0, 0, 0, 0, 0] and padded[2].tolist() == [4.0, 5, 6, 7, 8]
+    (padded * mask).sum().backward()
+    assert values.grad.tolist() == [1.0] * 9

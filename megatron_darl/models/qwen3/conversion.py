@@ -208,7 +208,19 @@ def staged_output_dir(out_dir: str | Path, force: bool = False):
 
 
 def run_job(worker, job: ConversionJob, timeout_s: float = 24 * 3600.0) -> None:
-    """Run ``worker`` on ``job.tp * job.pp`` local ranks (gloo on CPU, NCCL with GPUs)."""
+    """Run ``worker`` on ``job.tp * job.pp`` local CPU ranks (gloo).
+
+    Conversion is I/O- and memory-bound, and tp*pp may exceed the GPU count, so the workers
+    never see a GPU: ``CUDA_VISIBLE_DEVICES`` is emptied for the spawned processes only.
+    """
     from megatron_darl.trainer.parallel import run_local_gloo
 
-    run_local_gloo(worker, job.tp * job.pp, (job,), timeout_s=timeout_s)
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        run_local_gloo(worker, job.tp * job.pp, (job,), timeout_s=timeout_s)
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved

@@ -216,8 +216,10 @@ def megatron_to_hf_stage(model_chunks, parallel_state) -> Iterator[tuple[str, to
 
     Collective over the TP group: every TP rank of the stage must iterate it to the end, and
     every TP rank receives the same full tensors (the weight-sync leader is whichever rank
-    sends). One parameter is gathered at a time. Tensors keep the model dtype; vocab padding
-    is stripped; with tied embeddings ``lm_head.weight`` is not yielded (as in HF checkpoints).
+    sends). One parameter is gathered at a time. Tensors keep the model dtype and device;
+    vocab padding is stripped; with tied embeddings ``lm_head.weight`` is not yielded (as in HF
+    checkpoints). Replicated tensors (norms) are views of the live parameters: clone anything
+    you keep past the next optimizer step.
     """
     from megatron_darl.models.qwen3.model import unwrap_qwen3
 

@@ -1,0 +1,191 @@
+"""Benchmark ``weight_sync``: trainer export + bucketed broadcast + in-place load + ack, end to end.
+
+Trainer (stage-0 leader, serves the store) on GPU0, one rollout worker (``hf`` engine) on GPU1,
+two processes meeting only through the transport, as in production. ``seconds`` is one
+``WeightSender.publish`` (export of HF-named tensors, broadcast, load, ack, published version
+moved); ``bound_seconds`` is one NCCL broadcast of the same bytes as a single buffer over the same
+pair in the same run; ``ratio_to_bound`` = seconds / bound_seconds (target <= 2).
+
+    python benchmarks/weight_sync.py --model 4b            # 2 GPUs
+    python benchmarks/weight_sync.py --tiny                # CPU smoke check (gloo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.record import print_table, write_result  # noqa: E402
+
+SHAPES = {  # Qwen3 dense shapes (tied embeddings up to 4B)
+    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+               num_attention_heads=32, num_key_value_heads=8, head_dim=128),
+}
+
+
+def build_model(name: str, device: torch.device, dtype: torch.dtype):
+    """Randomly initialised Qwen3 of the named shape (HF naming)."""
+    import transformers
+
+    cfg = transformers.Qwen3Config(**SHAPES[name], rope_parameters={"rope_theta": 1e6}, tie_word_embeddings=True)
+    with torch.device(device):
+        return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+
+
+def export(model) -> list[tuple[str, torch.Tensor]]:
+    """HF-named full tensors, each storage once (a tied ``lm_head.weight`` is not sent twice)."""
+    seen, out = set(), []
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        out.append((name, tensor))
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="4b", choices=sorted(SHAPES))
+    p.add_argument("--tiny", action="store_true", help="tiny model on CPU with gloo (smoke check)")
+    p.add_argument("--bucket-mb", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--role", default="main", choices=["main", "trainer", "worker"])
+    p.add_argument("--port", type=int, default=0)
+    a = p.parse_args()
+    if a.tiny:
+        a.model = "tiny"
+    return a
+
+
+def _transport(a: argparse.Namespace):
+    from megatron_darl.transport import ControlPlaneConfig, HeartbeatConfig, WeightSyncConfig
+
+    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=1, store_timeout_s=600,
+                                 poll_interval_s=0.0005)
+    sync = WeightSyncConfig(backend="gloo" if a.tiny else "nccl", bucket_bytes=a.bucket_mb << 20,
+                            join_timeout_s=600, collective_timeout_s=600, ack_timeout_s=600)
+    return control, HeartbeatConfig(interval_s=0.5, timeout_s=60), sync
+
+
+def _bound(store, rank: int, nbytes: int, backend: str, device: torch.device, repeats: int) -> float:
+    """Best time of one broadcast of ``nbytes`` as one buffer over the same pair."""
+    from megatron_darl.transport import build_group
+
+    group = build_group(store, "bound", rank, 2, backend, 600)
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    tick = torch.zeros(1, device=device)
+    best = float("inf")
+    for i in range(repeats + 2):
+        group.broadcast(tick, 0, "bound tick")  # line both sides up
+        _sync(device)
+        t0 = time.perf_counter()
+        group.broadcast(buf, 0, "bound buffer")
+        _sync(device)
+        if i >= 2:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def trainer(a: argparse.Namespace) -> None:
+    from megatron_darl.transport import TRAINER, Heartbeat, MemberInfo, WeightSender, register, serve_store
+
+    device = torch.device("cpu") if a.tiny else torch.device("cuda", 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    control, hb_cfg, sync = _transport(a)
+    store = serve_store(control)
+    me = MemberInfo.here(TRAINER, 0)
+    register(store, me)
+    hb = Heartbeat(control, hb_cfg, me).start()
+    model = build_model(a.model, device, torch.float32 if a.tiny else torch.bfloat16)
+    sender = WeightSender(store, control, sync, 0, hb, device=device)
+    times, nbytes = [], 0
+    for version in range(1, a.repeats + 2):
+        _sync(device)
+        t0 = time.perf_counter()
+        report = sender.publish(version, export(model))  # the trainer's export
+        _sync(device)
+        if version > 1:  # the first sync also builds the communicator
+            times.append(time.perf_counter() - t0)
+        nbytes = report.bytes
+        assert report.published and report.acked == [0], report
+    bound = _bound(store, 0, nbytes, sync.backend, device, a.repeats)
+    seconds = min(times)
+    metrics = {"seconds": seconds, "seconds_mean": sum(times) / len(times), "bound_seconds": bound,
+               "ratio_to_bound": seconds / bound, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9}
+    config = {"model": a.model, "bucket_mb": a.bucket_mb, "repeats": a.repeats, "backend": sync.backend,
+              "dtype": "fp32" if a.tiny else "bf16"}
+    print_table([{**config, **metrics}])
+    print(write_result("weight_sync", config, metrics))
+    store.set("bench/done", "1")
+    hb.close()
+
+
+def worker(a: argparse.Namespace) -> None:
+    from megatron_darl.rollout.engines import EngineConfig
+    from megatron_darl.rollout.engines.hf import HFEngine
+    from megatron_darl.transport import WORKER, Heartbeat, MemberInfo, WeightReceiver, connect_store, register
+
+    device = torch.device("cpu") if a.tiny else torch.device("cuda", 1)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    control, hb_cfg, sync = _transport(a)
+    store = connect_store(control, who="benchmark worker")
+    me = MemberInfo.here(WORKER, 0)
+    register(store, me)
+    hb = Heartbeat(control, hb_cfg, me).start()
+    model = build_model(a.model, device, torch.float32 if a.tiny else torch.bfloat16)
+    engine = HFEngine(EngineConfig(device=str(device), dtype="fp32" if a.tiny else "bf16"), model=model)
+    receiver = WeightReceiver(store, control, sync, 0, engine.load_weights, initial_version=0)
+    while receiver.version < a.repeats + 1:
+        receiver.maybe_sync()
+        time.sleep(0.0005)
+    nbytes = sum(t.numel() * t.element_size() for _, t in export(model))
+    _bound(store, 1, nbytes, sync.backend, device, a.repeats)
+    store.wait(["bench/done"])
+    hb.close()
+
+
+def main() -> None:
+    a = _parse()
+    if a.role == "trainer":
+        return trainer(a)
+    if a.role == "worker":
+        return worker(a)
+    if not a.tiny and torch.cuda.device_count() < 2:
+        sys.exit("weight_sync needs 2 GPUs (trainer on GPU0, worker on GPU1); use --tiny on CPU")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [sys.executable, __file__, "--model", a.model, "--bucket-mb", str(a.bucket_mb),
+            "--repeats", str(a.repeats), "--port", str(port)] + (["--tiny"] if a.tiny else [])
+    procs = [subprocess.Popen(args + ["--role", role]) for role in ("trainer", "worker")]
+    try:
+        codes = [p.wait(timeout=1800) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(codes):
+        sys.exit(f"weight_sync benchmark failed: exit codes {codes}")
+
+
+if __name__ == "__main__":
+    main()
