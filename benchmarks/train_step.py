@@ -95,8 +95,9 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
     cfg = TrainerConfig(
         optimizer=OptimizerConfig(lr=1e-6),
         micro_batch=MicroBatchConfig(token_budget=args.token_budget, max_seq_len=args.seq,
+                                     logprob_token_budget=args.logprob_token_budget,
                                      pad_multiple=64 if args.seq % 64 == 0 else 1),
-        peak_tflops=args.peak_tflops,
+        peak_tflops=args.peak_tflops, activation_recompute=args.recompute,
     )
     trainer = PolicyTrainer(cfg, ps, hf_config)
     batch = make_batch(args, hf_config["vocab_size"], ps.dp_rank, ps.dp_size)
@@ -114,7 +115,7 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
         "mfu_causal": train_flops(trainer.spec, lens, causal=True) / step_s / devices,
         "logprob_mfu": forward_flops(trainer.spec, lens) / logprob_s / devices,
         "step_s": step_s, "logprob_s": logprob_s, "peak_gib": peak,
-        "microbatches_per_rank": len(trainer._microbatches(batch, batch.loss_mask)),
+        "microbatches_per_rank": len(trainer._microbatches(batch)),
     }
     peaks = [None] * world_size
     dist.all_gather_object(peaks, peak)
@@ -175,6 +176,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt", type=int, default=512, help="unscored prefix per sequence")
     parser.add_argument("--seqs", type=int, default=16, help="sequences per global step")
     parser.add_argument("--token-budget", type=int, default=8192, help="tokens per micro-batch")
+    parser.add_argument("--logprob-token-budget", type=int, default=None,
+                        help="tokens per forward-only micro-batch (default 2x --token-budget)")
+    parser.add_argument("--recompute", action="store_true", help="full activation recompute")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
@@ -211,7 +215,9 @@ def main(argv=None) -> int:
 def _record(name: str, layout: str, row: dict, args) -> None:
     if args.tiny and args.out_dir is None:
         return
-    config = {k: getattr(args, k) for k in ("seq", "prompt", "seqs", "token_budget", "warmup", "iters")}
+    keys = ("seq", "prompt", "seqs", "token_budget", "logprob_token_budget", "recompute",
+            "warmup", "iters")
+    config = {k: getattr(args, k) for k in keys}
     config.update(model=name, layout=layout, gpus=row["gpus"], init="random",
                   flop_formula="6*N + 12*L*H*Q*s per token, N incl. LM head (PaLM, non-causal)")
     metrics = {k: v for k, v in row.items() if k not in ("model", "layout", "gpus")}

@@ -1,6 +1,7 @@
 """Convert a Hugging Face Qwen3 checkpoint to a Megatron dist_checkpointing checkpoint.
 
-    python tools/convert_hf_to_megatron.py --hf-dir DIR --out-dir DIR --tp N --pp M [--dtype bf16|fp32]
+    python tools/convert_hf_to_megatron.py --hf-dir DIR --out-dir DIR --tp N --pp M \
+        [--dtype bf16|fp32]
 
 The output reloads at any TP/PP (``--tp/--pp`` choose how many local ranks convert and the
 layout recorded in ``megatron_darl.json``); it also carries the HF ``config.json`` and tokenizer

@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--megatron-dir", required=True, help="checkpoint with megatron_darl.json")
     parser.add_argument("--out-dir", required=True, help="HF model dir to create")
-    parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel ranks to load with")
+    parser.add_argument("--tp", type=_positive, default=1, help="TP ranks to load with")
     parser.add_argument("--pp", type=_positive, default=1, help="pipeline ranks to load with")
     parser.add_argument("--max-shard-gb", type=float, default=2.0, help="safetensors file size")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out-dir")

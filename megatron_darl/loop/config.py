@@ -129,3 +129,21 @@ class LoopConfig:
             raise ValueError(f"loop.receive_timeout_s must be > 0, got {self.receive_timeout_s}")
         if not self.run_dir:
             raise ValueError("loop.run_dir must not be empty")
+
+
+@dataclass
+class ModelConfig:
+    """Where the initial policy comes from (``configs/model/*.yaml`` give ``name`` + ``hf_config``).
+
+    Resolution, in order: ``path`` (an HF checkpoint directory: weights, config, tokenizer);
+    else ``hf_config`` (random init at that shape, benchmarks); else the embedded default, the
+    warm-started tiny policy of ``megatron_darl.loop.warmstart`` (built and cached on first use).
+    """
+
+    name: str = "tiny"  # label for logs and result tables
+    path: str = ""  # HF checkpoint directory; "" = see above
+    hf_config: dict[str, Any] = field(default_factory=dict)  # HF config.json fields (random init)
+
+    @property
+    def needs_warm_start(self) -> bool:
+        return not self.path and not self.hf_config

@@ -127,7 +127,7 @@ class RolloutWorker:
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
         sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id)
-        gate = StalenessGate(store, self.transport.channel)
+        gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
         receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.cfg.worker_id,
                                   self.engine.load_weights, initial_version=self.cfg.initial_version)
         pending: list[_Pending] = []
@@ -137,7 +137,7 @@ class RolloutWorker:
             self.weights_version = receiver.version
 
         while not stop_requested(store):
-            pending = self._flush(sender, pending, safe_point, wait=False)
+            pending = self._flush(sender, gate, pending, safe_point, wait=False)
             safe_point()
             if not receiver.can_generate():
                 time.sleep(self.cfg.idle_sleep_s)
@@ -147,7 +147,7 @@ class RolloutWorker:
                 time.sleep(self.cfg.idle_sleep_s)
                 continue
             pending += self._generate(tickets, receiver.version, pool)
-        self._flush(sender, pending, safe_point, wait=True)
+        self._flush(sender, gate, pending, safe_point, wait=True)
         log.info("%s: stop flag seen, drained %d groups sent", self.me.describe(), self.groups_sent)
         return EXIT_OK
 
@@ -187,8 +187,8 @@ class RolloutWorker:
         ]
         return SampleGroup(group_id=group_id, prompt_id=record.prompt_id, samples=samples, worker_id=self.cfg.worker_id)
 
-    def _flush(self, sender: SampleSender, pending: list[_Pending], safe_point: Callable[[], None],
-               wait: bool) -> list[_Pending]:
+    def _flush(self, sender: SampleSender, gate: StalenessGate, pending: list[_Pending],
+               safe_point: Callable[[], None], wait: bool) -> list[_Pending]:
         left = []
         for p in pending:
             if not wait and not p.rewards.done():
@@ -197,5 +197,6 @@ class RolloutWorker:
             for sample, reward in zip(p.group.samples, p.rewards.result()):
                 sample.reward = reward
             sender.send(p.group, p.ticket, while_waiting=safe_point)
+            gate.posted(p.ticket)
             self.groups_sent += 1
         return left

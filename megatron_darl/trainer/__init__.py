@@ -1,4 +1,16 @@
 """Megatron policy trainer: parallel state, log-prob pass, train step, snapshots, checkpoints.
 
-It takes a loss function and knows nothing about PPO; it never imports ``rollout``.
+It takes a loss function and knows nothing about PPO; it never imports ``rollout``. Nothing
+heavy is imported here; the public API lives in the submodules:
+
+  parallel.ParallelConfig, init_parallel(cfg) -> ParallelState, destroy_parallel()
+  config.TrainerConfig (OptimizerConfig, MicroBatchConfig)
+  batch.TrainBatch                    packed sequences + loss mask + named loss fields
+  policy_trainer.PolicyTrainer(cfg, parallel_state, hf_config)
+      .compute_logprobs(batch, version=None) -> (T,) fp32 log-probs of the scored tokens
+      .train_step(batch, loss_fn) -> StepResult (loss, grad_norm, stats, tokens/s, MFU)
+      .snapshot(version=None, keep_last=None)   host copies for exact backfill
+      .export_hf_stage() -> iterator of (hf_name, full tensor) for weight sync
+      .step, .version
+  checkpoint.save_checkpoint(trainer, dir, extra_state=None), load_checkpoint(trainer, dir)
 """

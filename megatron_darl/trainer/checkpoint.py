@@ -29,6 +29,7 @@ loaded through the Qwen3 mapping instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -203,7 +204,8 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike) -> Resumed:
     state = dist_checkpointing.load(_sharded_state(trainer, True, same_mp, sharding), str(path))
     for i, chunk in enumerate(trainer.model_chunks):
         chunk.load_state_dict(state[f"model{i}"])
-    with torch.no_grad():  # fp32 runs: main params are views of the (grad-requiring) params
+    # no_grad: in fp32 runs the main params are views of the (grad-requiring) params
+    with torch.no_grad(), _tolerate_missing_adam_step(trainer.optimizer):
         trainer.optimizer.load_state_dict(state["optimizer"])
     _untie_adam_steps(trainer.optimizer)
     trainer.scheduler.load_state_dict(state["scheduler"])
@@ -214,6 +216,39 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike) -> Resumed:
         torch.load(path / "extra" / f"dp{r:05d}.pt", weights_only=False) for r in range(meta["dp"])
     ]
     return Resumed(trainer.step, trainer.version, int(meta["dp"]), extras)
+
+
+@contextlib.contextmanager
+def _tolerate_missing_adam_step(optimizer):
+    """Work around megatron-core 0.16's ``fully_reshardable`` load with torch Adam.
+
+    Its per-parameter loader skips the saved ``step`` but then copies every key of the live
+    Adam state, ``step`` included (KeyError). During the load each parameter's ``step`` is set
+    aside around that copy and put back (``load_state_dict`` restores steps separately).
+    """
+    patched = []
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        orig = getattr(opt, "_set_main_param_and_optimizer_states", None)
+        if orig is None or not hasattr(opt, "model_param_group_index_map"):
+            continue
+
+        def tolerant(model_param, tensors, _opt=opt, _orig=orig):
+            group, order = _opt.model_param_group_index_map[model_param]
+            state = _opt.optimizer.state.get(_opt.optimizer.param_groups[group]["params"][order], {})
+            step = state.pop("step", None) if "step" not in tensors else None
+            try:
+                _orig(model_param, tensors)
+            finally:
+                if step is not None:
+                    state["step"] = step
+
+        opt._set_main_param_and_optimizer_states = tolerant
+        patched.append(opt)
+    try:
+        yield
+    finally:
+        for opt in patched:
+            del opt._set_main_param_and_optimizer_states  # back to the class method
 
 
 def _untie_adam_steps(optimizer) -> None:

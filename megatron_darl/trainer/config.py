@@ -45,20 +45,26 @@ class MicroBatchConfig:
     """How a step's sequences are cut into micro-batches for the pipeline schedule."""
 
     token_budget: int = 16384  # max padded tokens (rows x padded length) per micro-batch
+    logprob_token_budget: int | None = None  # same for the forward-only pass; None = 2x token_budget
     max_seq_len: int = 8192  # longest accepted sequence (prompt + response); longer raises
     pad_multiple: int = 64  # padded lengths are rounded up to this (multiple of TP with SP)
     logprob_chunk_tokens: int = 4096  # tokens per fp32 log-softmax chunk on the last stage
 
     def __post_init__(self) -> None:
-        for name in ("token_budget", "max_seq_len", "pad_multiple", "logprob_chunk_tokens"):
+        if self.logprob_token_budget is None:
+            # no activations are kept for backward: twice the rows fit in the same memory
+            self.logprob_token_budget = 2 * self.token_budget
+        for name in ("token_budget", "logprob_token_budget", "max_seq_len", "pad_multiple",
+                     "logprob_chunk_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"micro_batch.{name} must be > 0, got {getattr(self, name)}")
         padded_max = -(-self.max_seq_len // self.pad_multiple) * self.pad_multiple
-        if self.token_budget < padded_max:
-            raise ValueError(
-                f"micro_batch.token_budget={self.token_budget} cannot hold one sequence of "
-                f"micro_batch.max_seq_len={self.max_seq_len} (padded to {padded_max})"
-            )
+        for name in ("token_budget", "logprob_token_budget"):
+            if getattr(self, name) < padded_max:
+                raise ValueError(
+                    f"micro_batch.{name}={getattr(self, name)} cannot hold one sequence of "
+                    f"micro_batch.max_seq_len={self.max_seq_len} (padded to {padded_max})"
+                )
 
 
 @dataclass
@@ -71,6 +77,7 @@ class TrainerConfig:
     seed: int = 1234  # seed for init and Megatron's model-parallel RNG tracker
     init_checkpoint: str | None = None  # converted dist_checkpointing dir; None = random init
     sequence_parallel: bool = True  # Megatron sequence parallelism when TP > 1 (GPU only)
+    activation_recompute: bool = False  # recompute every layer in backward (memory for ~1/3 more compute)
     grad_reduce_in_fp32: bool = True  # reduce gradients in fp32 (bf16 runs)
     peak_tflops: float = 989.0  # per-device dense bf16 peak for MFU (H100/H200 SXM)
 

@@ -103,6 +103,15 @@ class PolicyTrainer:
         overrides: dict[str, Any] = {"calculate_per_token_loss": True}
         if self.ps.tp_size > 1 and self.cfg.sequence_parallel and not self.ps.on_cpu:
             overrides["sequence_parallel"] = True
+        if self.cfg.activation_recompute:
+            if self.ps.on_cpu:
+                raise ValueError(
+                    "trainer.activation_recompute=true needs a GPU (Megatron's activation "
+                    "checkpointing saves the CUDA RNG state)"
+                )
+            overrides.update(
+                recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+            )
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         torch.manual_seed(self.cfg.seed)
         return build_qwen3_model(self.hf_config, self.ps, dtype=dtype, **overrides)
@@ -141,9 +150,10 @@ class PolicyTrainer:
         if int(batch.input_ids.min()) < 0 or int(batch.input_ids.max()) >= vocab:
             raise ValueError(f"token ids must be in [0, {vocab}) (vocab_size of the model)")
 
-    def _microbatches(self, batch: TrainBatch, score_mask: torch.Tensor) -> list[MicroBatch]:
+    def _microbatches(self, batch: TrainBatch, forward_only: bool = False) -> list[MicroBatch]:
         mb = self.cfg.micro_batch
-        return split_microbatches(batch, score_mask, mb.token_budget, mb.pad_multiple, self.ps.device)
+        budget = mb.logprob_token_budget if forward_only else mb.token_budget
+        return split_microbatches(batch, batch.loss_mask, budget, mb.pad_multiple, self.ps.device)
 
     def _run(self, microbatches: list[MicroBatch], on_logprobs, forward_only: bool) -> None:
         run_schedule(
@@ -182,7 +192,7 @@ class PolicyTrainer:
 
         for chunk in self.model:
             chunk.eval()
-        self._run(self._microbatches(batch, batch.loss_mask), on_logprobs, forward_only=True)
+        self._run(self._microbatches(batch, forward_only=True), on_logprobs, forward_only=True)
         if self.ps.pp_size > 1:
             dist.broadcast(out, src=self._last_stage_rank(), group=self.ps.pp_group)
         return out.cpu()
@@ -216,7 +226,7 @@ class PolicyTrainer:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._run(self._microbatches(batch, batch.loss_mask), on_logprobs, forward_only=False)
+        self._run(self._microbatches(batch), on_logprobs, forward_only=False)
         self.scheduler.step(increment=1)  # LR of this step (see optim.build_lr_scheduler)
         lr = float(self.optimizer.param_groups[0]["lr"])
         out = self.optimizer.step()  # (update_successful, grad_norm, num_zeros_in_grad)

@@ -12,7 +12,9 @@ from megatron_darl.transport.config import (
 from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
 from megatron_darl.transport.heartbeat import Heartbeat, PeerLoss
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
-from megatron_darl.transport.staleness import StalenessGate, StartTicket, staleness_capacity
+from megatron_darl.transport.staleness import (
+    StalenessGate, StartTicket, release_reservations, staleness_capacity,
+)
 from megatron_darl.transport.store import (
     TRAINER, WORKER, MemberInfo, PeerLostError, TransportTimeout, connect_store, first_slurm_host,
     post_exit, published_version, register, request_stop, serve_store, stop_requested, wait_for_exits,
@@ -25,5 +27,6 @@ __all__ = [
     "SampleSender", "StalenessGate", "StartTicket", "SyncReport", "TRAINER", "TransportConfig",
     "TransportTimeout", "WORKER", "WeightReceiver", "WeightSender", "WeightSyncConfig", "build_group",
     "connect_store", "first_slurm_host", "frame_group", "post_exit", "published_version", "register",
+    "release_reservations",
     "request_stop", "serve_store", "shard_of", "staleness_capacity", "stop_requested", "unframe_group", "wait_for_exits",
 ]

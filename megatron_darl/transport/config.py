@@ -77,10 +77,13 @@ class WeightSyncConfig:
     join_timeout_s: float = 120.0  # how long a sender waits for live workers to reach a safe point
     collective_timeout_s: float = 300.0  # timeout of group construction and of every broadcast
     ack_timeout_s: float = 300.0  # how long the coordinator waits for every live worker's ack
+    max_attempts: int = 3  # broadcast attempts per stage when a member dies mid-sync
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"WeightSyncConfig.backend must be auto|gloo|nccl, got {self.backend!r}")
+        if self.max_attempts < 1:
+            raise ValueError(f"WeightSyncConfig.max_attempts must be >= 1, got {self.max_attempts}")
         if self.bucket_bytes < 1:
             raise ValueError(f"WeightSyncConfig.bucket_bytes must be >= 1, got {self.bucket_bytes}")
 

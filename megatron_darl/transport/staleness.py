@@ -30,11 +30,33 @@ def staleness_capacity(version: int, max_staleness: int, groups_per_step: int) -
     return (version + max_staleness + 1) * groups_per_step
 
 
-class StalenessGate:
-    """Reserve group starts against the global staleness bound."""
+def _outstanding_key(worker_id: int) -> str:
+    return f"stale/outstanding/{worker_id}"
 
-    def __init__(self, store: dist.Store, cfg: ChannelConfig) -> None:
-        self._store, self.cfg = store, cfg
+
+def release_reservations(store: dist.Store, worker_id: int) -> int:
+    """Give back the group starts a dead worker reserved but never posted; returns how many.
+
+    The trainer calls this when a worker is reported lost: otherwise its in-flight reservations
+    would shrink the window for good (and with eta = 0 starve the next step).
+    """
+    n = store.add(_outstanding_key(worker_id), 0)
+    if n > 0:
+        store.add(_outstanding_key(worker_id), -n)
+        store.add(Keys.STARTED, -n)
+    return max(n, 0)
+
+
+class StalenessGate:
+    """Reserve group starts against the global staleness bound.
+
+    Args:
+        worker_id: when given, the worker's reserved-but-not-posted count is kept in the store
+            so that ``release_reservations`` can return it if the worker dies.
+    """
+
+    def __init__(self, store: dist.Store, cfg: ChannelConfig, worker_id: int | None = None) -> None:
+        self._store, self.cfg, self.worker_id = store, cfg, worker_id
 
     def try_start(self) -> StartTicket | None:
         """A ticket when the bound allows one more group now, else None (never blocks)."""
@@ -44,9 +66,16 @@ class StalenessGate:
             return None
         n = self._store.add(Keys.STARTED, 1)
         if n <= cap:
+            if self.worker_id is not None:
+                self._store.add(_outstanding_key(self.worker_id), 1)
             return StartTicket(version=t, index=n)
         self._store.add(Keys.STARTED, -1)
         return None
+
+    def posted(self, ticket: StartTicket) -> None:
+        """The group started under ``ticket`` reached its hub: no longer outstanding."""
+        if self.worker_id is not None:
+            self._store.add(_outstanding_key(self.worker_id), -1)
 
     def started(self) -> int:
         """Groups started so far by all workers."""

@@ -41,6 +41,7 @@ from megatron_darl.transport.store import (
 
 log = logging.getLogger(__name__)
 _ALIGN = 16
+NamedTensors = Iterable[tuple[str, torch.Tensor]] | Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
 
 class SyncKeys:
@@ -59,12 +60,26 @@ class SyncKeys:
         return f"ws/{version}/failed/{worker}"
 
     @staticmethod
-    def plan(version: int, stage: int) -> str:
-        return f"ws/{version}/{stage}/plan"
+    def retry_ready(version: int, stage: int, attempt: int, worker: int) -> str:
+        return f"ws/{version}/{stage}/{attempt}/ready/{worker}"
 
     @staticmethod
-    def bucket(version: int, stage: int, index: int) -> str:
-        return f"ws/{version}/{stage}/bucket/{index}"
+    def result(version: int, stage: int, attempt: int, worker: int) -> str:
+        """"1": the worker loaded every bucket of this attempt; "0": it did not."""
+        return f"ws/{version}/{stage}/{attempt}/result/{worker}"
+
+    @staticmethod
+    def plan(version: int, stage: int, attempt: int) -> str:
+        return f"ws/{version}/{stage}/{attempt}/plan"
+
+    @staticmethod
+    def verdict(version: int, stage: int, attempt: int) -> str:
+        """"1": the leader retries with attempt + 1; "0": this attempt was the last."""
+        return f"ws/{version}/{stage}/{attempt}/verdict"
+
+    @staticmethod
+    def bucket(version: int, stage: int, attempt: int, index: int) -> str:
+        return f"ws/{version}/{stage}/{attempt}/bucket/{index}"
 
     @staticmethod
     def ack(worker: int) -> str:
@@ -92,6 +107,7 @@ class SyncReport:
     missing: list[str] = field(default_factory=list)  # live workers left out (not ready/failed)
     acked: list[int] = field(default_factory=list)  # coordinator only: workers that acked
     published: bool = False  # coordinator only: the published version moved to ``version``
+    attempts: int = 1  # attempts used (> 1: a member failed mid-broadcast and was dropped)
     buckets: int = 0  # buckets broadcast
     bytes: int = 0  # payload bytes broadcast
     seconds: float = 0.0  # wall time of publish
@@ -161,38 +177,77 @@ class WeightSender:
         self._last_version = -1
         self._device = device
 
-    def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> SyncReport:
+    def publish(self, version: int, named_tensors: NamedTensors) -> SyncReport:
         """Broadcast this stage's HF-named full tensors as ``version``; stage 0 also waits for acks.
 
+        ``named_tensors`` is a list, or a zero-argument callable returning a fresh iterator (the
+        trainer's export); either lets a failed attempt (a worker died mid-broadcast) be retried
+        with the survivors, up to ``max_attempts``. A one-shot iterator gets one attempt.
         Raises ``TransportTimeout`` when live workers exist but none became ready within
         ``join_timeout_s + collective_timeout_s``, or (stage 0) when no worker loaded the version.
         """
         start = time.monotonic()
         self._drop_group_if_a_member_failed()
         self._store.set(SyncKeys.offer(self.stage), str(version))
-        members, missing = self._gather_ready(version)
-        report = SyncReport(version=version, stage=self.stage, members=members, missing=missing)
-        reuse = self._group is not None and members == self._members
-        if not reuse:
-            self._epoch += 1
-        self._store.set(SyncKeys.plan(version, self.stage), json.dumps({"epoch": self._epoch, "members": members}))
-        if members:
-            try:
-                if not reuse:
-                    self._group, self._members = None, []
-                    self._group = build_group(self._store, f"ws/{self.stage}/{self._epoch}", 0, len(members) + 1,
-                                              self.cfg.backend, self.cfg.collective_timeout_s)
-                    self._members = members
-                report.buckets, report.bytes = self._stream(version, named_tensors)
-            except TransportTimeout as exc:
-                log.error("weight sync v%d stage %d failed, members %s: %s", version, self.stage, members, exc)
-                report.missing += [describe_peer(self._store, WORKER, w) for w in members]
-                self._group, self._members = None, []
+        report = SyncReport(version=version, stage=self.stage, members=[])
+        retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple))
+        redo: list[int] | None = None  # attempt > 0: the live members whose attempt failed
+        for attempt in range(self.cfg.max_attempts):
+            members, missing = self._gather_ready(version, attempt, redo)
+            report.attempts = attempt + 1
+            report.members = sorted(set(report.members) - set(redo or []) | set(members))
+            report.missing += missing
+            source = named_tensors() if callable(named_tensors) else named_tensors
+            redo = self._attempt(version, attempt, members, source, report)
+            last = not redo or not retriable or attempt + 1 == self.cfg.max_attempts
+            self._store.set(SyncKeys.verdict(version, self.stage, attempt), "0" if last else "1")
+            if last:
+                break
         self._last_version = version
         if self.stage == 0:
-            self._await_acks(version, members, report)
+            self._await_acks(version, report.members, report)
         report.seconds = time.monotonic() - start
         return report
+
+    def _attempt(self, version: int, attempt: int, members: list[int], source: Iterable[tuple[str, torch.Tensor]],
+                 report: SyncReport) -> list[int]:
+        """One broadcast of the stage to ``members``; returns the live members it failed for."""
+        reuse = attempt == 0 and self._group is not None and members == self._members
+        if not reuse:
+            self._epoch += 1
+        plan = {"epoch": self._epoch, "members": members}
+        self._store.set(SyncKeys.plan(version, self.stage, attempt), json.dumps(plan))
+        if not members:
+            return []
+        try:
+            if not reuse:
+                self._group, self._members = None, []
+                self._group = build_group(self._store, f"ws/{self.stage}/{self._epoch}", 0, len(members) + 1,
+                                          self.cfg.backend, self.cfg.collective_timeout_s)
+                self._members = members
+            report.buckets, report.bytes = self._stream(version, attempt, source)
+        except TransportTimeout as exc:
+            log.error("weight sync v%d stage %d attempt %d failed, members %s: %s",
+                      version, self.stage, attempt, members, exc)
+        failed = self._member_results(version, attempt, members)
+        if failed:  # a member died or failed: its end of the group is gone, rebuild next time
+            self._group, self._members = None, []
+        return [w for w in failed if not self._hb.is_lost(WORKER, w)]
+
+    def _member_results(self, version: int, attempt: int, members: list[int]) -> list[int]:
+        """Members that did not load this attempt (reported failure, lost, or silent past the timeout)."""
+        deadline = time.monotonic() + self.cfg.collective_timeout_s
+        results: dict[int, bool] = {}
+        while len(results) < len(members) and time.monotonic() < deadline:
+            self._hb.refresh(self._store)
+            for w in members:
+                key = SyncKeys.result(version, self.stage, attempt, w)
+                if w not in results and self._store.check([key]):
+                    results[w] = self._store.get(key) == b"1"
+                elif w not in results and self._hb.is_lost(WORKER, w):
+                    results[w] = False
+            time.sleep(self._control.poll_interval_s)
+        return [w for w in members if not results.get(w, False)]
 
     def _drop_group_if_a_member_failed(self) -> None:
         """A member that failed the last sync may have dropped its end of the group: rebuild."""
@@ -205,15 +260,17 @@ class WeightSender:
         self._hb.refresh(self._store)
         return [w for w in range(self._control.num_workers) if self._hb.is_alive(WORKER, w)]
 
-    def _gather_ready(self, version: int) -> tuple[list[int], list[str]]:
-        """Wait for every live worker's safe point; after ``join_timeout_s`` go on with the ready ones."""
+    def _gather_ready(self, version: int, attempt: int, redo: list[int] | None) -> tuple[list[int], list[str]]:
+        """Wait for every live worker's safe point (on a retry: those in ``redo``); after
+        ``join_timeout_s`` go on with the ready ones."""
         start = time.monotonic()
         while True:
-            live = self._live_workers()
-            ready = [w for w in range(self._control.num_workers) if self._store.check([SyncKeys.ready(version, w)])]
+            live = [w for w in self._live_workers() if redo is None or w in redo]
+            ready = [w for w in range(self._control.num_workers) if self._store.check([
+                SyncKeys.ready(version, w) if attempt == 0 else SyncKeys.retry_ready(version, self.stage, attempt, w)])]
             waiting = [w for w in live if w not in ready]
             waited = time.monotonic() - start
-            if not waiting or (ready and waited > self.cfg.join_timeout_s):
+            if not waiting or ((ready or attempt > 0) and waited > self.cfg.join_timeout_s):
                 break
             if waited > self.cfg.join_timeout_s + self.cfg.collective_timeout_s:
                 names = "; ".join(describe_peer(self._store, WORKER, w) for w in waiting)
@@ -226,12 +283,13 @@ class WeightSender:
                       version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
         return sorted(ready), missing
 
-    def _stream(self, version: int, named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
-        state = {"n": 0}
+    def _stream(self, version: int, attempt: int, named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
+        state = {"n": 0, "attempt": attempt}
         try:
             return self._stream_buckets(version, named, state)
         except TransportTimeout:
-            self._store.set(SyncKeys.bucket(version, self.stage, state["n"]), json.dumps({"last": True, "aborted": True}))
+            key = SyncKeys.bucket(version, self.stage, attempt, state["n"])
+            self._store.set(key, json.dumps({"last": True, "aborted": True}))
             raise
 
     def _stream_buckets(self, version: int, named: Iterable[tuple[str, torch.Tensor]], state: dict) -> tuple[int, int]:
@@ -242,13 +300,14 @@ class WeightSender:
             if pending is not None:
                 pending()
             header = {"last": False, "size": buf.numel(), "entries": [e.__dict__ for e in entries]}
-            self._store.set(SyncKeys.bucket(version, self.stage, n), json.dumps(header))
+            self._store.set(SyncKeys.bucket(version, self.stage, state["attempt"], n), json.dumps(header))
             n, total = n + 1, total + sum(e.nbytes for e in entries)
             state["n"] = n
-            pending = group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n - 1}")
+            wait = group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n - 1}")
+            pending = lambda wait=wait, keep=buf: (wait(), keep)  # noqa: E731 - buf lives until its wait
         if pending is not None:
             pending()
-        self._store.set(SyncKeys.bucket(version, self.stage, n), json.dumps({"last": True}))
+        self._store.set(SyncKeys.bucket(version, self.stage, state["attempt"], n), json.dumps({"last": True}))
         return n, total
 
     def _await_acks(self, version: int, members: list[int], report: SyncReport) -> None:
@@ -327,21 +386,44 @@ class WeightReceiver:
             log.error("rollout %d: missed sync of v%d (engine keeps v%d); waiting for the next",
                       self.worker_id, version, self.version)
             return None
+        if torch.cuda.is_available() and any(g.backend == "nccl" for _, g in self._groups.values()):
+            torch.cuda.synchronize()  # the copies into the engine are done before we ack
         self.version = version
         self._store.set(SyncKeys.ack(self.worker_id), str(version))
         return version
 
     def _receive_stage(self, version: int, stage: int) -> bool:
-        what = f"rollout {self.worker_id}, sync v{version} stage {stage}"
+        """Receive one stage, following the leader's retries after a failed attempt."""
+        attempt = 0
+        while True:
+            ok = self._receive_attempt(version, stage, attempt)
+            self._store.set(SyncKeys.result(version, stage, attempt, self.worker_id), "1" if ok else "0")
+            if ok:
+                return True
+            key = SyncKeys.verdict(version, stage, attempt)
+            try:
+                wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
+                         f"rollout {self.worker_id}, sync v{version} stage {stage}: verdict on attempt {attempt}")
+            except TransportTimeout as exc:
+                log.error("%s", exc)
+                return False
+            if self._store.get(key) != b"1":
+                return False
+            attempt += 1
+            self._store.set(SyncKeys.retry_ready(version, stage, attempt, self.worker_id), "1")
+
+    def _receive_attempt(self, version: int, stage: int, attempt: int) -> bool:
+        what = f"rollout {self.worker_id}, sync v{version} stage {stage} attempt {attempt}"
         try:
-            wait_key(self._store, SyncKeys.plan(version, stage), self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
+            key = SyncKeys.plan(version, stage, attempt)
+            wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
                      f"{what}: plan of the stage leader")
-            plan = json.loads(self._store.get(SyncKeys.plan(version, stage)))
+            plan = json.loads(self._store.get(key))
             if self.worker_id not in plan["members"]:
                 log.error("%s: left out of the plan (late)", what)
                 return False
             group = self._group(stage, plan["epoch"], plan["members"])
-            self._receive_buckets(version, stage, group, what)
+            self._receive_buckets(version, stage, attempt, group, what)
             return True
         except TransportTimeout as exc:
             log.error("%s failed: %s", what, exc)
@@ -358,10 +440,10 @@ class WeightReceiver:
         self._groups[stage] = (epoch, group)
         return group
 
-    def _receive_buckets(self, version: int, stage: int, group: DataPlaneGroup, what: str) -> None:
+    def _receive_buckets(self, version: int, stage: int, attempt: int, group: DataPlaneGroup, what: str) -> None:
         index = 0
         while True:
-            key = SyncKeys.bucket(version, stage, index)
+            key = SyncKeys.bucket(version, stage, attempt, index)
             wait_key(self._store, key, self.cfg.collective_timeout_s, f"{what}: bucket {index} header")
             header = json.loads(self._store.get(key))
             if header.get("aborted"):

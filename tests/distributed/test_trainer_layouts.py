@@ -3,7 +3,8 @@
 One gloo launch per world size (see ``procs/trainer_procs.py``), all layouts from the same HF
 weights and the same global batch (DP replicas take interleaved shards of it):
 
-  2 procs: DP2 (log-probs, step 1, checkpoint, step 2 straight), then TP2, then PP2
+  2 procs: DP2 (log-probs, step 1, checkpoints in both optimizer formats, step 2 straight),
+           then TP2 (also resumes the fully-reshardable checkpoint: TP1DP2 -> TP2DP1), then PP2
   1 proc : TP1 (log-probs, step 1, then resume from the DP2 checkpoint and step 2)
   4 procs: TP2PP2 (also a second trainer initialised from the checkpoint)
 
@@ -51,7 +52,7 @@ def runs(tmp_path_factory):
     plan: dict[int, list] = {}
     for name, (tp, pp, world) in LAYOUTS.items():
         save = ckpt if name == "dp2" else None
-        load = ckpt if name == "tp1" else None
+        load = {"tp1": ckpt, "tp2": ckpt + "_full"}.get(name)
         init = ckpt if name == "tp2pp2" else None
         plan.setdefault(world, []).append((tp, pp, str(root / f"{name}.pt"), save, load, init))
     for world, layouts in plan.items():  # dict order: world 2 (saves the checkpoint) first
@@ -137,6 +138,14 @@ def test_resume_at_other_dp_size(runs):
     assert resumed["step2"].loss == pytest.approx(straight["step2"].loss, rel=1e-6)
 
 
+def test_resume_at_other_tp_with_fully_reshardable_optimizer(runs):
+    straight, resumed = runs["dp2"], runs["tp2"]
+    assert resumed["resumed"].step == 1 and resumed["resumed"].extra_states == [None, None]
+    assert _max_param_diff(resumed["params2"], straight["params2"]) <= PARAM_TOL
+    assert resumed["step2"].loss == pytest.approx(straight["step2"].loss, rel=1e-5)
+    assert "optim_sharding='fully_reshardable'" in resumed["errors"][-1]
+
+
 def test_init_from_checkpoint_at_other_tp_pp(runs):
     # TP2PP2 trainer built by the production path from the DP2 (TP1PP1) step-1 checkpoint
     after_step1 = _full_logp(runs["dp2"], 1)
@@ -144,6 +153,6 @@ def test_init_from_checkpoint_at_other_tp_pp(runs):
 
 
 def test_bad_input_errors_name_the_value(runs):
-    too_long, bad_ids = runs["tp1"]["errors"]
+    too_long, bad_ids = runs["tp1"]["errors"][:2]
     assert "sequence 1" in too_long and "65 tokens" in too_long and "max_seq_len=64" in too_long
     assert "[0, 256)" in bad_ids

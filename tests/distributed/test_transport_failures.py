@@ -30,7 +30,8 @@ def _sessions_alive(pids: list[int]) -> list[int]:
 
 
 def test_killed_worker_is_reported_and_killed_trainer_stops_workers(tmp_path):
-    sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=200, gps=4, eta=1,
+    # eta = 0: the dead worker's in-flight reservations must be given back or the next step starves
+    sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=200, gps=4, eta=0,
                   trainer_args=["--hub-delay-s", "0.05"])
     procs = sc.launch()
     pids = [p.pid for p in procs.procs.values()]

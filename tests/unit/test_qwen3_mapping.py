@@ -1,4 +1,4 @@
-"""Qwen3 spec parsing, vocab padding, size presets and the HF<->Megatron tensor layouts (no ranks)."""
+"""Qwen3 spec parsing, vocab padding, size presets and HF<->Megatron tensor layouts (no ranks)."""
 
 from __future__ import annotations
 

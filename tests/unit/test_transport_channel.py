@@ -11,7 +11,7 @@ import torch
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import (
     ChannelConfig, ControlPlaneConfig, GroupFrame, GroupMeta, HeartbeatConfig, SampleHub, SampleSender,
-    StalenessGate, StartTicket, TransportTimeout, first_slurm_host, frame_group, serve_store, shard_of,
+    StalenessGate, StartTicket, TransportTimeout, release_reservations, first_slurm_host, frame_group, serve_store, shard_of,
     staleness_capacity, unframe_group,
 )
 from megatron_darl.transport.store import Keys
@@ -134,6 +134,18 @@ def test_staleness_gate_holds_globally_under_concurrency():
     store.set(Keys.PUBLISHED, "2")
     more = StalenessGate(store, cfg)
     assert [more.try_start().index for _ in range(10)] == list(range(11, 21)) and more.try_start() is None
+
+
+def test_a_dead_workers_reservations_are_given_back():
+    control, store = _store()
+    cfg = ChannelConfig(groups_per_step=3, max_staleness=0)
+    gate = StalenessGate(store, cfg, worker_id=1)
+    tickets = [gate.try_start() for _ in range(3)]
+    assert gate.try_start() is None
+    gate.posted(tickets[0])  # one reached its hub; two die with the worker
+    assert release_reservations(store, 1) == 2 and gate.started() == 1
+    assert release_reservations(store, 1) == 0
+    assert [gate.try_start().index for _ in range(2)] == [2, 3] and gate.try_start() is None
 
 
 def test_config_and_slurm_edges():

@@ -1,4 +1,4 @@
-"""Qwen3 architecture fields read from a Hugging Face config, and the Megatron config built from them.
+"""Qwen3 architecture read from a Hugging Face config, and the Megatron config built from it.
 
 ``Qwen3Spec`` is the one typed view of a Qwen3 ``config.json`` that the rest of the code uses:
 it validates the architecture once (dense Qwen3 only, named in the error), accepts both the
@@ -113,7 +113,7 @@ def spec_from_hf(cfg: Any, source: str = "config.json") -> Qwen3Spec:
 
 
 def load_hf_config_dict(hf_dir: str | Path) -> dict[str, Any]:
-    """Read ``config.json`` of a HF model dir; ``FileNotFoundError``/``ValueError`` name the file."""
+    """Read ``config.json`` of a HF model dir; errors name the file."""
     path = Path(hf_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (not a Hugging Face model directory)")

@@ -136,7 +136,8 @@ def finalize_shards(out_dir: Path, parts: Iterable[tuple[Path, list[str]]], tota
         final = f"model-{i:05d}-of-{n:05d}.safetensors"
         Path(path).rename(out_dir / final)
         weight_map.update({name: final for name in names})
-    index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    weight_map = dict(sorted(weight_map.items()))
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
 

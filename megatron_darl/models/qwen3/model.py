@@ -141,6 +141,9 @@ def build_qwen3_model(
     )
     model = GPTModel(**_supported_kwargs(GPTModel.__init__, kwargs))
     model.to(ps.device)
+    for param in model.parameters():  # torch.nn.RMSNorm ignores params_dtype: norms came fp32
+        if param.dtype != dtype:
+            param.data = param.data.to(dtype)
     model.qwen3_spec = spec  # read by the mapping and the logits helpers
     model.padded_vocab = vocab
     model.needs_attention_mask = backend == "local"

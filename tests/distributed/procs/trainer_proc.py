@@ -22,7 +22,7 @@ import torch.distributed as dist
 from megatron_darl.transport import (
     TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, PeerLoss, SampleHub,
     TransportTimeout, WeightSender, WeightSyncConfig, connect_store, register, request_stop, serve_store,
-    wait_for_exits,
+    release_reservations, wait_for_exits,
 )
 from megatron_darl.transport.staleness import StalenessGate
 from megatron_darl.transport.config import ChannelConfig
@@ -58,10 +58,12 @@ def main() -> int:
                             world_size=a.world, timeout=dt.timedelta(seconds=a.timeout))
     me = MemberInfo.here(TRAINER, a.rank)
     register(store, me)
+    hb_store = connect_store(control, who="loss handler")  # used from the heartbeat thread
 
     def on_loss(loss: PeerLoss) -> None:
+        released = release_reservations(hb_store, loss.rank) if loss.role == WORKER else 0
         emit(a.out, "losses.jsonl", {"peer": loss.peer, "role": loss.role, "rank": loss.rank,
-                                     "time": time.time(), "step": loss.step})
+                                     "time": time.time(), "step": loss.step, "released": released})
 
     hb = Heartbeat(control, HeartbeatConfig(a.hb_interval, a.hb_timeout), me, on_loss=on_loss,
                    store_is_peer=None if a.rank == 0 else (TRAINER, 0)).start()

@@ -102,7 +102,7 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     shard = list(range(ps.dp_rank, len(SEQ_LENS), ps.dp_size))
     batch = make_batch(shard)
     result: dict = {"logp0": trainer.compute_logprobs(batch), "shard": shard}
-    result["num_microbatches"] = len(trainer._microbatches(batch, batch.loss_mask))
+    result["num_microbatches"] = len(trainer._microbatches(batch))
     trainer.snapshot()  # version 0
     step = trainer.train_step(batch, toy_loss)
     result.update(step1=step, params1=gather_hf_params(trainer, ps))
@@ -110,11 +110,17 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     result["logp0_snapshot"] = trainer.compute_logprobs(batch, version=0)
     result["logp1_after_swap"] = trainer.compute_logprobs(batch)
     result["errors"] = _bad_input_errors(trainer, batch)
-    if ckpt_save:
+    if ckpt_save:  # both optimizer formats: DP-reshardable and fully reshardable
         save_checkpoint(trainer, ckpt_save, extra_state={"dp_rank": ps.dp_rank})
+        save_checkpoint(trainer, ckpt_save + "_full", optim_sharding="fully_reshardable")
         result["step2"] = trainer.train_step(batch, toy_loss)
         result["params2"] = gather_hf_params(trainer, ps)
     if ckpt_load:
+        if ckpt_load.endswith("_full"):  # refused in the DP-only format, loads in the full one
+            try:
+                load_checkpoint(trainer, ckpt_load[: -len("_full")])
+            except ValueError as exc:
+                result["errors"].append(str(exc))
         resumed = load_checkpoint(trainer, ckpt_load)
         result["resumed"] = resumed
         result["step2"] = trainer.train_step(batch, toy_loss)

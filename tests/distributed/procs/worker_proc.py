@@ -1,7 +1,8 @@
 """A rollout worker for transport tests: the real ``RolloutWorker`` with the tiny HF engine.
 
 Started as its own process tree (like the rollout Slurm job step). ``--stall-at k --stall-s s``
-makes the k-th engine call sleep (a stalled worker); at exit the engine's state dict and version
+makes the k-th engine call sleep (a stalled worker), ``--die-at-load k`` kills it in the middle
+of a weight sync; at exit the engine's state dict and version
 are saved under ``--out`` so a test can compare them bitwise with the trainer's export.
 """
 
@@ -24,11 +25,13 @@ from megatron_darl.transport import (
 )
 
 
-class StallingEngine:
-    """Delegates to an engine; its ``stall_at``-th generate call first sleeps ``stall_s``."""
+class FaultyEngine:
+    """Delegates to an engine; its ``stall_at``-th generate call first sleeps ``stall_s`` and its
+    ``die_at_load``-th ``load_weights`` call (one per bucket) kills the process mid-sync."""
 
-    def __init__(self, engine, stall_at: int, stall_s: float, out: str, worker: int) -> None:
+    def __init__(self, engine, stall_at: int, stall_s: float, die_at_load: int, out: str, worker: int) -> None:
         self.engine, self.stall_at, self.stall_s, self.calls = engine, stall_at, stall_s, 0
+        self.die_at_load, self.loads = die_at_load, 0
         self.out, self.worker = out, worker
 
     def generate(self, prompts, sampling):
@@ -41,6 +44,9 @@ class StallingEngine:
         return self.engine.generate(prompts, sampling)
 
     def load_weights(self, named):
+        self.loads += 1
+        if self.loads == self.die_at_load:
+            os._exit(9)  # a crash in the middle of a weight sync
         self.engine.load_weights(named)
 
     def close(self):
@@ -54,7 +60,7 @@ def parse() -> argparse.Namespace:
         ("gps", int, 1), ("eta", int, 0), ("batch", int, 4), ("n", int, 2), ("max-new", int, 4),
         ("hb-interval", float, 0.25), ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0),
         ("timeout", float, 60.0), ("stall-at", int, 0), ("stall-s", float, 0.0), ("out", str, ""),
-        ("model-dir", str, ""),
+        ("model-dir", str, ""), ("die-at-load", int, 0),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
     return p.parse_args()
@@ -74,8 +80,8 @@ def main() -> int:
                                      collective_timeout_s=a.timeout, ack_timeout_s=a.timeout),
     )
     engine = build_engine(EngineConfig(backend="hf", model_path=a.model_dir, device="cpu", max_batch_size=64))
-    if a.stall_at:
-        engine = StallingEngine(engine, a.stall_at, a.stall_s, a.out, a.worker)
+    if a.stall_at or a.die_at_load:
+        engine = FaultyEngine(engine, a.stall_at, a.stall_s, a.die_at_load, a.out, a.worker)
     records = [PromptRecord(prompt_id=i, token_ids=(1 + i % 200, 2, 3), record=i) for i in range(64)]
     worker = RolloutWorker(
         RolloutWorkerConfig(worker_id=a.worker, groups_per_batch=a.batch, reward_threads=2),
@@ -84,7 +90,7 @@ def main() -> int:
         reward_fn=lambda record, text: float(len(text) % 3), decode=lambda ids: " ".join(map(str, ids)),
     )
     code = worker.run()
-    inner = engine.engine if isinstance(engine, StallingEngine) else engine
+    inner = engine.engine if isinstance(engine, FaultyEngine) else engine
     torch.save({"version": worker.weights_version, "state": {k: v.clone() for k, v in inner.state_dict().items()}},
                os.path.join(a.out, f"worker{a.worker}.pt"))
     return code

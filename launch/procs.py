@@ -1,0 +1,184 @@
+"""Start the run's roles as separate process trees on one machine and never leave one behind.
+
+``launch.train`` uses this where Slurm would run job steps: N trainer ranks with torchrun-style
+environment variables and M rollout workers, each in its own session (so a signal reaches its
+whole tree, reward sandboxes included). The launcher:
+
+- forwards SIGTERM/SIGINT to every child (trainers checkpoint and exit; workers drain), waits
+  ``grace_s``, then SIGKILLs what is left; a second signal kills at once;
+- on a trainer rank's failure kills everything and exits non-zero naming ``trainer <rank>``;
+- on a rollout worker's failure reports it by name and, with ``rollout_failure=continue``, goes
+  on while another worker lives (the trainer continues without it, DESIGN.md section 3);
+- when every trainer rank exited 0, gives the workers ``grace_s`` to see the stop flag, then
+  kills stragglers. Exit code: 0, the first failure's code, or 128 + signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Sequence
+
+log = logging.getLogger(__name__)
+TRAINER, ROLLOUT = "trainer", "rollout"
+
+
+@dataclass
+class ProcSpec:
+    """One child process."""
+
+    role: str  # "trainer" or "rollout"
+    rank: int  # trainer rank or rollout worker id
+    argv: list[str]  # command line
+    env: dict[str, str]  # full environment of the child
+    log_path: Path | None = None  # stdout+stderr file; None = inherit the launcher's
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank}"
+
+
+@dataclass
+class _Child:
+    spec: ProcSpec
+    proc: subprocess.Popen
+    log_file: IO | None = None
+    reported: bool = False
+
+
+@dataclass
+class LaunchResult:
+    """How the run ended."""
+
+    code: int  # the launcher's exit code
+    failures: list[str] = field(default_factory=list)  # "trainer 1 exited 3: <log tail>"
+    signal: int | None = None  # forwarded signal that ended the run
+
+
+def _tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return ""
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n    " + "\n    ".join(text) if text else ""
+
+
+class Launcher:
+    """Run ``specs`` to completion under the policy in the module docstring."""
+
+    def __init__(self, specs: Sequence[ProcSpec], grace_s: float = 30.0,
+                 rollout_failure: str = "continue", poll_s: float = 0.1) -> None:
+        if not any(s.role == TRAINER for s in specs):
+            raise ValueError("need at least one trainer process")
+        self.specs, self.grace_s, self.poll_s = list(specs), grace_s, poll_s
+        self.rollout_failure = rollout_failure
+        self.children: list[_Child] = []
+        self._signal: int | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def run(self) -> LaunchResult:
+        """Start every child, supervise, and return when none is left."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for spec in self.specs:
+                self.children.append(self._start(spec))
+            return self._supervise()
+        finally:
+            self._kill_all(signal.SIGKILL, wait_s=5.0)
+            for child in self.children:
+                if child.log_file is not None:
+                    child.log_file.close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _start(self, spec: ProcSpec) -> _Child:
+        out = None
+        if spec.log_path is not None:
+            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = spec.log_path.open("ab")
+        proc = subprocess.Popen(spec.argv, env=spec.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                start_new_session=True)
+        log.info("started %s (pid %d): %s", spec.name, proc.pid, " ".join(spec.argv))
+        return _Child(spec, proc, out)
+
+    def _on_signal(self, signum: int, frame) -> None:  # noqa: ARG002 (signal API)
+        if self._signal is not None:  # second signal: no more patience
+            self._kill_all(signal.SIGKILL, wait_s=0.0)
+        self._signal = signum
+
+    # ---- supervision ------------------------------------------------------------------------
+    def _supervise(self) -> LaunchResult:
+        failures: list[str] = []
+        while True:
+            if self._signal is not None:
+                return self._stop_on_signal(failures)
+            failed_code = self._check_children(failures)
+            if failed_code is not None:
+                self._kill_all(signal.SIGTERM, wait_s=self.grace_s)
+                return LaunchResult(failed_code, failures)
+            if all(c.proc.poll() is not None for c in self._role(TRAINER)):
+                self._wait_role(ROLLOUT, self.grace_s)
+                self._kill_all(signal.SIGTERM, wait_s=self.grace_s)
+                return LaunchResult(0, failures)
+            time.sleep(self.poll_s)
+
+    def _check_children(self, failures: list[str]) -> int | None:
+        """Report new failures; return an exit code when the whole run must stop."""
+        for child in self.children:
+            code = child.proc.poll()
+            if code is None or code == 0 or child.reported:
+                continue
+            child.reported = True
+            message = f"{child.spec.name} exited with code {code}{_tail(child.spec.log_path)}"
+            failures.append(message)
+            log.error("%s", message)
+            if child.spec.role == TRAINER or self.rollout_failure == "abort":
+                return code if code > 0 else 128 - code
+            alive = [c for c in self._role(ROLLOUT) if c.proc.poll() is None]
+            if not alive and self._role(ROLLOUT):
+                failures.append("no rollout worker left")
+                log.error("no rollout worker left: stopping the run")
+                return code if code > 0 else 128 - code
+        return None
+
+    def _stop_on_signal(self, failures: list[str]) -> LaunchResult:
+        signum = self._signal
+        log.warning("signal %d: forwarding to %d children, grace %.0f s", signum,
+                    len(self.children), self.grace_s)
+        self._kill_all(signum, wait_s=self.grace_s)
+        return LaunchResult(128 + signum, failures, signal=signum)
+
+    def _role(self, role: str) -> list[_Child]:
+        return [c for c in self.children if c.spec.role == role]
+
+    def _wait_role(self, role: str, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(c.proc.poll() is None for c in self._role(role)):
+            time.sleep(self.poll_s)
+
+    def _kill_all(self, signum: int, wait_s: float) -> None:
+        """Signal every live child's process group; SIGKILL groups still alive after ``wait_s``."""
+        for child in self.children:
+            _signal_group(child.proc, signum)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(c.proc.poll() is None for c in self.children):
+            time.sleep(min(self.poll_s, 0.05))
+        for child in self.children:
+            _signal_group(child.proc, signal.SIGKILL)  # the group may outlive its leader
+            if child.proc.poll() is None:
+                try:
+                    child.proc.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    log.error("%s (pid %d) did not die after SIGKILL", child.spec.name, child.proc.pid)
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """Signal the child's whole session (its pid is the group id: ``start_new_session``)."""
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,77 @@
+"""``python -m launch.rollout --config RUN_CONFIG --worker-id I [overrides]``: one rollout worker.
+
+Started by ``launch.train`` (or a Slurm job step) as its own process tree. It reads the run's
+resolved config, builds the engine on the initial policy, this worker's shard of the prompts
+(chat-templated token ids), the task's reward function, and runs ``RolloutWorker`` until the
+trainer raises the stop flag (exit 0) or goes away (exit ``EXIT_TRAINER_LOST``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from typing import Sequence
+
+from launch.config import RunConfig, load_run_config
+
+
+def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int):
+    """This worker's shard of the dataset as tokenized ``rollout.prompts.PromptRecord``s."""
+    from megatron_darl.data import encode_prompt, load_dataset
+    from megatron_darl.rollout.prompts import PromptRecord, PromptSource
+
+    records = load_dataset(cfg.data).records
+    prompts = [PromptRecord(r.prompt_id, tuple(encode_prompt(tokenizer, r.messages)), r) for r in records]
+    return PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
+                        seed=cfg.sampling.seed)
+
+
+def run_worker(cfg: RunConfig, worker_id: int) -> int:
+    """Build the worker's parts and serve; returns the worker's exit code."""
+    from transformers import AutoTokenizer
+
+    from megatron_darl.rewards.registry import get_reward_fn
+    from megatron_darl.rollout.engines import build_engine
+    from megatron_darl.rollout.worker import RolloutWorker
+
+    if not cfg.model.path:
+        raise ValueError("model.path is empty: start workers through launch.train (it resolves the "
+                         "warm-started policy) or pass model.path=<HF checkpoint dir>")
+    engine_cfg = cfg.engine if cfg.engine.model_path else dataclasses.replace(cfg.engine, model_path=cfg.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    source = build_prompt_source(cfg, tokenizer, worker_id)
+    engine = build_engine(engine_cfg)
+    reward_fn = get_reward_fn(cfg.data.task)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
+                           engine, source, cfg.sampling, reward_fn, decode)
+    try:
+        return worker.run()
+    finally:
+        engine.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
+    parser.add_argument("--worker-id", type=int, required=True, help="rollout worker id")
+    args, overrides = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s rollout{args.worker_id} %(levelname)s %(message)s")
+    threads = int(os.environ.get("DARL_THREADS", "0"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    cfg = load_run_config(overrides, config_file=args.config)
+    return run_worker(cfg, args.worker_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

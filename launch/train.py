@@ -1,0 +1,140 @@
+"""``python -m launch.train [hydra overrides]``: the whole run on one machine, as separate processes.
+
+Composes ``configs/config.yaml`` once, fits (or reuses) the embedded default's warm-started
+policy when no model is given, writes the resolved config to ``<run_dir>/run_config.yaml``, and
+starts the same processes Slurm job steps would: ``cluster.trainer_ranks`` x ``launch.trainer``
+(torchrun-style environment) and ``cluster.rollout_workers`` x ``launch.rollout``, which meet
+only over the transport. Devices come from the cluster preset (``cluster=cpu|gpu1|gpu2``, or
+``local``: whatever this machine has). ``--print-config`` shows the composed config and exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
+from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec
+
+log = logging.getLogger("launch.train")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_devices(cluster: ClusterConfig, num_gpus: int) -> tuple[list[int], list[int]]:
+    """(trainer, rollout) CUDA ordinals; ``null`` lists resolved from the GPUs present."""
+    trainer = cluster.trainer_devices
+    if trainer is None:
+        trainer = list(range(min(cluster.trainer_ranks, num_gpus)))
+    rollout = cluster.rollout_devices
+    if rollout is None:
+        spare = [g for g in range(num_gpus) if g not in trainer]
+        rollout = spare[: cluster.rollout_workers] or trainer[:1]
+    for name, devs in (("trainer_devices", trainer), ("rollout_devices", rollout)):
+        bad = [d for d in devs if d >= num_gpus]
+        if bad:
+            raise ValueError(f"cluster.{name}={devs}: GPU(s) {bad} not present ({num_gpus} visible)")
+    return list(trainer), list(rollout)
+
+
+def prepare(cfg: RunConfig, log_fn=print) -> RunConfig:
+    """Fill what the children must all agree on: the policy path and free ports (0 = pick)."""
+    model = cfg.model
+    if model.needs_warm_start:
+        from megatron_darl.loop.warmstart import ensure_warm_policy
+
+        model = dataclasses.replace(model, path=str(ensure_warm_policy(cfg.warmstart, log=log_fn)))
+    engine = cfg.engine
+    if not engine.model_path and model.path:
+        engine = dataclasses.replace(engine, model_path=model.path)
+    cluster, control = cfg.cluster, cfg.transport.control
+    if cluster.master_port == 0:
+        cluster = dataclasses.replace(cluster, master_port=free_port())
+    if control.port == 0:
+        control = dataclasses.replace(control, port=free_port())
+    transport = dataclasses.replace(cfg.transport, control=control)
+    return dataclasses.replace(cfg, model=model, engine=engine, cluster=cluster, transport=transport)
+
+
+def _visible(devices: list[int]) -> str:
+    return ",".join(str(d) for d in devices)
+
+
+def process_specs(cfg: RunConfig, config_path: Path, num_gpus: int,
+                  base_env: dict[str, str] | None = None) -> list[ProcSpec]:
+    """The trainer ranks and rollout workers of this run, with their environments and logs."""
+    env0 = dict(os.environ if base_env is None else base_env)
+    c = cfg.cluster
+    trainer_devs, rollout_devs = resolve_devices(c, num_gpus)
+    nprocs = c.trainer_ranks + c.rollout_workers
+    threads = c.threads_per_process or max(1, (os.cpu_count() or 1) // nprocs)
+    common = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "DARL_THREADS": str(threads)}
+    logs = Path(cfg.loop.run_dir) / "logs"
+    specs = []
+    for rank in range(c.trainer_ranks):
+        env = {**env0, **common, "RANK": str(rank), "WORLD_SIZE": str(c.trainer_ranks),
+               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(c.trainer_ranks),
+               "MASTER_ADDR": c.master_addr, "MASTER_PORT": str(c.master_port),
+               "CUDA_VISIBLE_DEVICES": _visible(trainer_devs)}
+        argv = [sys.executable, "-m", "launch.trainer", "--config", str(config_path)]
+        specs.append(ProcSpec(TRAINER, rank, argv, env, None if rank == 0 else logs / f"trainer{rank}.log"))
+    for wid in range(c.rollout_workers):
+        dev = [rollout_devs[wid % len(rollout_devs)]] if rollout_devs else []
+        env = {**env0, **common, "CUDA_VISIBLE_DEVICES": _visible(dev)}
+        argv = [sys.executable, "-m", "launch.rollout", "--config", str(config_path),
+                "--worker-id", str(wid)]
+        specs.append(ProcSpec(ROLLOUT, wid, argv, env, logs / f"rollout{wid}.log"))
+    return specs
+
+
+def _num_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 (a broken CUDA install means: no GPU)
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if "--print-config" in args:
+        from omegaconf import OmegaConf
+
+        args.remove("--print-config")
+        print(OmegaConf.to_yaml(OmegaConf.structured(load_run_config(args))))
+        return 0
+    cfg = prepare(load_run_config(args))
+    run_dir = Path(cfg.loop.run_dir)
+    if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
+        raise ValueError(f"loop.run_dir={run_dir} holds checkpoints of an earlier run: pass "
+                         "loop.resume=true to continue it, or another loop.run_dir")
+    config_path = save_run_config(cfg, run_dir / "run_config.yaml")
+    specs = process_specs(cfg, config_path, _num_gpus())
+    log.info("run dir %s: %d trainer rank(s), %d rollout worker(s)", run_dir,
+             cfg.cluster.trainer_ranks, cfg.cluster.rollout_workers)
+    result = Launcher(specs, grace_s=cfg.cluster.grace_s,
+                      rollout_failure=cfg.cluster.rollout_failure).run()
+    for failure in result.failures:
+        log.error("%s", failure)
+    if result.code == 0:
+        summary = run_dir / "summary.json"
+        log.info("done: %s%s", run_dir, f" (summary {summary})" if summary.exists() else "")
+    else:
+        first = result.failures[0].splitlines()[0] if result.failures else f"signal {result.signal}"
+        log.error("run failed (exit %d): %s", result.code, first)
+    return result.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

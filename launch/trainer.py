@@ -1,0 +1,52 @@
+"""``python -m launch.trainer --config RUN_CONFIG [overrides]``: one trainer rank.
+
+Started by ``launch.train`` with torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), or by ``srun`` with SLURM_PROCID/SLURM_NTASKS; only this entry point reads them.
+It loads the run's resolved config and runs the trainer-side loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Mapping, Sequence
+
+from launch.config import load_run_config
+from megatron_darl.loop.trainer_loop import DistEnv, run_trainer
+
+
+def dist_env(env: Mapping[str, str]) -> DistEnv:
+    """This rank's coordinates from torchrun-style variables (or Slurm's, as a fallback)."""
+    def pick(*names: str, default: str | None = None) -> str:
+        for name in names:
+            if env.get(name):
+                return env[name]
+        if default is None:
+            raise ValueError(f"none of {names} is set: start trainer ranks with launch.train or srun")
+        return default
+
+    return DistEnv(rank=int(pick("RANK", "SLURM_PROCID")),
+                   world_size=int(pick("WORLD_SIZE", "SLURM_NTASKS")),
+                   master_addr=pick("MASTER_ADDR", default="127.0.0.1"),
+                   master_port=int(pick("MASTER_PORT", default="29500")))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
+    args, overrides = parser.parse_known_args(argv)
+    env = dist_env(os.environ)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{env.rank} %(levelname)s %(message)s")
+    threads = int(os.environ.get("DARL_THREADS", "0"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    cfg = load_run_config(overrides, config_file=args.config)
+    return run_trainer(cfg, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

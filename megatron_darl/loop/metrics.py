@@ -1,0 +1,236 @@
+"""Per-step metrics of DESIGN.md section 4: reduced over DP, written, shown, plotted, summarised.
+
+Each DP shard's planner returns *sums* (rewards, tokens, histogram counts, weight moments), so
+one all-reduce of one vector gives exact global values whatever the DP size; ``step_metrics``
+turns the reduced sums into the logged means and ratios. ``MetricsLogger`` (trainer rank 0 only)
+writes every step to ``<run_dir>/metrics.jsonl`` (the source of truth: a resumed run reads it
+back, so cumulative counters, the plot and ``summary.json`` span restarts), TensorBoard, and
+W&B when configured (imported lazily: a missing package or network never stops training), and
+drives a live tqdm bar. ``close`` writes ``progress.png`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from megatron_darl.loop.config import LoopConfig
+
+log = logging.getLogger(__name__)
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+HISTOGRAMS = ("staleness_hist", "selected_hist")
+
+
+def reduce_stats(sums: Mapping[str, Any], allreduce_sum: Reduce,
+                 allreduce_max: Reduce | None = None) -> dict[str, Any]:
+    """DP-reduce a dict of floats and 1-D tensors: keys ending in ``_max`` by max, others by sum.
+
+    Every rank must pass the same keys and tensor shapes; values are packed into one float64
+    vector per op (sorted keys), so this is one collective per op.
+    """
+    out: dict[str, Any] = {}
+    for is_max in (False, True):
+        keys = sorted(k for k in sums if k.endswith("_max") == is_max)
+        if not keys:
+            continue
+        parts = [torch.as_tensor(sums[k], dtype=torch.float64).reshape(-1) for k in keys]
+        flat = torch.cat(parts)
+        op = allreduce_max if is_max else allreduce_sum
+        reduced = op(flat) if op is not None else flat
+        reduced = flat if reduced is None else reduced  # in-place collectives return None
+        for k, piece in zip(keys, torch.split(reduced, [p.numel() for p in parts])):
+            out[k] = piece.clone() if torch.is_tensor(sums[k]) and sums[k].dim() else float(piece)
+    return out
+
+
+def score_sums(scores: Mapping[int, float]) -> dict[str, float]:
+    """Sum, count and max of one shard's candidate group scores."""
+    values = [float(v) for v in scores.values()]
+    return {"score_sum": sum(values), "score_count": float(len(values)),
+            "score_max": max(values) if values else -math.inf}
+
+
+def _ratio(num: float, den: float, empty: float = 0.0) -> float:
+    return num / den if den > 0 else empty
+
+
+def _hist_mean(hist: torch.Tensor) -> float:
+    total = float(hist.sum())
+    return _ratio(float((hist * torch.arange(hist.numel())).sum()), total)
+
+
+def step_metrics(sums: Mapping[str, Any], trainer: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Logged metrics from DP-reduced sums plus the trainer's step result and timings.
+
+    ``trainer`` may carry ``clip_frac_low``, ``clip_frac_high``, ``loss``, ``grad_norm``,
+    ``trainer_tokens_per_s``, ``rollout_tokens_per_s``, ``weight_sync_seconds``, ``lr``: they are
+    copied as they are. Histograms are lists indexed by staleness ``t - v`` (last bin: older).
+    """
+    g = lambda k: float(sums.get(k, 0.0))  # noqa: E731
+    out: dict[str, Any] = {
+        "reward_mean": _ratio(g("reward_sum"), g("samples_received")),
+        "response_length": _ratio(g("response_tokens_received"), g("samples_received")),
+        "groups_received": g("groups_received"),
+        "samples_received": g("samples_received"),
+        "samples_selected": g("samples_selected"),
+        "groups_selected": g("groups_selected"),
+        "dropped_stale": g("dropped_stale"),
+        "score_mean": _ratio(g("score_sum"), g("score_count")),
+        "score_max": g("score_max") if g("score_count") > 0 else 0.0,
+        "selected_score_mean": _ratio(g("selected_score_sum"), g("groups_selected")),
+        "weight_ess": _ratio(g("w_sum") ** 2, g("w_tokens") * g("w_sq_sum"), 1.0),
+        "weight_clip_frac": _ratio(g("w_clipped"), g("w_tokens")),
+        "mismatch_kl": _ratio(g("mismatch_k3_sum"), g("mismatch_tokens")),
+        "cache_bytes": g("cache_bytes"),
+        "buffer_groups": g("buffer_groups"),
+    }
+    for name in HISTOGRAMS:
+        hist = torch.as_tensor(sums.get(name, torch.zeros(1)), dtype=torch.float64)
+        out[name] = [float(x) for x in hist.tolist()]
+        out[name.replace("_hist", "_mean")] = _hist_mean(hist)
+    out.update({k: float(v) for k, v in (trainer or {}).items()})
+    return out
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become None (and are reported), tensors become lists."""
+    if torch.is_tensor(value):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLogger:
+    """Writes one record per step to jsonl, TensorBoard, W&B and the progress bar (rank 0)."""
+
+    def __init__(self, cfg: LoopConfig, run_config: Mapping[str, Any] | None = None,
+                 start_step: int = 0) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self.history = self._read_history(start_step)
+        last = self.history[-1] if self.history else {}
+        self._wall_offset = float(last.get("wall_seconds", 0.0))
+        self._generated = float(last.get("samples_generated", 0.0))
+        self._trained = float(last.get("samples_trained", 0.0))
+        self._start = time.monotonic()
+        self._file = self.path.open("a")
+        self._tb = self._open_tensorboard()
+        self._wandb = self._open_wandb(run_config or {})
+        self._bar = self._open_bar(start_step)
+
+    def _read_history(self, start_step: int) -> list[dict[str, Any]]:
+        """Records of earlier steps (a resumed run); later ones are dropped and rewritten."""
+        if not self.path.exists():
+            return []
+        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if int(r["step"]) < start_step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return rows
+
+    def _open_tensorboard(self):
+        if not self.cfg.tensorboard:
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def _open_wandb(self, run_config: Mapping[str, Any]):
+        wb = self.cfg.wandb
+        if wb.mode == "disabled":
+            return None
+        try:
+            import wandb
+        except ImportError:
+            log.warning("loop.wandb.mode=%s but wandb is not installed: W&B logging skipped", wb.mode)
+            return None
+        return wandb.init(project=wb.project, entity=wb.entity or None,
+                          name=wb.name or self.run_dir.name, mode=wb.mode, dir=str(self.run_dir),
+                          config=dict(run_config), resume="allow")
+
+    def _open_bar(self, start_step: int):
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.steps, initial=start_step, disable=not self.cfg.progress_bar,
+                    desc="darl", unit="step", dynamic_ncols=True)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Write step ``step``'s metrics everywhere; returns the record as written."""
+        self._generated += float(metrics.get("samples_received", 0.0))
+        self._trained += float(metrics.get("samples_selected", 0.0))
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()},
+                  "samples_generated": self._generated, "samples_trained": self._trained,
+                  "wall_seconds": self._wall_offset + time.monotonic() - self._start}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self.history.append(record)
+        self._write_tensorboard(step, record)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if v is not None}, step=step)
+        self._show(step, record)
+        return record
+
+    def _write_tensorboard(self, step: int, record: Mapping[str, Any]) -> None:
+        if self._tb is None:
+            return
+        for key, value in record.items():
+            if isinstance(value, list):
+                for i, x in enumerate(value):
+                    self._tb.add_scalar(f"{key}/{i}", x, step)
+            elif isinstance(value, (int, float)) and key != "step":
+                self._tb.add_scalar(key, value, step)
+        self._tb.flush()
+
+    def _show(self, step: int, record: Mapping[str, Any]) -> None:
+        tok_s = record.get("trainer_tokens_per_s") or 0.0
+        self._bar.set_postfix(reward=f"{record.get('reward_mean') or 0:.3f}",
+                              stale=f"{record.get('staleness_mean') or 0:.2f}",
+                              tok_s=f"{tok_s:.0f}", refresh=False)
+        self._bar.update(1)
+        if (step + 1) % self.cfg.log_interval == 0 and not self.cfg.progress_bar:
+            log.info("step %d reward %.3f staleness %.2f tokens/s %.0f", step,
+                     record.get("reward_mean") or 0, record.get("staleness_mean") or 0, tok_s)
+
+    def close(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Close writers; write ``progress.png`` (when ``cfg.plot``) and ``summary.json``."""
+        self._bar.close()
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self.cfg.plot and self.history:
+            from megatron_darl.loop.plots import plot_progress
+
+            plot_progress(self.history, self.run_dir / "progress.png")
+        summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def summarize(history: list[Mapping[str, Any]], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``summary.json``: first/last reward (mean of a few steps, the window is stated) and totals."""
+    rewards = [r.get("reward_mean") for r in history if r.get("samples_received")]
+    rewards = [float(x) for x in rewards if x is not None]
+    window = max(1, min(5, len(rewards) // 5))
+    last = history[-1] if history else {}
+    return {
+        "reward_first": sum(rewards[:window]) / window if rewards else None,
+        "reward_last": sum(rewards[-window:]) / window if rewards else None,
+        "reward_window_steps": window,
+        "steps": int(last["step"]) + 1 if history else 0,
+        "samples_generated": int(last.get("samples_generated", 0)),
+        "samples_trained": int(last.get("samples_trained", 0)),
+        "wall_seconds": float(last.get("wall_seconds", 0.0)),
+        **dict(extra or {}),
+    }

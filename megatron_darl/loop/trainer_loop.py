@@ -1,0 +1,240 @@
+"""The trainer-side D-ARL loop: receive -> log-prob pass -> score -> select -> backfill -> train ->
+publish -> evict, one optimizer step (one weight version) per iteration; synchronous training is
+the same loop with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
+
+Every trainer rank runs this. The algorithm lives in ``ShardPlanner`` (one per DP shard,
+replicated on the TP x PP ranks of the replica so each rank builds the same batches); the
+transport ends in ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM or
+SIGINT finish the current step, write a checkpoint (model, optimizer, RNG, step, version and
+each shard's buffer and cache) and exit 0; ``loop.resume`` continues from the latest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from megatron_darl.algorithms import WeightRule
+from megatron_darl.loop.config import AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig
+from megatron_darl.loop.endpoints import (
+    TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
+)
+from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, score_sums, step_metrics
+from megatron_darl.loop.planner import ShardPlanner, loss_fn_for
+
+log = logging.getLogger(__name__)
+
+
+class TrainerRunConfig(Protocol):
+    """The parts of the run config the trainer loop reads (``launch.config.RunConfig``)."""
+
+    algorithm: AlgorithmConfig
+    replay: ReplayConfig
+    loop: LoopConfig
+    model: ModelConfig
+    trainer: Any  # megatron_darl.trainer.config.TrainerConfig
+    parallel: Any  # megatron_darl.trainer.parallel.ParallelConfig
+    transport: Any  # megatron_darl.transport.config.TransportConfig
+
+
+@dataclass
+class DistEnv:
+    """This process's place in the trainer world (from torchrun-style variables, read by launch)."""
+
+    rank: int  # global trainer rank
+    world_size: int  # trainer ranks
+    master_addr: str  # torch.distributed rendezvous host
+    master_port: int  # torch.distributed rendezvous port
+
+
+class _StopFlag:
+    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the current step."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._set)
+
+    def _set(self, signum: int, frame) -> None:  # noqa: ARG002 (signal API)
+        log.warning("signal %d: checkpointing after this step", signum)
+        self.signum = signum
+
+
+def _hf_config(model: ModelConfig) -> dict[str, Any]:
+    if model.path:
+        from megatron_darl.models.qwen3.config import load_hf_config_dict
+
+        return load_hf_config_dict(model.path)
+    if model.hf_config:
+        return dict(model.hf_config)
+    raise ValueError("model.path and model.hf_config are both empty (launch resolves the warm start)")
+
+
+def build_trainer(cfg: TrainerRunConfig, env: DistEnv):
+    """Process groups and the ``PolicyTrainer``, initialised from ``model.path`` when given."""
+    import dataclasses
+
+    from megatron_darl.trainer.parallel import init_parallel
+    from megatron_darl.trainer.policy_trainer import PolicyTrainer
+
+    ps = init_parallel(cfg.parallel, rank=env.rank, world_size=env.world_size,
+                       init_method=f"tcp://{env.master_addr}:{env.master_port}")
+    tcfg = cfg.trainer
+    if cfg.model.path and not tcfg.init_checkpoint:
+        tcfg = dataclasses.replace(tcfg, init_checkpoint=cfg.model.path)
+    return PolicyTrainer(tcfg, ps, _hf_config(cfg.model)), ps
+
+
+class TrainerLoop:
+    """One trainer rank's run; ``run()`` returns the process exit code."""
+
+    def __init__(self, cfg: TrainerRunConfig, trainer, ps, endpoints: TrainerEndpoints,
+                 run_config: dict[str, Any] | None = None) -> None:
+        self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
+        self.planner = ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
+        self.loss_fn = loss_fn_for(cfg.algorithm.eps_low, cfg.algorithm.eps_high)
+        self.run_dir = Path(cfg.loop.run_dir)
+        self.start_step = self._maybe_resume()
+        self.snapshots = (self.planner.spec.weight_rule is WeightRule.MIXTURE
+                          and cfg.algorithm.mis.backfill == "snapshot")
+        self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
+        self.stop = _StopFlag()
+        self.sync_seconds = 0.0
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def _checkpoints(self) -> list[Path]:
+        root = self.run_dir / "checkpoints"
+        return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+
+    def _maybe_resume(self) -> int:
+        found = self._checkpoints() if self.cfg.loop.resume else []
+        if not found:
+            return 0
+        from megatron_darl.trainer.checkpoint import load_checkpoint
+
+        resumed = load_checkpoint(self.trainer, found[-1])
+        extra = resumed.extras[self.ps.dp_rank]
+        self.planner.load_state_dict(extra["planner"])
+        log.info("resumed from %s at step %d, version %d", found[-1], extra["step"], resumed.version)
+        return int(extra["step"])
+
+    def save(self, next_step: int) -> Path:
+        from megatron_darl.trainer.checkpoint import save_checkpoint
+
+        path = self.run_dir / "checkpoints" / f"step_{next_step:06d}"
+        extra = {"planner": self.planner.state_dict(), "step": next_step}
+        return save_checkpoint(self.trainer, path, extra_state=extra)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        if self.snapshots:
+            self.trainer.snapshot(keep_last=self.cfg.replay.k)
+        step, interval = self.start_step, self.cfg.loop.checkpoint_interval
+        try:
+            if step > 0:  # a resumed run: fresh workers must get the resumed weights first
+                self.sync_seconds = publish_weights(self.ep, self.trainer, self.ps)
+            while step < self.cfg.loop.steps and self.stop.signum is None:
+                self.ep.heartbeat.step = step
+                if not self.step(step):
+                    break
+                step += 1
+                if interval and step % interval == 0 and step < self.cfg.loop.steps:
+                    self.save(step)
+            self.save(step)
+        finally:
+            self._shutdown(step)
+        return 0
+
+    def step(self, step: int) -> bool:
+        """One optimizer step (see the module docstring); False when a signal cut the receive."""
+        t, p, ps = self.trainer.version, self.planner, self.ps
+        start = time.monotonic()
+        groups = receive_groups(self.ep, ps, self.cfg.algorithm.groups_per_step,
+                                self.cfg.loop.receive_timeout_s, step,
+                                self.cfg.transport.control.poll_interval_s,
+                                stop=lambda: self.stop.signum is not None)
+        if groups is None:
+            return False
+        receive_s = time.monotonic() - start
+        sums: dict[str, Any] = dict(p.receive(groups, step, t))
+        cand, scores = p.candidate_batch(), {}
+        if cand is not None:
+            sums.update(p.store_logprobs(cand, self.trainer.compute_logprobs(cand.batch), t))
+            scores = p.score(cand, step)
+        sums.update(score_sums(scores))
+        sel = p.select(step, scores, t)
+        sums.update(p.selection_sums(sel, t))
+        tokens = dp_sum(sel.version_tokens.clone(), ps)
+        sums["backfilled"] = float(self._backfill(sel, tokens))
+        tb = p.training_batch(sel, tokens, t)
+        if tb is None:
+            raise RuntimeError(f"trainer step {step}: DP shard {ps.dp_rank} has an empty buffer")
+        result = self.trainer.train_step(tb.batch, self.loss_fn)
+        sums.update(tb.sums)
+        if self.snapshots:
+            self.trainer.snapshot(keep_last=self.cfg.replay.k)
+        self.sync_seconds = publish_weights(self.ep, self.trainer, ps)
+        sums.update(p.evict(self.trainer.version))
+        self._log(step, sums, result, receive_s, time.monotonic() - start)
+        return True
+
+    def _backfill(self, sel, tokens: torch.Tensor) -> int:
+        """Rows of V(S) the selected samples lack: from snapshots (exact) or the nearest version."""
+        p, filled = self.planner, 0
+        need = p.mixture_versions(sel, tokens)
+        kept = set(self.trainer.snapshots.versions()) | {self.trainer.version} if self.snapshots else set()
+        for v in need:
+            todo = p.backfill_batch(sel, v) if v in kept else None
+            if todo is not None:
+                batch, samples = todo
+                logp = self.trainer.compute_logprobs(batch, version=v)
+                filled += p.store_backfill(batch, samples, logp, v)
+        if p.missing_rows(sel, need):
+            filled += p.backfill_nearest(sel, need)
+        return filled
+
+    def _log(self, step: int, sums: dict[str, Any], result, receive_s: float, wall_s: float) -> None:
+        if not (self.ps.tp_rank == 0 and self.ps.pp_rank == 0):
+            return
+        reduced = reduce_stats(sums, lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
+        if self.logger is None:
+            return
+        gen_s = max(receive_s, 1e-9)
+        trainer = {
+            "loss": result.loss, "grad_norm": result.grad_norm, "lr": result.lr,
+            "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
+            "rollout_tokens_per_s": reduced.get("response_tokens_received", 0.0) / gen_s,
+            "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
+            "version": float(self.trainer.version),
+            **{k: v for k, v in result.stats.items()},
+        }
+        self.logger.log(step, step_metrics(reduced, trainer))
+
+    def _shutdown(self, step: int) -> None:
+        from megatron_darl.transport import WORKER, request_stop, wait_for_exits
+
+        if self.logger is not None:
+            self.logger.close({"variant": self.cfg.algorithm.variant, "final_version": self.trainer.version})
+        if self.ps.rank == 0:
+            request_stop(self.ep.store)
+            live = [w for w in range(self.cfg.transport.control.num_workers)
+                    if self.ep.heartbeat.is_alive(WORKER, w)]
+            missing = wait_for_exits(self.ep.store, WORKER, live, self.cfg.transport.heartbeat.timeout_s)
+            if missing:
+                log.warning("rollout workers %s did not confirm exit", missing)
+        self.ep.close()
+        log.info("trainer rank %d stopped after step %d", self.ps.rank, step)
+
+
+def run_trainer(cfg: TrainerRunConfig, env: DistEnv) -> int:
+    """Entry of one trainer rank (called by ``launch.trainer``)."""
+    trainer, ps = build_trainer(cfg, env)
+    endpoints = open_endpoints(cfg.transport, ps)
+    run_config = asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else None
+    return TrainerLoop(cfg, trainer, ps, endpoints, run_config).run()

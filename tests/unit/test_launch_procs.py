@@ -1,0 +1,104 @@
+"""The local process launcher with trivial children: failures named by role/rank, nothing left.
+
+Children are tiny Python scripts that write their pids (and those of grandchildren they start)
+to files, so the test can check that every process of every tree is gone afterwards.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def child(tmp: Path, role: str, rank: int, body: str) -> ProcSpec:
+    """A child that records its pid, starts a sleeping grandchild (same session), then ``body``."""
+    code = (
+        "import os, subprocess, sys, time, signal\n"
+        f"open({str(tmp / f'{role}{rank}.pid')!r}, 'w').write(str(os.getpid()))\n"
+        "g = subprocess.Popen(['sleep', '300'])\n"
+        f"open({str(tmp / f'{role}{rank}.grand')!r}, 'w').write(str(g.pid))\n"
+        + body
+    )
+    return ProcSpec(role, rank, [sys.executable, "-c", code], dict(os.environ),
+                    log_path=tmp / "logs" / f"{role}{rank}.log")
+
+
+def wait_all(tmp: Path, n: int) -> str:
+    """Child code: block until all ``n`` pid files exist (every tree started) before going on."""
+    return (f"import glob\nwhile len(glob.glob({str(tmp)!r} + '/*.pid') + glob.glob({str(tmp)!r} + '/*.grand')) < {n}:\n"
+            "    time.sleep(0.05)\n")
+
+
+def all_pids(tmp: Path) -> list[int]:
+    return [int(p.read_text()) for p in list(tmp.glob("*.pid")) + list(tmp.glob("*.grand"))]
+
+
+def wait_for_pids(tmp: Path, n: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(all_pids(tmp)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_success_then_workers_stopped(tmp_path):
+    specs = [child(tmp_path, TRAINER, r, wait_all(tmp_path, 6)) for r in range(2)]
+    specs.append(child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n"))
+    result = Launcher(specs, grace_s=1.0).run()
+    assert result.code == 0 and result.failures == []
+    assert len(all_pids(tmp_path)) == 6 and not any(alive(p) for p in all_pids(tmp_path))
+
+
+def test_failing_trainer_is_named_and_everything_dies(tmp_path):
+    specs = [
+        child(tmp_path, TRAINER, 0, "time.sleep(300)\n"),
+        child(tmp_path, TRAINER, 1, wait_all(tmp_path, 6) + "print('boom: rank 1 broke', flush=True)\nsys.exit(3)\n"),
+        child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n"),
+    ]
+    result = Launcher(specs, grace_s=1.0).run()
+    assert result.code == 3
+    assert len(result.failures) == 1 and result.failures[0].startswith("trainer 1 exited with code 3")
+    assert "boom: rank 1 broke" in result.failures[0]  # the log tail names the cause
+    assert len(all_pids(tmp_path)) == 6 and not any(alive(p) for p in all_pids(tmp_path))
+
+
+def test_dead_rollout_worker_reported_and_run_goes_on(tmp_path):
+    specs = [
+        child(tmp_path, TRAINER, 0, wait_all(tmp_path, 6) + "time.sleep(1.0)\n"),
+        child(tmp_path, ROLLOUT, 0, wait_all(tmp_path, 6) + "sys.exit(7)\n"),
+        child(tmp_path, ROLLOUT, 1, "time.sleep(300)\n"),
+    ]
+    result = Launcher(specs, grace_s=1.0).run()
+    assert result.code == 0 and result.failures[0].startswith("rollout 0 exited with code 7")
+    assert not any(alive(p) for p in all_pids(tmp_path))
+    abort = Launcher([child(tmp_path / "b", TRAINER, 0, "time.sleep(300)\n"),
+                      child(tmp_path / "b", ROLLOUT, 0, "sys.exit(7)\n")], grace_s=1.0).run()
+    assert abort.code == 7 and "no rollout worker left" in abort.failures
+    assert not any(alive(p) for p in all_pids(tmp_path / "b"))
+
+
+def test_sigterm_is_forwarded_and_children_can_clean_up(tmp_path):
+    flag = tmp_path / "trainer0.got_term"
+    trap = (
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(flag)!r}, 'w').write('x'), sys.exit(0)))\n"
+        "time.sleep(300)\n"
+    )
+    specs = [child(tmp_path, TRAINER, 0, trap), child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n")]
+    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), time.sleep(0.3),
+                                             os.kill(os.getpid(), signal.SIGTERM)))
+    timer.start()
+    result = Launcher(specs, grace_s=5.0).run()
+    timer.join()
+    assert result.code == 128 + signal.SIGTERM and result.signal == signal.SIGTERM
+    assert flag.exists()  # the trainer saw SIGTERM (it would checkpoint here)
+    assert not any(alive(p) for p in all_pids(tmp_path))

@@ -1,0 +1,43 @@
+"""launch.train's process plan: devices per preset, torchrun-style env, argv; launch.trainer's env."""
+
+import pytest
+
+from launch.config import ClusterConfig, load_run_config
+from launch.train import process_specs, resolve_devices
+from launch.trainer import dist_env
+
+
+@pytest.mark.parametrize("gpus, trainer, rollout", [(0, [], []), (1, [0], [0]), (2, [0], [1]), (4, [0], [1])])
+def test_auto_devices(gpus, trainer, rollout):
+    assert resolve_devices(ClusterConfig(), gpus) == (trainer, rollout)
+
+
+def test_presets_pin_devices_and_refuse_missing_gpus():
+    assert resolve_devices(ClusterConfig(trainer_devices=[], rollout_devices=[]), 2) == ([], [])
+    with pytest.raises(ValueError, match="rollout_devices"):
+        resolve_devices(load_run_config(["cluster=gpu2"]).cluster, 1)
+
+
+def test_process_specs_env_and_argv(tmp_path):
+    cfg = load_run_config(["cluster=gpu2", "cluster.trainer_ranks=2", "cluster.rollout_workers=2",
+                           "algorithm.groups_per_step=8", f"loop.run_dir={tmp_path}",
+                           "cluster.trainer_devices=[0,1]", "cluster.rollout_devices=[2,3]"])
+    specs = process_specs(cfg, tmp_path / "run_config.yaml", num_gpus=4, base_env={"PATH": "/bin"})
+    trainers = [s for s in specs if s.role == "trainer"]
+    rollouts = [s for s in specs if s.role == "rollout"]
+    assert [s.env["RANK"] for s in trainers] == ["0", "1"]
+    assert all(s.env["WORLD_SIZE"] == "2" and s.env["CUDA_VISIBLE_DEVICES"] == "0,1" for s in trainers)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in rollouts] == ["2", "3"]
+    assert rollouts[1].argv[-2:] == ["--worker-id", "1"] and "launch.rollout" in rollouts[1].argv
+    assert trainers[0].log_path is None and trainers[1].log_path == tmp_path / "logs" / "trainer1.log"
+    assert all(s.env["PATH"] == "/bin" for s in specs)
+    cpu = process_specs(load_run_config(["cluster=cpu"]), tmp_path / "c.yaml", num_gpus=2, base_env={})
+    assert all(s.env["CUDA_VISIBLE_DEVICES"] == "" for s in cpu)  # GPUs hidden: a CPU run
+
+
+def test_dist_env_reads_torchrun_then_slurm():
+    env = dist_env({"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "99"})
+    assert (env.rank, env.world_size, env.master_addr, env.master_port) == (3, 4, "h", 99)
+    assert dist_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}).rank == 1
+    with pytest.raises(ValueError, match="RANK"):
+        dist_env({})

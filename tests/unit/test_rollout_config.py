@@ -1,0 +1,35 @@
+"""configs/rollout/*.yaml hold exactly the fields of the typed configs they compose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron_darl.rollout.engines import EngineConfig, SamplingConfig
+from megatron_darl.rollout.worker import RolloutWorkerConfig
+from megatron_darl.transport import (
+    ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
+)
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "rollout").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_rollout_yaml_builds_the_dataclasses(path):
+    d = yaml.safe_load(path.read_text())
+    t = d["transport"]
+    cfg = TransportConfig(ControlPlaneConfig(**t["control"]), HeartbeatConfig(**t["heartbeat"]),
+                          ChannelConfig(**t["channel"]), WeightSyncConfig(**t["weight_sync"]))
+    engine = EngineConfig(**d["engine"])
+    SamplingConfig(**d["sampling"])
+    RolloutWorkerConfig(**d["worker"])
+    assert engine.backend == path.stem and cfg.heartbeat.timeout_s > 2 * cfg.heartbeat.interval_s
+
+
+def test_worker_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="worker_id"):
+        RolloutWorkerConfig(worker_id=-1)
+    with pytest.raises(ValueError, match="backend"):
+        WeightSyncConfig(backend="mpi")
