@@ -101,7 +101,7 @@ class TrainerLoop:
         self.loss_fn = loss_fn_for(cfg.algorithm.eps_low, cfg.algorithm.eps_high)
         self.run_dir = Path(cfg.loop.run_dir)
         self.start_step = self._maybe_resume()
-        self.snapshots = (self.planner.spec.weight_rule is WeightRule.MIXTURE
+        self.use_snapshots = (self.planner.spec.weight_rule is WeightRule.MIXTURE
                           and cfg.algorithm.mis.backfill == "snapshot")
         self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
         self.stop = _StopFlag()
@@ -133,7 +133,7 @@ class TrainerLoop:
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
-        if self.snapshots:
+        if self.use_snapshots:
             self.trainer.snapshot(keep_last=self.cfg.replay.k)
         step, interval = self.start_step, self.cfg.loop.checkpoint_interval
         try:
@@ -177,7 +177,7 @@ class TrainerLoop:
             raise RuntimeError(f"trainer step {step}: DP shard {ps.dp_rank} has an empty buffer")
         result = self.trainer.train_step(tb.batch, self.loss_fn)
         sums.update(tb.sums)
-        if self.snapshots:
+        if self.use_snapshots:
             self.trainer.snapshot(keep_last=self.cfg.replay.k)
         self.sync_seconds = publish_weights(self.ep, self.trainer, ps)
         sums.update(p.evict(self.trainer.version))
@@ -188,7 +188,7 @@ class TrainerLoop:
         """Rows of V(S) the selected samples lack: from snapshots (exact) or the nearest version."""
         p, filled = self.planner, 0
         need = p.mixture_versions(sel, tokens)
-        kept = set(self.trainer.snapshots.versions()) | {self.trainer.version} if self.snapshots else set()
+        kept = set(self.trainer.snapshots.versions) | {self.trainer.version} if self.use_snapshots else set()
         for v in need:
             todo = p.backfill_batch(sel, v) if v in kept else None
             if todo is not None:

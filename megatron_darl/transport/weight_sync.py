@@ -195,10 +195,12 @@ class WeightSender:
         for attempt in range(self.cfg.max_attempts):
             members, missing = self._gather_ready(version, attempt, redo)
             report.attempts = attempt + 1
-            report.members = sorted(set(report.members) - set(redo or []) | set(members))
             report.missing += missing
             source = named_tensors() if callable(named_tensors) else named_tensors
-            redo = self._attempt(version, attempt, members, source, report)
+            failed = self._attempt(version, attempt, members, source, report)
+            report.members = sorted(set(report.members) | (set(members) - set(failed)))
+            redo = [w for w in failed if not self._hb.is_lost(WORKER, w)]
+            report.missing += [describe_peer(self._store, WORKER, w) for w in failed if w not in redo]
             last = not redo or not retriable or attempt + 1 == self.cfg.max_attempts
             self._store.set(SyncKeys.verdict(version, self.stage, attempt), "0" if last else "1")
             if last:
@@ -211,7 +213,7 @@ class WeightSender:
 
     def _attempt(self, version: int, attempt: int, members: list[int], source: Iterable[tuple[str, torch.Tensor]],
                  report: SyncReport) -> list[int]:
-        """One broadcast of the stage to ``members``; returns the live members it failed for."""
+        """One broadcast of the stage to ``members``; returns the members it failed for."""
         reuse = attempt == 0 and self._group is not None and members == self._members
         if not reuse:
             self._epoch += 1
@@ -232,7 +234,7 @@ class WeightSender:
         failed = self._member_results(version, attempt, members)
         if failed:  # a member died or failed: its end of the group is gone, rebuild next time
             self._group, self._members = None, []
-        return [w for w in failed if not self._hb.is_lost(WORKER, w)]
+        return failed
 
     def _member_results(self, version: int, attempt: int, members: list[int]) -> list[int]:
         """Members that did not load this attempt (reported failure, lost, or silent past the timeout)."""
