@@ -19,14 +19,29 @@ from launch.config import RunConfig, load_run_config
 
 
 def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int):
-    """This worker's shard of the dataset as tokenized ``rollout.prompts.PromptRecord``s."""
+    """This worker's shard of the dataset (tokenized prompts) and the dataset's size."""
     from megatron_darl.data import encode_prompt, load_dataset
     from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 
     records = load_dataset(cfg.data).records
     prompts = [PromptRecord(r.prompt_id, tuple(encode_prompt(tokenizer, r.messages)), r) for r in records]
-    return PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
-                        seed=cfg.sampling.seed)
+    source = PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
+                          seed=cfg.sampling.seed)
+    return source, len(prompts)
+
+
+def _resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) -> None:
+    """Wait for the trainer's go; continue after the groups it already received from us."""
+    from megatron_darl.loop.resume import prompt_position, worker_groups_made
+    from megatron_darl.transport import connect_store
+
+    control = cfg.transport.control
+    store = connect_store(control, who=f"rollout {worker_id} (start)")
+    made = worker_groups_made(store, worker_id, control.store_timeout_s)
+    if made:
+        shard_size = len(range(worker_id, num_prompts, control.num_workers))
+        worker.load_state_dict({"prompts": prompt_position(made, shard_size), "groups_made": made})
+        logging.getLogger("launch.rollout").info("resuming after %d groups", made)
 
 
 def run_worker(cfg: RunConfig, worker_id: int) -> int:
@@ -42,7 +57,7 @@ def run_worker(cfg: RunConfig, worker_id: int) -> int:
                          "warm-started policy) or pass model.path=<HF checkpoint dir>")
     engine_cfg = cfg.engine if cfg.engine.model_path else dataclasses.replace(cfg.engine, model_path=cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    source = build_prompt_source(cfg, tokenizer, worker_id)
+    source, num_prompts = build_prompt_source(cfg, tokenizer, worker_id)
     engine = build_engine(engine_cfg)
     reward_fn = get_reward_fn(cfg.data.task)
 
@@ -51,6 +66,7 @@ def run_worker(cfg: RunConfig, worker_id: int) -> int:
 
     worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
                            engine, source, cfg.sampling, reward_fn, decode)
+    _resume_position(cfg, worker, worker_id, num_prompts)
     try:
         return worker.run()
     finally:

@@ -56,13 +56,17 @@ def prepare(cfg: RunConfig, log_fn=print) -> RunConfig:
     engine = cfg.engine
     if not engine.model_path and model.path:
         engine = dataclasses.replace(engine, model_path=model.path)
+    worker = cfg.worker
+    if cfg.loop.resume and any((Path(cfg.loop.run_dir) / "checkpoints").glob("step_*")):
+        worker = dataclasses.replace(worker, initial_version=-1)  # wait for the resumed weights
     cluster, control = cfg.cluster, cfg.transport.control
     if cluster.master_port == 0:
         cluster = dataclasses.replace(cluster, master_port=free_port())
     if control.port == 0:
         control = dataclasses.replace(control, port=free_port())
     transport = dataclasses.replace(cfg.transport, control=control)
-    return dataclasses.replace(cfg, model=model, engine=engine, cluster=cluster, transport=transport)
+    return dataclasses.replace(cfg, model=model, engine=engine, worker=worker, cluster=cluster,
+                               transport=transport)
 
 
 def _visible(devices: list[int]) -> str:

@@ -27,6 +27,7 @@ from megatron_darl.loop.endpoints import (
 )
 from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, score_sums, step_metrics
 from megatron_darl.loop.planner import ShardPlanner, loss_fn_for
+from megatron_darl.loop.resume import mark_ready, seed_store
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,15 @@ class TrainerLoop:
         self.planner = ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
         self.loss_fn = loss_fn_for(cfg.algorithm.eps_low, cfg.algorithm.eps_high)
         self.run_dir = Path(cfg.loop.run_dir)
+        workers = cfg.transport.control.num_workers
+        self.base_received, self.received = 0, 0  # groups: restored global total, local since
+        self.base_made = torch.zeros(workers, dtype=torch.int64)  # per worker groups received
+        self.made = torch.zeros(workers, dtype=torch.int64)
         self.start_step = self._maybe_resume()
+        if ps.rank == 0:
+            if self.start_step > 0:
+                seed_store(endpoints.store, self.base_received, self.base_made.tolist())
+            mark_ready(endpoints.store)
         self.use_snapshots = (self.planner.spec.weight_rule is WeightRule.MIXTURE
                           and cfg.algorithm.mis.backfill == "snapshot")
         self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
@@ -121,6 +130,8 @@ class TrainerLoop:
         resumed = load_checkpoint(self.trainer, found[-1])
         extra = resumed.extras[self.ps.dp_rank]
         self.planner.load_state_dict(extra["planner"])
+        self.base_received = int(extra["groups_received"])
+        self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
         log.info("resumed from %s at step %d, version %d", found[-1], extra["step"], resumed.version)
         return int(extra["step"])
 
@@ -128,7 +139,10 @@ class TrainerLoop:
         from megatron_darl.trainer.checkpoint import save_checkpoint
 
         path = self.run_dir / "checkpoints" / f"step_{next_step:06d}"
-        extra = {"planner": self.planner.state_dict(), "step": next_step}
+        received = self.base_received + int(dp_sum(torch.tensor([self.received]), self.ps))
+        made = torch.maximum(self.base_made, dp_max(self.made.clone(), self.ps))
+        extra = {"planner": self.planner.state_dict(), "step": next_step,
+                 "groups_received": received, "worker_groups": made.tolist()}
         return save_checkpoint(self.trainer, path, extra_state=extra)
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -161,6 +175,7 @@ class TrainerLoop:
                                 stop=lambda: self.stop.signum is not None)
         if groups is None:
             return False
+        self._count(groups)
         receive_s = time.monotonic() - start
         sums: dict[str, Any] = dict(p.receive(groups, step, t))
         cand, scores = p.candidate_batch(), {}
@@ -184,6 +199,13 @@ class TrainerLoop:
         self._log(step, sums, result, receive_s, time.monotonic() - start)
         return True
 
+    def _count(self, groups) -> None:
+        """Received groups, and per worker how many it made (group ids fold the worker id in)."""
+        workers = self.made.numel()
+        self.received += len(groups)
+        for g in groups:
+            self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.group_id // workers + 1)
+
     def _backfill(self, sel, tokens: torch.Tensor) -> int:
         """Rows of V(S) the selected samples lack: from snapshots (exact) or the nearest version."""
         p, filled = self.planner, 0
@@ -205,12 +227,13 @@ class TrainerLoop:
         reduced = reduce_stats(sums, lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
         if self.logger is None:
             return
-        gen_s = max(receive_s, 1e-9)
+        gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
         trainer = {
             "loss": result.loss, "grad_norm": result.grad_norm, "lr": result.lr,
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
             "rollout_tokens_per_s": reduced.get("response_tokens_received", 0.0) / gen_s,
             "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
+            "receive_wait_seconds": receive_s,
             "version": float(self.trainer.version),
             **{k: v for k, v in result.stats.items()},
         }

@@ -88,8 +88,8 @@ def build_lr_scheduler(optimizer, opt: OptimizerConfig):
     """
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    return OptimizerParamScheduler(
-        optimizer,
+    kwargs = dict(
+        optimizer=optimizer,
         init_lr=opt.warmup_init_lr if opt.warmup_steps > 0 else opt.lr,
         max_lr=opt.lr,
         min_lr=min(opt.min_lr, opt.lr),
@@ -103,3 +103,4 @@ def build_lr_scheduler(optimizer, opt: OptimizerConfig):
         use_checkpoint_opt_param_scheduler=True,
         override_opt_param_scheduler=False,
     )
+    return OptimizerParamScheduler(**supported_kwargs(OptimizerParamScheduler.__init__, kwargs))

@@ -156,12 +156,20 @@ class PolicyTrainer:
         return split_microbatches(batch, batch.loss_mask, budget, mb.pad_multiple, self.ps.device)
 
     def _run(self, microbatches: list[MicroBatch], on_logprobs, forward_only: bool) -> None:
-        run_schedule(
-            self.model, microbatches, on_logprobs, forward_only=forward_only,
-            tp_group=self.ps.tp_group, vocab_size=self.spec.vocab_size,
-            chunk_tokens=self.cfg.micro_batch.logprob_chunk_tokens,
-            needs_attention_mask=self.needs_attention_mask,
-        )
+        try:
+            run_schedule(
+                self.model, microbatches, on_logprobs, forward_only=forward_only,
+                tp_group=self.ps.tp_group, vocab_size=self.spec.vocab_size,
+                chunk_tokens=self.cfg.micro_batch.logprob_chunk_tokens,
+                needs_attention_mask=self.needs_attention_mask,
+            )
+        except (RuntimeError, dist.DistBackendError) as exc:  # a timeout or a dead peer
+            ps = self.ps
+            what = "log-prob pass" if forward_only else "train step"
+            raise RuntimeError(
+                f"{what} at step {self.step} failed on rank {ps.rank} (tp {ps.tp_rank}, "
+                f"pp {ps.pp_rank}, dp {ps.dp_rank}): {exc}"
+            ) from exc
 
     def _last_stage_rank(self) -> int:
         return dist.get_global_rank(self.ps.pp_group, self.ps.pp_size - 1)

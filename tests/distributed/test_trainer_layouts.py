@@ -104,6 +104,11 @@ def test_logprobs_match_hf_and_every_rank(runs, name):
         by_dp[dp] = logp0
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_hf_export_at_init_is_the_hf_checkpoint(runs, name):
+    assert runs[name]["export0_vs_hf"] == 0.0
+
+
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "tp1"])
 def test_one_step_same_update_as_tp1(runs, name):
     ref, run = runs["tp1"], runs[name]

@@ -103,6 +103,7 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     batch = make_batch(shard)
     result: dict = {"logp0": trainer.compute_logprobs(batch), "shard": shard}
     result["num_microbatches"] = len(trainer._microbatches(batch))
+    result["export0_vs_hf"] = _export_vs_hf(gather_hf_params(trainer, ps), hf_dir)
     trainer.snapshot()  # version 0
     step = trainer.train_step(batch, toy_loss)
     result.update(step1=step, params1=gather_hf_params(trainer, ps))
@@ -132,6 +133,16 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     if rank == 0:
         result["all_logp"] = all_logp
         torch.save(result, out_path)
+
+
+def _export_vs_hf(exported: dict, hf_dir: str) -> float:
+    """Max abs difference between the trainer's HF export and the HF checkpoint it loaded."""
+    from safetensors.torch import load_file
+
+    ref = load_file(f"{hf_dir}/model.safetensors")
+    ref.pop("lm_head.weight", None)  # tied: not exported, as in HF checkpoints
+    assert exported.keys() == ref.keys(), sorted(set(exported) ^ set(ref))
+    return max(float((exported[k] - ref[k]).abs().max()) for k in ref)
 
 
 def _production_trainer(ps, init_checkpoint: str):
