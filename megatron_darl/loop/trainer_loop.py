@@ -128,7 +128,7 @@ class TrainerLoop:
         from megatron_darl.trainer.checkpoint import load_checkpoint
 
         resumed = load_checkpoint(self.trainer, found[-1])
-        extra = resumed.extras[self.ps.dp_rank]
+        extra = resumed.extra_states[self.ps.dp_rank]
         self.planner.load_state_dict(extra["planner"])
         self.base_received = int(extra["groups_received"])
         self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)

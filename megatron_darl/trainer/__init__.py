@@ -6,6 +6,7 @@ heavy is imported here; the public API lives in the submodules:
   parallel.ParallelConfig, init_parallel(cfg) -> ParallelState, destroy_parallel()
   config.TrainerConfig (OptimizerConfig, MicroBatchConfig)
   batch.TrainBatch                    packed sequences + loss mask + named loss fields
+  batch.broadcast_batch(batch|None, parallel_state)  hub rank -> its replica's TP x PP ranks
   policy_trainer.PolicyTrainer(cfg, parallel_state, hf_config)
       .compute_logprobs(batch, version=None) -> (T,) fp32 log-probs of the scored tokens
       .train_step(batch, loss_fn) -> StepResult (loss, grad_norm, stats, tokens/s, MFU)

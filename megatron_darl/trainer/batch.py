@@ -147,6 +147,29 @@ class TrainBatch:
         return list(torch.split(flat, self.seq_lens.tolist()))
 
 
+def broadcast_batch(batch: TrainBatch | None, parallel_state) -> TrainBatch:
+    """Give every rank of a DP replica the batch its hub rank (TP 0, first PP stage) holds.
+
+    Samples arrive at the hub (DESIGN 3); the trainer needs the same ``TrainBatch`` on all
+    TP x PP ranks of the replica. Collective over the replica's model-parallel group; other
+    ranks pass ``None``.
+    """
+    import torch.distributed as dist
+
+    ps = parallel_state
+    hub = ps.tp_rank == 0 and ps.pp_rank == 0
+    if hub and batch is None:
+        raise ValueError(f"broadcast_batch: the hub rank {ps.rank} has no batch")
+    if ps.tp_size * ps.pp_size == 1:
+        return batch
+    group = ps.model_parallel_group
+    src = dist.get_global_rank(group, 0)
+    assert hub == (ps.rank == src), "model-parallel group rank 0 must be TP 0 / PP 0"
+    box = [batch if hub else None]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 

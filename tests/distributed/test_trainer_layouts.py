@@ -115,12 +115,18 @@ def test_one_step_same_update_as_tp1(runs, name):
     assert _max_param_diff(run["params1"], ref["params1"]) <= PARAM_TOL
     assert run["step1"].loss == pytest.approx(ref["step1"].loss, rel=1e-5, abs=1e-7)
     assert run["step1"].grad_norm == pytest.approx(ref["step1"].grad_norm, rel=1e-5)
+    assert run["step1"].lr == ref["step1"].lr == pytest.approx(1e-3)
     assert run["step1"].stats["ratio_mean"] == pytest.approx(ref["step1"].stats["ratio_mean"], rel=1e-5)
     scored = sum(n - trainer_procs.PROMPT_LEN for n in trainer_procs.SEQ_LENS)
     assert run["step1"].num_loss_tokens == ref["step1"].num_loss_tokens == scored
     # the step moved the weights well beyond the tolerance
     assert float((_full_logp(run, 1) - _full_logp(ref, 0)).abs().max()) > 100 * LOGP_TOL
     assert float((_full_logp(run, 1) - _full_logp(ref, 1)).abs().max()) <= 10 * LOGP_TOL
+
+
+@pytest.mark.parametrize("name", ["tp2", "pp2", "tp2pp2"])
+def test_hub_batch_reaches_the_whole_replica(runs, name):
+    assert runs[name]["broadcast_ok"] is True
 
 
 def test_microbatches_split_by_token_budget(runs):

@@ -93,3 +93,17 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
         load_checkpoint(trainer, tmp_path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_checkpoint(trainer, tmp_path / "missing")
+
+
+def test_lr_warmup_then_constant():
+    from megatron_darl.trainer.optim import build_lr_scheduler
+
+    groups = [{"lr": 0.0, "weight_decay": 0.0, "params": []}]
+    opt = SimpleNamespace(param_groups=groups)
+    sched = build_lr_scheduler(opt, OptimizerConfig(lr=1e-3, warmup_steps=4, weight_decay=0.1))
+    seen = []
+    for _ in range(6):  # the trainer advances the scheduler before each optimizer step
+        sched.step(increment=1)
+        seen.append(groups[0]["lr"])
+    assert seen == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert groups[0]["weight_decay"] == pytest.approx(0.1)

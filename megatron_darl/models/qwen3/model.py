@@ -53,9 +53,13 @@ def qwen3_layer_spec(backend: str):
     spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     if backend == "sdpa":
         from megatron_darl.models.qwen3.attention import SDPACoreAttention
+        from megatron_darl.models.qwen3.norm import Qwen3RMSNorm
 
         spec = copy.deepcopy(spec)
-        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        attn = spec.submodules.self_attention.submodules
+        attn.core_attention = SDPACoreAttention
+        attn.q_layernorm = attn.k_layernorm = Qwen3RMSNorm
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = Qwen3RMSNorm
     return spec
 
 
@@ -67,6 +71,8 @@ def qwen3_block_spec(layer_spec, num_local_layers: int):
     if fused_norm is None or getattr(fused_norm, "__name__", "") == "IdentityOp":
         # TE fuses the input norm into linear_qkv; the final norm is TE's RMSNorm.
         from megatron.core.extensions.transformer_engine import TENorm as norm
+    elif getattr(fused_norm, "__name__", "") == "Qwen3RMSNorm":
+        from megatron_darl.models.qwen3.norm import Qwen3RMSNorm as norm
     else:
         # torch.nn.RMSNorm behind Megatron's wrapper (stable across megatron-core versions).
         from megatron.core.transformer.torch_norm import WrappedTorchNorm as norm

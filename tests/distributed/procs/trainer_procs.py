@@ -96,6 +96,7 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     ``ckpt_init``: also build a second trainer through the production path (random init, then
     ``TrainerConfig.init_checkpoint``) and record its log-probs.
     """
+    from megatron_darl.trainer.batch import broadcast_batch
     from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
 
     trainer, ps = _trainer(tp, pp, hf_dir, token_budget=96)
@@ -104,6 +105,10 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     result: dict = {"logp0": trainer.compute_logprobs(batch), "shard": shard}
     result["num_microbatches"] = len(trainer._microbatches(batch))
     result["export0_vs_hf"] = _export_vs_hf(gather_hf_params(trainer, ps), hf_dir)
+    got = broadcast_batch(batch if ps.tp_rank == ps.pp_rank == 0 else None, ps)
+    result["broadcast_ok"] = bool(
+        torch.equal(got.input_ids, batch.input_ids) and torch.equal(got.masked("w"), batch.masked("w"))
+    )
     trainer.snapshot()  # version 0
     step = trainer.train_step(batch, toy_loss)
     result.update(step1=step, params1=gather_hf_params(trainer, ps))
@@ -130,6 +135,9 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
         result["logp_init_ckpt"] = _production_trainer(ps, ckpt_init).compute_logprobs(batch)
     all_logp = [None] * world_size
     dist.all_gather_object(all_logp, (ps.dp_rank, shard, result["logp0"], result["logp1"]))
+    flags = [None] * world_size
+    dist.all_gather_object(flags, result["broadcast_ok"])
+    result["broadcast_ok"] = all(flags)
     if rank == 0:
         result["all_logp"] = all_logp
         torch.save(result, out_path)

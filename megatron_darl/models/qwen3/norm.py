@@ -1,0 +1,46 @@
+"""RMSNorm for the local (non-Transformer-Engine) Qwen3 spec, fused by ``torch.compile`` on GPU.
+
+Megatron's local spec uses ``torch.nn.RMSNorm``, whose CUDA backward goes through the generic
+layer-norm gamma/beta reduction. For Qwen3's qk-norm (normalising 128-wide heads over
+batch x seq x heads rows) that kernel alone took ~8% of a Qwen3-1.7B fwd+bwd step on an H200
+(profiled at 4096 tokens). Compiling the few lines below lets inductor emit one fused kernel
+for the forward and one for the backward. The arithmetic is Hugging Face's ``Qwen3RMSNorm``
+(normalise in fp32, cast back, then scale), so bf16 outputs round the same way as the
+reference model. On CPU the module runs the same arithmetic eagerly (no compiler, exact fp32
+parity tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * (x / rms(x))`` with the normalisation in fp32 and the scale in x's dtype."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+_compiled_rms_norm = None
+
+
+def _fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    global _compiled_rms_norm
+    if _compiled_rms_norm is None:
+        _compiled_rms_norm = torch.compile(rms_norm_reference, dynamic=True)
+    return _compiled_rms_norm(x, weight, eps)
+
+
+class Qwen3RMSNorm(torch.nn.RMSNorm):
+    """Drop-in for Megatron's ``WrappedTorchNorm`` (same constructor, same ``weight`` key)."""
+
+    def __init__(self, config=None, hidden_size: int = 0, eps: float = 1e-6, **_unused) -> None:
+        if config is not None and getattr(config, "sequence_parallel", False):
+            raise ValueError("Qwen3RMSNorm (local spec) does not support sequence_parallel")
+        super().__init__(normalized_shape=hidden_size, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            return _fused(x, self.weight, self.eps)
+        return rms_norm_reference(x, self.weight, self.eps)
