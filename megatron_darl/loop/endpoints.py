@@ -120,6 +120,22 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     return groups
 
 
+def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: float) -> None:
+    """Rank 0 waits until every rollout worker beats (so a publish reaches them), then all
+    trainer ranks meet: used before re-publishing resumed weights to fresh workers."""
+    if ps.rank == 0:
+        deadline = time.monotonic() + timeout_s
+        while not all(ep.heartbeat.is_alive(WORKER, w) for w in range(num_workers)):
+            if time.monotonic() > deadline:
+                missing = [w for w in range(num_workers) if not ep.heartbeat.is_alive(WORKER, w)]
+                log.warning("rollout workers %s not up after %.0f s; publishing anyway", missing, timeout_s)
+                break
+            ep.heartbeat.refresh(ep.store)
+            time.sleep(0.05)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def publish_weights(ep: TrainerEndpoints, trainer, ps) -> float:
     """Export this stage's HF tensors (a TP collective) and broadcast them; seconds (stage 0)."""
     if ps.dp_rank != 0:

@@ -24,6 +24,7 @@ from megatron_darl.algorithms import WeightRule
 from megatron_darl.loop.config import AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig
 from megatron_darl.loop.endpoints import (
     TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
+    wait_for_workers,
 )
 from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, score_sums, step_metrics
 from megatron_darl.loop.planner import ShardPlanner, loss_fn_for
@@ -139,6 +140,8 @@ class TrainerLoop:
         from megatron_darl.trainer.checkpoint import save_checkpoint
 
         path = self.run_dir / "checkpoints" / f"step_{next_step:06d}"
+        if path.exists():  # resumed from it and stopped before another step
+            return path
         received = self.base_received + int(dp_sum(torch.tensor([self.received]), self.ps))
         made = torch.maximum(self.base_made, dp_max(self.made.clone(), self.ps))
         extra = {"planner": self.planner.state_dict(), "step": next_step,
@@ -152,6 +155,8 @@ class TrainerLoop:
         step, interval = self.start_step, self.cfg.loop.checkpoint_interval
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
+                wait_for_workers(self.ep, self.ps, self.cfg.transport.control.num_workers,
+                                 self.cfg.loop.receive_timeout_s)
                 self.sync_seconds = publish_weights(self.ep, self.trainer, self.ps)
             while step < self.cfg.loop.steps and self.stop.signum is None:
                 self.ep.heartbeat.step = step

@@ -99,7 +99,7 @@ class TrainBatch:
     @property
     def offsets(self) -> torch.Tensor:
         """(N + 1,) int64 start of each sequence in the packed tensors, then T."""
-        out = torch.zeros(self.num_sequences + 1, dtype=torch.int64)
+        out = torch.zeros(self.num_sequences + 1, dtype=torch.int64, device=self.seq_lens.device)
         torch.cumsum(self.seq_lens, 0, out=out[1:])
         return out
 
@@ -116,13 +116,25 @@ class TrainBatch:
             seq_fields={k: v[seq_idx] for k, v in self.seq_fields.items()},
         )
 
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        """The same batch with every tensor on ``device`` (loss functions see it there)."""
+        return TrainBatch(
+            input_ids=self.input_ids.to(device),
+            seq_lens=self.seq_lens.to(device),
+            loss_mask=self.loss_mask.to(device),
+            token_fields={k: v.to(device) for k, v in self.token_fields.items()},
+            seq_fields={k: v.to(device) for k, v in self.seq_fields.items()},
+        )
+
     def masked(self, name: str) -> torch.Tensor:
         """``token_fields[name]`` at the scored tokens: (n,), aligned with the loss's ``logp``."""
         return self.token_fields[name][self.loss_mask]
 
     def per_token(self, name: str) -> torch.Tensor:
         """``seq_fields[name]`` repeated over each sequence's scored tokens: (n,)."""
-        seq_of_token = torch.repeat_interleave(torch.arange(self.num_sequences), self.seq_lens)
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(self.num_sequences, device=self.seq_lens.device), self.seq_lens
+        )
         return self.seq_fields[name][seq_of_token[self.loss_mask]]
 
     def scored_to_padded(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,7 +246,7 @@ def make_microbatch(
     source_index = torch.cat(source)
     position_ids = torch.arange(seq_len, dtype=torch.int64).unsqueeze(0).expand(rows, -1)
     return MicroBatch(
-        batch=parent.select(seq_indices),
+        batch=parent.select(seq_indices).to(device),
         input_ids=input_ids.to(device),
         position_ids=position_ids.contiguous().to(device),
         pred_rows=torch.cat(pred_rows).to(device),
