@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,13 @@ def device_name() -> str:
 
 
 def git_commit() -> str:
-    """Commit of the checkout the benchmark ran from, or ``unknown`` outside git."""
+    """Commit of the checkout the benchmark ran from.
+
+    A copy without ``.git`` (the GPU machine gets the working tree only) names it through the
+    ``DARL_COMMIT`` environment variable; otherwise ``unknown``.
+    """
+    if os.environ.get("DARL_COMMIT"):
+        return os.environ["DARL_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=RESULTS_DIR.parent, capture_output=True,
