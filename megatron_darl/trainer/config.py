@@ -76,7 +76,7 @@ class TrainerConfig:
     bf16: bool = True  # bf16 params/activations on GPU (fp32 master weights); CPU is always fp32
     seed: int = 1234  # seed for init and Megatron's model-parallel RNG tracker
     init_checkpoint: str | None = None  # converted dist_checkpointing dir; None = random init
-    sequence_parallel: bool = True  # Megatron sequence parallelism when TP > 1 (GPU only)
+    sequence_parallel: bool = True  # Megatron sequence parallelism when TP > 1 (GPU with Transformer Engine only)
     activation_recompute: bool = False  # recompute every layer in backward (memory for ~1/3 more compute)
     grad_reduce_in_fp32: bool = True  # reduce gradients in fp32 (bf16 runs)
     peak_tflops: float = 989.0  # per-device dense bf16 peak for MFU (H100/H200 SXM)

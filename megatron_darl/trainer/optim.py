@@ -76,7 +76,32 @@ def build_optimizer(ddp_chunks: list, opt: OptimizerConfig, parallel_state, bf16
     if hasattr(mopt, "get_standard_config_overrides"):
         # No weight decay on norms/biases (Megatron's classic rule; the default in <=0.15).
         kwargs["config_overrides"] = mopt.get_standard_config_overrides(mcfg)
-    return mopt.get_megatron_optimizer(**supported_kwargs(mopt.get_megatron_optimizer, kwargs))
+    optimizer = mopt.get_megatron_optimizer(**supported_kwargs(mopt.get_megatron_optimizer, kwargs))
+    if parallel_state.device.type == "cuda":
+        use_fused_torch_adam(optimizer)
+    return optimizer
+
+
+def use_fused_torch_adam(optimizer) -> int:
+    """Switch Megatron's torch ``Adam``/``AdamW`` fallback (no TE, no apex) to the fused kernel.
+
+    Without Transformer Engine or apex, megatron-core builds ``torch.optim.AdamW`` with torch's
+    default multi-tensor (foreach) path; the fused CUDA kernel does the same update in one pass
+    over the fp32 master weights. Returns how many inner optimizers were switched.
+    """
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    switched = 0
+    for opt in inner:
+        torch_opt = getattr(opt, "optimizer", None)
+        if not isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
+            continue
+        params = [p for g in torch_opt.param_groups for p in g["params"]]
+        if not params or not all(p.is_cuda and p.dtype == torch.float32 for p in params):
+            continue
+        for group in torch_opt.param_groups:
+            group["fused"], group["foreach"] = True, False
+        switched += 1
+    return switched
 
 
 def build_lr_scheduler(optimizer, opt: OptimizerConfig):

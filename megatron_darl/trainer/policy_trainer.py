@@ -102,7 +102,10 @@ class PolicyTrainer:
 
         overrides: dict[str, Any] = {"calculate_per_token_loss": True}
         if self.ps.tp_size > 1 and self.cfg.sequence_parallel and not self.ps.on_cpu:
-            overrides["sequence_parallel"] = True
+            from megatron_darl.models.qwen3.model import have_transformer_engine
+
+            # Megatron's local (non-TE) norms cannot run sequence-parallel.
+            overrides["sequence_parallel"] = have_transformer_engine()
         if self.cfg.activation_recompute:
             if self.ps.on_cpu:
                 raise ValueError(
