@@ -4,8 +4,9 @@
 environment variables and M rollout workers, each in its own session (so a signal reaches its
 whole tree, reward sandboxes included). The launcher:
 
-- forwards SIGTERM/SIGINT to every child (trainers checkpoint and exit; workers drain), waits
-  ``grace_s``, then SIGKILLs what is left; a second signal kills at once;
+- forwards SIGTERM/SIGINT to the trainer ranks (they checkpoint, raise the stop flag and
+  exit), then SIGTERMs the rest; each phase waits ``grace_s`` before SIGKILL; a second signal
+  kills at once;
 - on a trainer rank's failure kills everything and exits non-zero naming ``trainer <rank>``;
 - on a rollout worker's failure reports it by name and, with ``rollout_failure=continue``, goes
   on while another worker lives (the trainer continues without it, DESIGN.md section 3);
@@ -146,10 +147,14 @@ class Launcher:
         return None
 
     def _stop_on_signal(self, failures: list[str]) -> LaunchResult:
+        """Trainers first (they checkpoint, then raise the stop flag so workers drain), then the
+        rest; each gets ``grace_s`` before SIGKILL."""
         signum = self._signal
-        log.warning("signal %d: forwarding to %d children, grace %.0f s", signum,
-                    len(self.children), self.grace_s)
-        self._kill_all(signum, wait_s=self.grace_s)
+        log.warning("signal %d: forwarding to the trainer ranks, grace %.0f s", signum, self.grace_s)
+        for child in self._role(TRAINER):
+            _signal_group(child.proc, signum)
+        self._wait_role(TRAINER, self.grace_s)
+        self._kill_all(signal.SIGTERM, wait_s=self.grace_s)
         return LaunchResult(128 + signum, failures, signal=signum)
 
     def _role(self, role: str) -> list[_Child]:

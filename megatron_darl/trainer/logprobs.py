@@ -10,7 +10,10 @@ chunks of ``chunk_tokens`` rows, upcasting one chunk at a time:
 
 The backward pass recomputes the softmax chunk by chunk from the saved logits and the saved
 (N,) log-sum-exp, so it also never holds more than one fp32 chunk:
-``d logp / d logit_v = 1[v = y] - softmax_v``. The TP group is passed explicitly (not read from
+``d logp / d logit_v = 1[v = y] - softmax_v``. On CUDA each per-chunk pass (row max, sum of
+exponentials, gradient) is one ``torch.compile``-fused kernel that reads the bf16 logits once
+and materialises no fp32 copy: the eager version spent ~10% of a Qwen3-1.7B train step (H200,
+vocab 151,936) on upcasts and elementwise passes. The TP group is passed explicitly (not read from
 Megatron's globals); with TP = 1 no collective runs.
 """
 
@@ -25,6 +28,35 @@ def _all_reduce(tensor: torch.Tensor, op, group) -> None:
         dist.all_reduce(tensor, op=op, group=group)
 
 
+def _row_max(x: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    return x.to(acc).amax(dim=-1)
+
+
+def _row_sum_exp(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+    return torch.exp(x.to(row_max.dtype) - row_max.unsqueeze(-1)).sum(dim=-1)
+
+
+def _chunk_grad(x, lse, g, local, in_range) -> torch.Tensor:
+    """d(logp)/d(logits) * g for one chunk: (1[v = y] - softmax_v) * g, in x's dtype."""
+    prob = torch.exp(x.to(lse.dtype) - lse.unsqueeze(-1))
+    cols = torch.arange(x.shape[-1], device=x.device).unsqueeze(0)
+    onehot = ((cols == local.unsqueeze(-1)) & in_range.unsqueeze(-1)).to(lse.dtype)
+    return ((onehot - prob) * g.unsqueeze(-1)).to(x.dtype)
+
+
+_COMPILED: dict = {}
+
+
+def _kernel(fn, x: torch.Tensor):
+    """``fn`` fused by ``torch.compile`` on CUDA (one read of the bf16 chunk per pass, no fp32
+    copy of it); eager elsewhere, so CPU results are plain PyTorch arithmetic."""
+    if not x.is_cuda:
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+
 class _VocabParallelLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, vocab_start, group, chunk_tokens):  # noqa: D401
@@ -34,17 +66,15 @@ class _VocabParallelLogProb(torch.autograd.Function):
         in_range = (local >= 0) & (local < v_local)  # (n,) bool
         local = torch.where(in_range, local, torch.zeros_like(local))
         lse = torch.empty(n, dtype=acc, device=logits.device)
-        target_logit = torch.empty(n, dtype=acc, device=logits.device)
         for start in range(0, n, chunk_tokens):
-            end = min(start + chunk_tokens, n)
-            x = logits[start:end].to(acc)  # (c, V/tp) fp32: one chunk only
-            row_max = x.max(dim=-1).values
+            x = logits[start : start + chunk_tokens]  # (c, V/tp) never upcast as a whole
+            row_max = _kernel(_row_max, x)(x, acc)
             _all_reduce(row_max, dist.ReduceOp.MAX, group)
-            sum_exp = torch.exp(x - row_max.unsqueeze(-1)).sum(dim=-1)
+            sum_exp = _kernel(_row_sum_exp, x)(x, row_max)
             _all_reduce(sum_exp, dist.ReduceOp.SUM, group)
-            lse[start:end] = row_max + torch.log(sum_exp)
-            picked = x.gather(-1, local[start:end].unsqueeze(-1)).squeeze(-1)
-            target_logit[start:end] = torch.where(in_range[start:end], picked, 0.0)
+            lse[start : start + chunk_tokens] = row_max + torch.log(sum_exp)
+        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(acc)
+        target_logit = torch.where(in_range, picked, torch.zeros_like(picked))
         _all_reduce(target_logit, dist.ReduceOp.SUM, group)
         ctx.save_for_backward(logits, local, in_range, lse)
         ctx.chunk_tokens = chunk_tokens
@@ -57,11 +87,10 @@ class _VocabParallelLogProb(torch.autograd.Function):
         grad_out = grad_out.to(lse.dtype)
         for start in range(0, logits.shape[0], ctx.chunk_tokens):
             end = min(start + ctx.chunk_tokens, logits.shape[0])
-            g = grad_out[start:end].unsqueeze(-1)  # (c, 1)
-            grad = torch.exp(logits[start:end].to(lse.dtype) - lse[start:end].unsqueeze(-1)).mul_(-g)
-            hit = in_range[start:end].to(grad.dtype).unsqueeze(-1) * g
-            grad.scatter_add_(-1, local[start:end].unsqueeze(-1), hit)
-            grad_logits[start:end] = grad.to(logits.dtype)
+            x = logits[start:end]
+            grad_logits[start:end] = _kernel(_chunk_grad, x)(
+                x, lse[start:end], grad_out[start:end], local[start:end], in_range[start:end]
+            )
         return grad_logits, None, None, None, None
 
 

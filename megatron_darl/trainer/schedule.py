@@ -52,9 +52,17 @@ def run_schedule(
 
         def loss_func(logits: torch.Tensor):
             # logits: (B, S, V / TP) on the last stage
-            rows = logits.reshape(-1, logits.shape[-1]).index_select(0, mb.pred_rows)
-            rows = _mask_padded_vocab(rows, vocab_size, tp_group)
-            logp = vocab_parallel_logprobs(rows, mb.targets, tp_group, chunk_tokens)
+            flat = logits.reshape(-1, logits.shape[-1])
+            if 2 * mb.pred_rows.numel() >= flat.shape[0]:
+                # Mostly scored: score every row (targets 0 elsewhere) and pick the scored
+                # values; cheaper than copying the rows out and scattering their gradient back.
+                targets = torch.zeros(flat.shape[0], dtype=mb.targets.dtype, device=flat.device)
+                targets[mb.pred_rows] = mb.targets
+                flat = _mask_padded_vocab(flat, vocab_size, tp_group)
+                logp = vocab_parallel_logprobs(flat, targets, tp_group, chunk_tokens)[mb.pred_rows]
+            else:
+                rows = _mask_padded_vocab(flat.index_select(0, mb.pred_rows), vocab_size, tp_group)
+                logp = vocab_parallel_logprobs(rows, mb.targets, tp_group, chunk_tokens)
             return on_logprobs(logp, mb)
 
         return output, loss_func
