@@ -23,6 +23,7 @@ from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig, TransportTimeout,
     WeightSender, connect_store, register, serve_store,
 )
+from megatron_darl.transport.store import wait_key
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +121,14 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     return groups
 
 
-def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: float) -> None:
+def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: float, tag: int = 0) -> None:
     """Rank 0 waits until every rollout worker beats (so a publish reaches them), then all
-    trainer ranks meet: used before re-publishing resumed weights to fresh workers."""
+    trainer ranks go on: used before re-publishing resumed weights to fresh workers.
+
+    The other ranks wait on a store key rank 0 sets (with a margin over ``timeout_s``), not on a
+    process-group barrier, whose own timeout could fire first while rank 0 is still waiting.
+    """
+    key = f"loop/workers_ready/{tag}"
     if ps.rank == 0:
         deadline = time.monotonic() + timeout_s
         while not all(ep.heartbeat.is_alive(WORKER, w) for w in range(num_workers)):
@@ -132,8 +138,9 @@ def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: floa
                 break
             ep.heartbeat.refresh(ep.store)
             time.sleep(0.05)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        ep.store.set(key, "1")
+    else:
+        wait_key(ep.store, key, timeout_s + 60.0, "trainer rank 0 to see the rollout workers")
 
 
 def publish_weights(ep: TrainerEndpoints, trainer, ps) -> float:
@@ -146,6 +153,10 @@ def publish_weights(ep: TrainerEndpoints, trainer, ps) -> float:
             pass
         return 0.0
     report = ep.sender.publish(trainer.version, named)
+    # The sender stops reading early when no worker joined or a broadcast timed out; the
+    # export is a TP collective, so run it to the end or the other TP ranks hang in a gather.
+    for _ in named:
+        pass
     if report.missing:
         log.warning("weight sync v%d: missing %s", trainer.version, report.missing)
     return float(report.seconds)

@@ -156,7 +156,7 @@ class TrainerLoop:
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
                 wait_for_workers(self.ep, self.ps, self.cfg.transport.control.num_workers,
-                                 self.cfg.loop.receive_timeout_s)
+                                 self.cfg.loop.receive_timeout_s, tag=step)
                 self.sync_seconds = publish_weights(self.ep, self.trainer, self.ps)
             while step < self.cfg.loop.steps and self.stop.signum is None:
                 self.ep.heartbeat.step = step

@@ -201,15 +201,16 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike) -> Resumed:
             f"{sharding!r}; resuming at tp={ps.tp_size} pp={ps.pp_size} needs "
             f"optim_sharding='fully_reshardable' at save (or load_model_weights for weights only)"
         )
+    _init_empty_adam_state(trainer.optimizer)  # a fresh process has not stepped yet
     state = dist_checkpointing.load(_sharded_state(trainer, True, same_mp, sharding), str(path))
     for i, chunk in enumerate(trainer.model_chunks):
         chunk.load_state_dict(state[f"model{i}"])
     # no_grad: in fp32 runs the main params are views of the (grad-requiring) params
     with torch.no_grad(), _tolerate_missing_adam_step(trainer.optimizer):
         trainer.optimizer.load_state_dict(state["optimizer"])
-    _untie_adam_steps(trainer.optimizer)
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.step, trainer.version = int(state["step"]), int(state["version"])
+    _set_adam_steps(trainer.optimizer, trainer.step)
     if same_mp:
         _restore_rng(state["rng"])
     extras = [
@@ -251,21 +252,48 @@ def _tolerate_missing_adam_step(optimizer):
             del opt._set_main_param_and_optimizer_states  # back to the class method
 
 
-def _untie_adam_steps(optimizer) -> None:
-    """Give every parameter its own Adam ``step`` tensor after a load.
+def _init_empty_adam_state(optimizer) -> None:
+    """Give every parameter without Adam state zero moments and ``step = 0`` before a load.
 
-    Without apex/TE, Megatron's ``DistributedOptimizer.load_state_dict`` hands the *same*
-    ``step`` tensor to every parameter's torch-Adam state; torch increments it in place once
-    per parameter, so the bias correction of every later step would be wrong (measured: a
-    resumed step off by ~half an LR step on almost every weight).
+    A freshly started trainer has no optimizer state yet. Megatron's ``init_state_fn`` for the
+    torch Adam fallback (no apex/TE) creates the moments but no ``step``, and
+    ``DistributedOptimizer.state_dict`` then asserts that all parameters share one step, so the
+    sharded state dict a load needs cannot even be built. The load overwrites every value.
+    """
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    for opt in inner:
+        torch_opt = getattr(opt, "optimizer", None)
+        if not isinstance(torch_opt, (torch.optim.Adam, torch.optim.AdamW)):
+            continue
+        for group in torch_opt.param_groups:
+            on_device = bool(group.get("fused") or group.get("capturable"))
+            for p in group["params"]:
+                state = torch_opt.state[p]
+                state.setdefault("exp_avg", torch.zeros_like(p, memory_format=torch.preserve_format))
+                state.setdefault("exp_avg_sq", torch.zeros_like(p, memory_format=torch.preserve_format))
+                if "step" not in state:
+                    state["step"] = torch.zeros((), dtype=torch.float32,
+                                                device=p.device if on_device else "cpu")
+
+
+def _set_adam_steps(optimizer, step: int) -> None:
+    """Give every parameter its own Adam ``step`` tensor, equal to the restored trainer step.
+
+    Without apex/TE, Megatron's ``DistributedOptimizer.load_state_dict`` (a) hands the *same*
+    ``step`` tensor to every parameter's torch-Adam state, which torch then increments in place
+    once per parameter (measured: a resumed step off by ~half an LR step on almost every
+    weight), and (b) takes the value from param-group metadata that a never-stepped process
+    restores as 0 (measured: bias correction of step 1 instead of step 2). The trainer takes
+    exactly one optimizer step per train step (bf16/fp32, no loss scaler that skips steps), so
+    the trainer step is the Adam step.
     """
     inner = getattr(optimizer, "chained_optimizers", [optimizer])
     for opt in inner:
         torch_opt = getattr(opt, "optimizer", None)
         for param_state in getattr(torch_opt, "state", {}).values():
-            step = param_state.get("step")
-            if isinstance(step, torch.Tensor):
-                param_state["step"] = step.detach().clone()
+            old = param_state.get("step")
+            if isinstance(old, torch.Tensor):
+                param_state["step"] = torch.full((), float(step), dtype=old.dtype, device=old.device)
 
 
 def _restore_rng(state: dict) -> None:
