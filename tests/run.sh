@@ -1,24 +1,13 @@
 #!/usr/bin/env bash
 # Install megatron_darl with its test extras into a venv and run the CPU test tiers.
 # This is the README's test command and exactly what .ci/run calls.
-#   VENV=path        venv to use or create (default .venv)
-#   PYTHON=python3   interpreter that creates the venv
-#   TORCH_SPEC=...   torch requirement installed first (default the CPU wheel torch==2.13.0)
+#   VENV, PYTHON, TORCH_SPEC: see launch/venv.sh
 #   extra arguments are passed to pytest (default: the unit, distributed and slurm tiers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  "${PYTHON:-python3}" -m venv "$VENV"
-fi
 # shellcheck disable=SC1091
-source "$VENV/bin/activate"
-if ! python -c "import torch" 2>/dev/null; then
-  echo "[tests/run.sh] installing ${TORCH_SPEC:-torch==2.13.0}"
-  python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-fi
-echo "[tests/run.sh] installing megatron_darl[test]"
-python -m pip install -q -e ".[test]"
+source launch/venv.sh
+darl_venv "[test]"
 if [ "$#" -eq 0 ]; then
   set -- tests/unit tests/distributed tests/slurm
 fi
