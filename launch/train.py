@@ -109,16 +109,48 @@ def _num_gpus() -> int:
         return 0
 
 
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def usage() -> str:
+    """Usage text: the config groups under ``configs/`` and their presets."""
+    lines = ["usage: python -m launch.train [--print-config] [GROUP=PRESET | KEY=VALUE ...]", "",
+             __doc__.strip().splitlines()[0], "", "config groups (GROUP=PRESET):"]
+    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir()):
+        presets = sorted(f.stem for f in group.glob("*.yaml"))
+        lines.append(f"  {group.name:<10} {' | '.join(presets)}")
+    lines += ["", "examples:", "  python -m launch.train algorithm=sync",
+              "  python -m launch.train experiment=smoke loop.run_dir=runs/smoke",
+              "  python -m launch.train --print-config algorithm=darl replay.k=8"]
+    return "\n".join(lines)
+
+
+def _load(args: list[str]) -> RunConfig:
+    """The run config, or ``SystemExit(2)`` with one line naming the bad override or value."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return load_run_config(args)
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"launch.train: {first}\n(see python -m launch.train --help)", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(usage())
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if "--print-config" in args:
         from omegaconf import OmegaConf
 
         args.remove("--print-config")
-        print(OmegaConf.to_yaml(OmegaConf.structured(load_run_config(args))))
+        print(OmegaConf.to_yaml(OmegaConf.structured(_load(args))))
         return 0
-    cfg = prepare(load_run_config(args))
+    cfg = prepare(_load(args))
     run_dir = Path(cfg.loop.run_dir)
     if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
         raise ValueError(f"loop.run_dir={run_dir} holds checkpoints of an earlier run: pass "

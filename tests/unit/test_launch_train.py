@@ -41,3 +41,24 @@ def test_dist_env_reads_torchrun_then_slurm():
     assert dist_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}).rank == 1
     with pytest.raises(ValueError, match="RANK"):
         dist_env({})
+
+
+def test_help_lists_config_groups_and_presets(capsys):
+    from launch import train
+
+    assert train.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "algorithm" in out and "darl_nofilter" in out and "experiment" in out and "smoke" in out
+
+
+def test_bad_override_is_one_line_naming_it(capsys):
+    import pytest
+
+    from launch import train
+
+    for bad, needle in (("algorithm=nosuch", "algorithm/nosuch"), ("replay.k=-3", "replay.k")):
+        with pytest.raises(SystemExit) as exc:
+            train.main(["--print-config", bad])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
