@@ -20,53 +20,31 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 from megatron_darl.models.qwen3.conversion import (  # noqa: E402
     DTYPES,
-    ConversionJob,
+    add_common_args,
     hf_to_megatron_worker,
-    run_job,
-    staged_output_dir,
+    run_conversion,
     validate_hf_dir,
 )
-from megatron_darl.trainer.parallel import LocalWorkerError  # noqa: E402
 
 PROG = "convert_hf_to_megatron"
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--hf-dir", required=True, help="HF model dir (config.json + safetensors)")
     parser.add_argument("--out-dir", required=True, help="Megatron checkpoint dir to create")
-    parser.add_argument("--tp", type=_positive, default=1, help="tensor-parallel ranks")
-    parser.add_argument("--pp", type=_positive, default=1, help="pipeline-parallel ranks")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out-dir")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--verbose", action="store_true", help="print worker tracebacks")
+    add_common_args(parser, tp_help="tensor-parallel ranks", pp_help="pipeline-parallel ranks")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        validate_hf_dir(args.hf_dir, args.tp, args.pp)
-        with staged_output_dir(args.out_dir, args.force) as tmp:
-            job = ConversionJob(src_dir=str(Path(args.hf_dir).resolve()), out_dir=str(tmp),
-                                tp=args.tp, pp=args.pp, dtype=args.dtype,
-                                progress=not args.no_progress)
-            run_job(hf_to_megatron_worker, job)
-    except (ValueError, OSError, RuntimeError) as exc:
-        if args.verbose and isinstance(exc, LocalWorkerError):
-            print(exc.details, file=sys.stderr)
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out_dir} (tp={args.tp}, pp={args.pp}, dtype={args.dtype})")
-    return 0
+    code = run_conversion(PROG, args, args.hf_dir, validate_hf_dir, hf_to_megatron_worker,
+                          dtype=args.dtype)
+    if code == 0:
+        print(f"wrote {args.out_dir} (tp={args.tp}, pp={args.pp}, dtype={args.dtype})")
+    return code
 
 
 if __name__ == "__main__":

@@ -224,3 +224,43 @@ def run_job(worker, job: ConversionJob, timeout_s: float = 24 * 3600.0) -> None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
+def positive_int(text: str) -> int:
+    """argparse type for a rank count."""
+    import argparse
+
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_common_args(parser, tp_help: str, pp_help: str) -> None:
+    """Options both converters take: rank counts, --force, --no-progress, --verbose."""
+    parser.add_argument("--tp", type=positive_int, default=1, help=tp_help)
+    parser.add_argument("--pp", type=positive_int, default=1, help=pp_help)
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out-dir")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--verbose", action="store_true", help="print worker tracebacks")
+
+
+def run_conversion(prog: str, args, src_dir: str, validate, worker, **job_fields) -> int:
+    """Validate, convert into a staged dir, rename on success; one error line and 1 on failure."""
+    import sys
+
+    from megatron_darl.trainer.parallel import LocalWorkerError
+
+    try:
+        validate(src_dir, args.tp, args.pp)
+        with staged_output_dir(args.out_dir, args.force) as tmp:
+            job = ConversionJob(src_dir=str(Path(src_dir).resolve()), out_dir=str(tmp),
+                                tp=args.tp, pp=args.pp, progress=not args.no_progress,
+                                **job_fields)
+            run_job(worker, job)
+    except (ValueError, OSError, RuntimeError) as exc:
+        if args.verbose and isinstance(exc, LocalWorkerError):
+            print(exc.details, file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
