@@ -41,28 +41,17 @@ def _logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, ids[:, 1:, None].to(logp.device)).squeeze(-1)
 
 
-def hf_sdpa_model(config, dtype: torch.dtype, device):
-    """Random-init ``Qwen3ForCausalLM`` with SDPA attention (transformers 4.x and 5.x)."""
-    import transformers
-
-    with torch.device(device):
-        try:
-            return transformers.Qwen3ForCausalLM._from_config(
-                config, attn_implementation="sdpa", dtype=dtype)
-        except TypeError:  # transformers < 4.56 names it torch_dtype
-            return transformers.Qwen3ForCausalLM._from_config(
-                config, attn_implementation="sdpa", torch_dtype=dtype)
-
-
 def run_parity(preset: str | None, batch: int, seq: int, device: str) -> dict[str, float]:
     """Build both models with the same bf16 weights; return log-prob diff statistics."""
-    import transformers
-
     from megatron_darl.models.qwen3 import build_qwen3_model, forward_logits, load_hf_weights
     from megatron_darl.trainer.parallel import destroy_parallel, init_single_process
 
     cfg = _hf_config(preset)
     torch.manual_seed(0)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from benchmarks.model_step import hf_sdpa_model  # the benchmark's HF reference
+
     hf = hf_sdpa_model(cfg, torch.bfloat16, device).eval()
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
     with torch.no_grad():
