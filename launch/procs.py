@@ -179,6 +179,10 @@ class Launcher:
                     child.proc.wait(timeout=5.0)
                 except subprocess.TimeoutExpired:
                     log.error("%s (pid %d) did not die after SIGKILL", child.spec.name, child.proc.pid)
+        if signum == signal.SIGKILL:  # return only once the grandchildren are gone too
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline and _live_groups({c.proc.pid for c in self.children}):
+                time.sleep(0.02)
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
@@ -187,3 +191,18 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _live_groups(pgids: set[int]) -> set[int]:
+    """The process groups among ``pgids`` with a member that is not a zombie (Linux ``/proc``;
+    elsewhere nothing is reported and the caller does not wait). A SIGKILLed process lingers
+    for a moment before it exits; returning before then would leave it briefly visible."""
+    live: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) in pgids:
+            live.add(int(fields[2]))
+    return live
