@@ -129,9 +129,14 @@ class Launcher:
 
     def _check_children(self, failures: list[str]) -> int | None:
         """Report new failures; return an exit code when the whole run must stop."""
+        trainers_done = all(c.proc.poll() == 0 for c in self._role(TRAINER))
         for child in self.children:
             code = child.proc.poll()
             if code is None or code == 0 or child.reported:
+                continue
+            if trainers_done and child.spec.role == ROLLOUT:  # the run is over: not a failure
+                child.reported = True
+                log.warning("%s exited with code %d after the trainer finished", child.spec.name, code)
                 continue
             child.reported = True
             message = f"{child.spec.name} exited with code {code}{_tail(child.spec.log_path)}"

@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 source launch/venv.sh
 darl_venv ""
 export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}  # Megatron warns loudly about absent TE/apex
-# Until the D-ARL training loop learns on the built-in task (see README, Status), this runs
-# the Qwen3 conversion + TP2 x PP2 parity demo.
-exec python tools/qwen3_roundtrip_demo.py "$@"
+# D-ARL on the built-in arithmetic task from the warm-started tiny policy (fitted and cached on
+# first use); prints the reward before and after and where the plot is.
+# Each quick start writes a fresh run dir unless one is given (a rerun never trips over the
+# previous run's checkpoints).
+case " $* " in
+  *" loop.run_dir="*) exec python -m launch.train "$@" ;;
+  *) exec python -m launch.train "loop.run_dir=runs/quickstart_$(date +%Y%m%d_%H%M%S)" "$@" ;;
+esac

@@ -4,6 +4,11 @@ Started by ``launch.train`` (or a Slurm job step) as its own process tree. It re
 resolved config, builds the engine on the initial policy, this worker's shard of the prompts
 (chat-templated token ids), the task's reward function, and runs ``RolloutWorker`` until the
 trainer raises the stop flag (exit 0) or goes away (exit ``EXIT_TRAINER_LOST``).
+
+``--defer-signals`` (``slurm/launch.sh`` passes it): ``scancel`` and ``sbatch --signal`` signal
+every job step at once, but the trainer must finish its step, checkpoint and publish first, which
+needs the workers alive. So SIGTERM/SIGUSR1 are only logged; the worker leaves on the trainer's
+stop flag or when the trainer goes silent, and Slurm's SIGKILL after ``KillWait`` is the backstop.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from typing import Sequence
 
@@ -68,18 +74,37 @@ def run_worker(cfg: RunConfig, worker_id: int) -> int:
                            engine, source, cfg.sampling, reward_fn, decode)
     _resume_position(cfg, worker, worker_id, num_prompts)
     try:
-        return worker.run()
+        code = worker.run()
+        logging.getLogger("launch.rollout").info(
+            "rollout %d: exit %d after %d groups sent; last weights version loaded %d",
+            worker_id, code, worker.groups_sent, worker.weights_version)
+        return code
     finally:
         engine.close()
+
+
+def defer_stop_signals(worker_id: int) -> None:
+    """Log SIGTERM/SIGUSR1 instead of dying: the trainer's stop flag ends the worker (see above)."""
+    def note(signum: int, frame) -> None:  # noqa: ARG001 (signal API)
+        logging.getLogger("launch.rollout").warning(
+            "rollout %d: signal %d: serving until the trainer checkpoints and raises the stop flag",
+            worker_id, signum)
+
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, note)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
     parser.add_argument("--worker-id", type=int, required=True, help="rollout worker id")
+    parser.add_argument("--defer-signals", action="store_true",
+                        help="SIGTERM/SIGUSR1 do not stop the worker; the trainer's stop flag does (Slurm)")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s rollout{args.worker_id} %(levelname)s %(message)s")
+    if args.defer_signals:
+        defer_stop_signals(args.worker_id)
     threads = int(os.environ.get("DARL_THREADS", "0"))
     if threads:
         import torch

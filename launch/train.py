@@ -138,6 +138,23 @@ def _load(args: list[str]) -> RunConfig:
         raise SystemExit(2) from None
 
 
+def outcome(run_dir: Path) -> str:
+    """The end-of-run lines: reward before -> after, and where the summary and the plot are."""
+    import json
+
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return f"done: {run_dir} (no summary.json: no step finished)"
+    s = json.loads(summary_path.read_text())
+    lines = [f"done: {s['steps']} steps in {s['wall_seconds']:.0f} s, run dir {run_dir}"]
+    if s.get("reward_first") is not None:
+        lines.append(f"reward: {s['reward_first']:.3f} (first {s['reward_window_steps']} steps) -> "
+                     f"{s['reward_last']:.3f} (last {s['reward_window_steps']} steps)")
+    plot = run_dir / "progress.png"
+    lines.append(f"summary: {summary_path}" + (f"   plot: {plot}" if plot.exists() else ""))
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "-h" in args or "--help" in args:
@@ -164,8 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for failure in result.failures:
         log.error("%s", failure)
     if result.code == 0:
-        summary = run_dir / "summary.json"
-        log.info("done: %s%s", run_dir, f" (summary {summary})" if summary.exists() else "")
+        print(outcome(run_dir), flush=True)
     else:
         first = result.failures[0].splitlines()[0] if result.failures else f"signal {result.signal}"
         log.error("run failed (exit %d): %s", result.code, first)

@@ -2,13 +2,13 @@
 
 The embedded default (``python -m launch.train`` with no cluster, no GPU and no downloads)
 needs a task whose reward visibly rises within minutes. Short expressions of 2-3 small operands
-(``12+7-5=``) are verifiable exactly, cost nothing to generate and come with a step-by-step
+(``8+7-5=``) are verifiable exactly, cost nothing to generate and come with a step-by-step
 reference solution for a supervised warm start::
 
-    prompt:    12+7-5=
-    solution:  12+7=19
-               19-5=14
-               answer: 14
+    prompt:    8+7-5=
+    solution:  8+7=15
+               15-5=10
+               answer: 10
 
 The reward is exact match on the integer after the last ``answer:`` in the response. The task
 ships its own tokenizer: one token per printable ASCII character plus newline, and the special
@@ -75,7 +75,7 @@ def _check_difficulty(min_operands: int, max_operands: int, max_value: int, oper
 
 def builtin_prompts(
     n: int, seed: int = 0, *, min_operands: int = 2, max_operands: int = 3,
-    max_value: int = 20, operators: str = "+-",
+    max_value: int = 9, operators: str = "+-",
 ) -> list[PromptRecord]:
     """``n`` seeded arithmetic prompts (same arguments, same prompts) as ``builtin`` records."""
     _check_difficulty(min_operands, max_operands, max_value, operators)

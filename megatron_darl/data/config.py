@@ -40,7 +40,7 @@ class BuiltinTaskConfig:
     seed: int = 0  # generator seed (same seed, same prompts)
     min_operands: int = 2  # fewest numbers in an expression
     max_operands: int = 3  # most numbers in an expression
-    max_value: int = 20  # operands are drawn from 0..max_value
+    max_value: int = 9  # operands are drawn from 0..max_value
     operators: str = "+-"  # operator characters drawn from
 
 

@@ -86,7 +86,11 @@ def step_metrics(sums: Mapping[str, Any], trainer: Mapping[str, float] | None = 
         "selected_score_mean": _ratio(g("selected_score_sum"), g("groups_selected")),
         "weight_ess": _ratio(g("w_sum") ** 2, g("w_tokens") * g("w_sq_sum"), 1.0),
         "weight_clip_frac": _ratio(g("w_clipped"), g("w_tokens")),
+        # engine vs trainer at equal version, over the tokens of samples generated at the
+        # trainer's current version (every step in sync runs; rare when async): 0 tokens -> 0.0
         "mismatch_kl": _ratio(g("mismatch_k3_sum"), g("mismatch_tokens")),
+        "mismatch_tokens": g("mismatch_tokens"),
+        "times_selected_max": g("times_selected_max"),  # most times any selected group was trained
         "cache_bytes": g("cache_bytes"),
         "buffer_groups": g("buffer_groups"),
     }

@@ -97,6 +97,13 @@ def loss_fn_for(eps_low: float, eps_high: float):
     return loss_fn
 
 
+def _filler_sample(version: int) -> Sample:
+    """A two-token sample that only ever enters a batch with weight and advantage zero."""
+    one = torch.zeros(1, dtype=torch.int64)
+    return Sample(sample_id=-1, prompt_ids=one, response_ids=one, behavior_logprobs=torch.zeros(1),
+                  token_versions=torch.full((1,), version, dtype=torch.int64))
+
+
 class ShardPlanner:
     """The algorithm state of one DP shard: its buffer, its cache rows, this step's proximal rows."""
 
@@ -229,7 +236,9 @@ class ShardPlanner:
         return {"groups_selected": float(len(sel.entries)),
                 "samples_selected": float(len(sel.samples)),
                 "tokens_selected": float(sel.version_tokens.sum()),
-                "selected_score_sum": float(sum(sel.scores)), "selected_hist": hist}
+                "selected_score_sum": float(sum(sel.scores)), "selected_hist": hist,
+                # after this selection: a group trained more often than max_replays shows here
+                "times_selected_max": float(max((e.times_selected for e in sel.entries), default=0))}
 
     # ---- backfill -----------------------------------------------------------------------------
     def mixture_versions(self, sel: Selection, global_tokens: torch.Tensor) -> list[int]:
@@ -259,25 +268,22 @@ class ShardPlanner:
         return self.cache.backfill_nearest([s.sample_id for s in sel.samples if s.num_tokens], versions)
 
     # ---- training batch and eviction -----------------------------------------------------------
-    def training_batch(self, sel: Selection, global_tokens: torch.Tensor, version: int) -> TrainingBatch | None:
+    def training_batch(self, sel: Selection, global_tokens: torch.Tensor, version: int) -> TrainingBatch:
         """The train step's batch: behavior weights, ratio base, advantages aligned with tokens.
 
-        With nothing selected on this shard, one zero-weight sample of the freshest buffered
-        group keeps the shard in the DP step (zero loss); ``None`` only if the buffer is empty.
+        With nothing selected on this shard, one zero-weight sample (a buffered one, or a
+        two-token stand-in when the buffer is empty, as at step 0 when the hash split sent every
+        group to other shards) keeps the shard in the DP step with zero loss.
         """
         entries, filler = sel.entries, not sel.entries
-        if filler:
-            pool = [e for e in self.buffer.entries(self.shard) if e.group.num_tokens]
-            if not pool:
-                return None
-            entries = [max(pool, key=lambda e: (e.behavior_version, e.arrival_seq))]
-        samples = [s for e in entries for s in e.group.samples]
-        adv = torch.cat([e.advantages for e in entries]).float()  # (N,)
         if filler:  # zero weight and advantage: no loss, no gradient, no log-prob pass needed
-            samples = [next(s for s in samples if s.num_tokens)]
+            pool = [s for e in self.buffer.entries(self.shard) for s in e.group.samples if s.num_tokens]
+            samples = [max(pool, key=lambda s: s.sample_id)] if pool else [_filler_sample(version)]
             adv, mask = torch.zeros(1), response_mask(samples)
             weights = base = torch.zeros(mask.shape, dtype=torch.float32)
         else:
+            samples = [s for e in entries for s in e.group.samples]
+            adv = torch.cat([e.advantages for e in entries]).float()  # (N,)
             mask = response_mask(samples)  # (N, T)
             logp_t = pad_rows(self._proximal_rows(samples, version), mask.shape[1])  # (N, T)
             weights, base = self._weights(entries, samples, logp_t, mask, sel, global_tokens)

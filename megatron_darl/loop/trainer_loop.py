@@ -4,8 +4,8 @@ the same loop with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
 Every trainer rank runs this. The algorithm lives in ``ShardPlanner`` (one per DP shard,
 replicated on the TP x PP ranks of the replica so each rank builds the same batches); the
-transport ends in ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM or
-SIGINT finish the current step, write a checkpoint (model, optimizer, RNG, step, version and
+transport ends in ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM,
+SIGINT or SIGUSR1 finish the current step, write a checkpoint (model, optimizer, RNG, step, version and
 each shard's buffer and cache) and exit 0; ``loop.resume`` continues from the latest one.
 """
 
@@ -56,11 +56,12 @@ class DistEnv:
 
 
 class _StopFlag:
-    """SIGTERM/SIGINT set a flag; the loop checkpoints at the end of the current step."""
+    """SIGTERM/SIGINT/SIGUSR1 set a flag; the loop checkpoints at the end of the current step.
+    SIGUSR1 is what ``sbatch --signal=USR1@<seconds>`` sends ahead of a time limit or preemption."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        for s in (signal.SIGTERM, signal.SIGINT):
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(s, self._set)
 
     def _set(self, signum: int, frame) -> None:  # noqa: ARG002 (signal API)
@@ -115,6 +116,7 @@ class TrainerLoop:
                           and cfg.algorithm.mis.backfill == "snapshot")
         self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
         self.stop = _StopFlag()
+        self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
         self.sync_seconds = 0.0
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -158,7 +160,7 @@ class TrainerLoop:
                 wait_for_workers(self.ep, self.ps, self.cfg.transport.control.num_workers,
                                  self.cfg.loop.receive_timeout_s, tag=step)
                 self.sync_seconds = publish_weights(self.ep, self.trainer, self.ps)
-            while step < self.cfg.loop.steps and self.stop.signum is None:
+            while step < self.cfg.loop.steps and not self._stop_agreed():
                 self.ep.heartbeat.step = step
                 if not self.step(step):
                     break
@@ -169,6 +171,15 @@ class TrainerLoop:
         finally:
             self._shutdown(step)
         return 0
+
+    def _stop_agreed(self) -> bool:
+        """True on every trainer rank when any rank got the signal: ranks that saw it a moment
+        apart must still leave the loop at the same step (a rank alone would hang the others'
+        collectives). One tiny gloo all-reduce per step."""
+        flag = torch.tensor([int(self.stop.signum is not None)], dtype=torch.int64)
+        if self.ps.world_size > 1:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._world_gloo)
+        return bool(flag.item())
 
     def step(self, step: int) -> bool:
         """One optimizer step (see the module docstring); False when a signal cut the receive."""
@@ -184,6 +195,7 @@ class TrainerLoop:
         receive_s = time.monotonic() - start
         sums: dict[str, Any] = dict(p.receive(groups, step, t))
         cand, scores = p.candidate_batch(), {}
+        sums.update(mismatch_k3_sum=0.0, mismatch_tokens=0.0)  # same keys on an empty shard
         if cand is not None:
             sums.update(p.store_logprobs(cand, self.trainer.compute_logprobs(cand.batch), t))
             scores = p.score(cand, step)
@@ -193,8 +205,6 @@ class TrainerLoop:
         tokens = dp_sum(sel.version_tokens.clone(), ps)
         sums["backfilled"] = float(self._backfill(sel, tokens))
         tb = p.training_batch(sel, tokens, t)
-        if tb is None:
-            raise RuntimeError(f"trainer step {step}: DP shard {ps.dp_rank} has an empty buffer")
         result = self.trainer.train_step(tb.batch, self.loss_fn)
         sums.update(tb.sums)
         if self.use_snapshots:

@@ -137,7 +137,8 @@ class RolloutWorker:
             self.weights_version = receiver.version
 
         while not stop_requested(store):
-            pending = self._flush(sender, gate, pending, safe_point, wait=False)
+            pending = self._flush(sender, gate, pending, safe_point, lambda: stop_requested(store),
+                                  wait=False)
             safe_point()
             if not receiver.can_generate():
                 time.sleep(self.cfg.idle_sleep_s)
@@ -147,8 +148,11 @@ class RolloutWorker:
                 time.sleep(self.cfg.idle_sleep_s)
                 continue
             pending += self._generate(tickets, receiver.version, pool)
-        self._flush(sender, gate, pending, safe_point, wait=True)
-        log.info("%s: stop flag seen, drained %d groups sent", self.me.describe(), self.groups_sent)
+        # The trainer no longer receives: sending would wait on back-pressure until the store
+        # closes. Unsent groups are not lost: a resumed run restarts this worker's prompts after
+        # the groups the trainer checkpointed as received (loop/resume.py).
+        log.info("%s: stop flag seen after %d groups sent; %d generated groups not sent",
+                 self.me.describe(), self.groups_sent, len(pending))
         return EXIT_OK
 
     def _reserve(self, gate: StalenessGate) -> list[StartTicket]:
@@ -188,15 +192,16 @@ class RolloutWorker:
         return SampleGroup(group_id=group_id, prompt_id=record.prompt_id, samples=samples, worker_id=self.cfg.worker_id)
 
     def _flush(self, sender: SampleSender, gate: StalenessGate, pending: list[_Pending],
-               safe_point: Callable[[], None], wait: bool) -> list[_Pending]:
+               safe_point: Callable[[], None], stopped: Callable[[], bool], wait: bool) -> list[_Pending]:
         left = []
-        for p in pending:
+        for i, p in enumerate(pending):
             if not wait and not p.rewards.done():
                 left.append(p)
                 continue
             for sample, reward in zip(p.group.samples, p.rewards.result()):
                 sample.reward = reward
-            sender.send(p.group, p.ticket, while_waiting=safe_point)
+            if sender.send(p.group, p.ticket, while_waiting=safe_point, stopped=stopped) is None:
+                return left + pending[i:]  # stop flag raised while blocked: leave unsent
             gate.posted(p.ticket)
             self.groups_sent += 1
         return left

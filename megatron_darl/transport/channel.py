@@ -48,17 +48,22 @@ class SampleSender:
         acked = get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1)
         return self._next[hub] - 1 - acked
 
-    def send(self, group: SampleGroup, ticket: StartTicket, while_waiting: Callable[[], None] = lambda: None) -> int:
-        """Post ``group`` to its hub, waiting (up to ``send_timeout_s``) for room; returns the hub.
+    def send(self, group: SampleGroup, ticket: StartTicket, while_waiting: Callable[[], None] = lambda: None,
+             stopped: Callable[[], bool] = lambda: False) -> int | None:
+        """Post ``group`` to its hub, waiting (up to ``send_timeout_s``) for room; returns the hub,
+        or ``None`` when ``stopped()`` turned true while waiting (the group is not posted).
 
         ``while_waiting`` runs between polls: a worker blocked by back-pressure is at a safe point
         and must keep serving weight syncs, or a trainer that publishes before it acks more
-        groups would deadlock with it.
+        groups would deadlock with it. ``stopped`` lets a worker leave when the trainer, which
+        no longer acks, raises the stop flag.
         """
         hub = shard_of(group.group_id, self._control.num_hubs)
         deadline = time.monotonic() + self.cfg.send_timeout_s
         while self.unacked(hub) >= self.cfg.max_unacked_per_hub:
             while_waiting()
+            if stopped():
+                return None
             if time.monotonic() > deadline:
                 raise TransportTimeout(
                     f"rollout {self.worker_id}: hub {hub} acked nothing for {self.cfg.send_timeout_s:.0f} s "

@@ -1,4 +1,5 @@
-"""Fixture: a real two-node Slurm cluster started for the slurm tier and stopped after it."""
+"""Fixtures: a real two-node Slurm cluster (started for the slurm tier, stopped after it by PID)
+and the warm-started tiny policy the CPU jobs train."""
 
 from __future__ import annotations
 
@@ -22,3 +23,21 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def warm_policy() -> str:
+    """The embedded default's warm-started tiny policy (HF dir), fitted here once if not cached,
+    so no job spends its time limit fitting it."""
+    from megatron_darl.loop.warmstart import WarmStartConfig, ensure_warm_policy
+
+    return str(ensure_warm_policy(WarmStartConfig(), log=lambda m: None))
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left_behind(request):
+    """After a test that used the cluster, cancel whatever it left queued or running (a failed
+    test must not hold the nodes the next test needs)."""
+    yield
+    if "slurm_cluster" in request.fixturenames:
+        request.getfixturevalue("slurm_cluster").cancel_all()

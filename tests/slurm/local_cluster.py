@@ -37,6 +37,27 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
+def _free_port_block(count: int, tries: int = 200) -> int:
+    """First port of ``count`` consecutive free ports (emulated slurmd nodes need a range)."""
+    for _ in range(tries):
+        base = _free_ports(1)[0]
+        if base + count > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {count} consecutive free ports found")
+
+
 @dataclass
 class LocalSlurm:
     """Start/stop a private Slurm cluster of ``nodes`` emulated nodes rooted at ``root``."""
@@ -94,7 +115,8 @@ class LocalSlurm:
             time.sleep(0.1)
 
     def _write_conf(self) -> None:
-        ctld_port, *node_ports = _free_ports(1 + self.nodes)
+        (ctld_port,) = _free_ports(1)
+        base = _free_port_block(self.nodes)
         r = self.root
         lines = [
             "ClusterName=darltest",
@@ -121,25 +143,17 @@ class LocalSlurm:
             "SlurmdParameters=config_overrides",
             "ReturnToService=2",
             "MpiDefault=none",
-            "KillWait=5",
+            "KillWait=30",  # Slurm's default: time for the trainer to checkpoint after scancel
             "MinJobAge=600",
             "SlurmdTimeout=30",
             "InactiveLimit=0",
             "GresTypes=gpu",
             f"NodeName=node[1-{self.nodes}] NodeHostname=localhost "
-            f"Port=[{node_ports[0]}-{node_ports[-1]}] CPUs={self.cpus_per_node} "
+            f"Port=[{base}-{base + self.nodes - 1}] CPUs={self.cpus_per_node} "
             f"RealMemory={self.memory_mb} State=UNKNOWN",
             f"PartitionName=debug Nodes=node[1-{self.nodes}] Default=YES MaxTime=INFINITE "
             "State=UP OverSubscribe=YES",
         ]
-        if len(node_ports) != self.nodes or node_ports != list(
-            range(node_ports[0], node_ports[0] + self.nodes)
-        ):
-            # Slurm wants a contiguous port range for emulated nodes: pick one above the first.
-            base = node_ports[0]
-            lines[-2] = lines[-2].replace(
-                f"Port=[{node_ports[0]}-{node_ports[-1]}]", f"Port=[{base}-{base + self.nodes - 1}]"
-            )
         (r / "slurm.conf").write_text("\n".join(lines) + "\n")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
@@ -168,8 +182,26 @@ class LocalSlurm:
         """Run a Slurm client command (sbatch, squeue, ...) against this cluster."""
         return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout)
 
+    def cancel_all(self, timeout: float = 20.0) -> None:
+        """SIGKILL every job of this cluster and wait until none is left (job steps run under
+        slurmstepd in sessions of their own: killing the daemons would leave them running)."""
+        if "slurmctld" not in self.pids:
+            return
+        try:
+            ids = self.run(["squeue", "-h", "-o", "%A"], timeout=10).stdout.split()
+            if ids:
+                self.run(["scancel", "--signal=KILL", "--full", *ids], timeout=10)
+                self.run(["scancel", *ids], timeout=10)
+            deadline = time.time() + timeout
+            while time.time() < deadline and self.run(["squeue", "-h"], timeout=10).stdout.strip():
+                time.sleep(0.5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
     def stop(self) -> None:
-        """Kill the daemons this object started (and their process groups), by PID."""
+        """Cancel the cluster's jobs, then kill the daemons this object started (and their
+        process groups), by PID."""
+        self.cancel_all()
         for name in reversed(list(self.pids)):
             pid = self.pids[name]
             try:

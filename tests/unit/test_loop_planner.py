@@ -126,7 +126,9 @@ def test_variants_window_quota_and_fields(variant):
             assert version - spec_k + 1 <= e.behavior_version <= version  # window
             times[e.group_id] = times.get(e.group_id, 0) + 1
             assert max_rep is None or times[e.group_id] <= max_rep
-        assert sum(p.selection_sums(sel, version)["selected_hist"].tolist()) == len(sel.entries)
+        sel_sums = p.selection_sums(sel, version)
+        assert sum(sel_sums["selected_hist"].tolist()) == len(sel.entries)
+        assert sel_sums["times_selected_max"] == max((times[e.group_id] for e in sel.entries), default=0)
         b = tb.batch
         w, base = b.masked("weights"), b.masked("logp_base")
         assert torch.isfinite(w).all() and torch.isfinite(base).all()
@@ -215,6 +217,10 @@ def test_warmup_takes_freshest_and_filler_when_nothing_selectable():
     _, _, sel, tb = run_step(q, [make_group(5, 0, rewards=(0.0, 0.0))], 0, 0)
     assert sel.entries == [] and tb.filler
     assert tb.batch.num_sequences == 1 and float(tb.batch.masked("weights").abs().sum()) == 0.0
+    empty = ShardPlanner(algo("darl", b=2), ReplayConfig(k=4), shard=0, num_shards=2)
+    _, _, sel, tb = run_step(empty, [], 0, 0)  # step 0, every group hashed to the other shard
+    assert sel.entries == [] and tb.filler and tb.batch.num_sequences == 1
+    assert float(tb.batch.masked("weights").abs().sum()) == 0.0 and tb.sums["w_tokens"] == 0.0
 
 
 def test_loss_fn_contract_sum_and_gradient():

@@ -96,6 +96,16 @@ def test_back_pressure_blocks_then_times_out_naming_the_hub():
     sender.send(_group(4), StartTicket(0, 3))
 
 
+def test_back_pressure_wait_ends_on_stop_without_posting():
+    control, store = _store()
+    sender = SampleSender(store, control, ChannelConfig(max_unacked_per_hub=1, send_timeout_s=30.0), 0)
+    sender.send(_group(0), StartTicket(0, 1))
+    polls = []
+    hub = sender.send(_group(2), StartTicket(0, 2), stopped=lambda: polls.append(1) or len(polls) > 3)
+    assert hub is None and len(polls) == 4  # returned at the 4th poll, long before the timeout
+    assert [r.group.group_id for r in SampleHub(store, control, 0).poll()] == [0]  # 2 never posted
+
+
 def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker():
     control, store = _store(workers=3, hubs=2)
     senders = [SampleSender(store, control, ChannelConfig(max_unacked_per_hub=1000), w) for w in range(2)]

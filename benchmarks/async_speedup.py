@@ -1,0 +1,142 @@
+"""Benchmark ``async_speedup``: what disaggregated asynchronous training buys over synchronous.
+
+Each run is the real main job (``python -m launch.train``: the Megatron trainer and an ``hf``
+rollout worker as separate processes over our transport) on the built-in task, started from the
+same warm-started policy. Per variant and seed it reads the run's own ``metrics.jsonl``:
+
+- ``samples_per_s``: samples received by the trainer per second of wall time (after step 0,
+  so process start-up and the first generation are not counted);
+- ``samples_to_target`` / ``seconds_to_target``: samples generated (and seconds) until the
+  5-step moving mean of the reward first reaches ``--target``; missing when never reached.
+
+The baseline is ``sync`` with trainer and rollout sharing one GPU (``cluster=gpu1``); every
+variant runs with the trainer on GPU 0 and the rollout worker on GPU 1 (``cluster=gpu2``), so
+``speedup_vs_sync`` = samples/s of the variant on two GPUs / samples/s of sync on one GPU (mean
+and standard deviation over seeds). Anchors: AReaL reports up to 2.77x over synchronous
+training; the D-ARL paper reports 34.7% better sample efficiency than asynchronous baselines.
+
+    python benchmarks/async_speedup.py --out-dir OUT                     # GPU: ~57M policy
+    python benchmarks/async_speedup.py --size tiny --cpu --steps 6 --seeds 0 --variants sync,darl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.record import print_table, write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {  # warm-started policy shapes (megatron_darl/loop/warmstart.py TinyModelConfig)
+    "tiny": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+    "57m": {"hidden_size": 768, "intermediate_size": 2304, "num_hidden_layers": 8,
+            "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64},
+}
+
+
+def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path) -> dict:
+    """One ``launch.train`` run; returns its per-step metrics rows."""
+    shape = [f"warmstart.model.{k}={v}" for k, v in SIZES[args.size].items()]
+    cmd = [sys.executable, "-m", "launch.train", f"algorithm={variant}", f"cluster={cluster}",
+           f"loop.run_dir={run_dir}", f"loop.steps={args.steps}", "loop.progress_bar=false",
+           "loop.plot=false", "loop.tensorboard=false", "transport.control.port=0",
+           "cluster.master_port=0", f"algorithm.seed={seed}", f"sampling.seed={seed}",
+           f"trainer.seed={1234 + seed}", f"warmstart.lr={args.warmstart_lr}",
+           f"trainer.optimizer.lr={args.lr}", f"algorithm.groups_per_step={args.groups}",
+           f"worker.groups_per_batch={args.groups}", *shape, *args.overrides]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{variant} seed {seed} on {cluster} failed ({proc.returncode}):\n"
+                           + proc.stdout[-2000:] + proc.stderr[-2000:])
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"rows": rows, "launch_seconds": time.monotonic() - start}
+
+
+def summarize_run(rows: list[dict], target: float) -> dict:
+    """samples/s after step 0, and samples and seconds to the target (5-step moving mean)."""
+    first, last = rows[0], rows[-1]
+    samples = last["samples_generated"] - first["samples_generated"]
+    seconds = max(last["wall_seconds"] - first["wall_seconds"], 1e-9)
+    out = {"samples_per_s": samples / seconds, "reward_first": rows[0]["reward_mean"],
+           "reward_last5": statistics.fmean(r["reward_mean"] for r in rows[-5:]),
+           "samples_to_target": None, "seconds_to_target": None}
+    for i in range(4, len(rows)):
+        if statistics.fmean(r["reward_mean"] for r in rows[i - 4: i + 1]) >= target:
+            out["samples_to_target"] = rows[i]["samples_generated"]
+            out["seconds_to_target"] = rows[i]["wall_seconds"]
+            break
+    return out
+
+
+def mean_std(values: list[float | None]) -> dict:
+    got = [v for v in values if v is not None]
+    return {"mean": statistics.fmean(got) if got else None,
+            "std": statistics.stdev(got) if len(got) > 1 else 0.0 if got else None,
+            "n": len(got), "of": len(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="sync,async,decoupled,darl")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--groups", type=int, default=16, help="groups per step (G = 8 each)")
+    parser.add_argument("--target", type=float, default=0.5, help="reward target (5-step mean)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="57m")
+    parser.add_argument("--lr", type=float, default=3e-5, help="RL learning rate")
+    parser.add_argument("--warmstart-lr", type=float, default=1e-3)
+    parser.add_argument("--cpu", action="store_true", help="CPU smoke check (cluster=cpu for every run)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    parser.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
+    parser.add_argument("--run-root", type=Path, default=Path("/tmp/async_speedup_runs"))
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = parser.parse_args()
+    variants, seeds = args.variants.split(","), [int(s) for s in args.seeds.split(",")]
+    plan = [("sync", s, "cpu" if args.cpu else "gpu1") for s in seeds]
+    plan += [(v, s, "cpu" if args.cpu else "gpu2") for v in variants for s in seeds]
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for variant, seed, cluster in plan:
+        run_dir = args.run_root / f"{variant}_{cluster}_s{seed}"
+        result = run_once(variant, seed, cluster, args, run_dir)
+        summary = summarize_run(result["rows"], args.target)
+        summary["seed"] = seed
+        runs.setdefault((variant, cluster), []).append(summary)
+        print(f"{variant:10s} {cluster} seed {seed}: {summary['samples_per_s']:.1f} samples/s, reward "
+              f"{summary['reward_first']:.3f} -> {summary['reward_last5']:.3f}, to target "
+              f"{summary['samples_to_target']} samples ({result['launch_seconds']:.0f} s launch)", flush=True)
+    base_cluster = "cpu" if args.cpu else "gpu1"
+    base = statistics.fmean(r["samples_per_s"] for r in runs[("sync", base_cluster)])
+    metrics, table = {}, []
+    for (variant, cluster), rs in runs.items():
+        name = f"{variant}_{cluster}"
+        speed = mean_std([r["samples_per_s"] / base for r in rs])
+        to_target = mean_std([r["samples_to_target"] for r in rs])
+        metrics[name] = {"speedup_vs_sync": speed, "samples_to_target": to_target,
+                         "seconds_to_target": mean_std([r["seconds_to_target"] for r in rs]),
+                         "samples_per_s": mean_std([r["samples_per_s"] for r in rs]),
+                         "reward_last5": mean_std([r["reward_last5"] for r in rs]), "runs": rs}
+        table.append({"variant": variant, "cluster": cluster, "samples/s": speed["mean"] * base,
+                      "speedup_vs_sync": speed["mean"], "+-": speed["std"],
+                      "samples_to_target": to_target["mean"], "reached": f"{to_target['n']}/{to_target['of']}",
+                      "reward_last5": metrics[name]["reward_last5"]["mean"]})
+    print_table(table)
+    config = {"variants": variants, "seeds": seeds, "steps": args.steps, "groups_per_step": args.groups,
+              "group_size": 8, "target": args.target, "size": args.size, "model": SIZES[args.size],
+              "lr": args.lr, "warmstart_lr": args.warmstart_lr, "overrides": args.overrides,
+              "baseline": f"sync on {base_cluster}"}
+    print(write_result("async_speedup", config, metrics, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Bad input to the Slurm scripts fails at once with one line naming the knob; the layout rules.
+
+The submissions are real (the launcher's checks run inside the allocation, before any job step
+or torch import); the layout tests call ``launch.slurm_layout`` directly.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from launch.slurm_layout import Knobs, plan_layout
+from slurm_jobs import CPU_OPTS, REPO, job_env, sbatch, wait_state
+
+pytestmark = pytest.mark.slurm
+SCRIPT = "slurm/qwen3_4b_darl.sbatch"
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"MODEL_PATH": "/nonexistent/Qwen3-4B"}, "MODEL_PATH=/nonexistent/Qwen3-4B: no such directory"),
+    ({"MODEL": "qwen3_4b"}, "MODEL=qwen3_4b needs MODEL_PATH="),
+    ({"MODEL": "tiny", "TRAIN_NODES": "3"},
+     "TRAIN_NODES=3 + ROLLOUT_NODES=1 must equal the allocation's 2 node(s)"),
+    ({"MODEL": "tiny", "TP": "two"}, "TP='two' is not an integer"),
+])
+def test_bad_knob_fails_the_job_with_one_line(slurm_cluster, tmp_path, knobs, message):
+    env = job_env(slurm_cluster, OUTPUT_DIR=str(tmp_path / "run"), **knobs)
+    out = tmp_path / "job.out"
+    job = sbatch(slurm_cluster, SCRIPT, ["experiment=smoke"], env, ["--nodes=2", *CPU_OPTS, f"--output={out}"])
+    info = wait_state(slurm_cluster, job, timeout=60, output=out)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0"
+    errors = [line for line in out.read_text().splitlines() if "error" in line]
+    assert len(errors) == 1 and message in errors[0], out.read_text()
+    assert not (tmp_path / "run" / "run_config.yaml").exists()
+
+
+def test_reserved_override_names_the_knob(slurm_cluster, tmp_path):
+    env = job_env(slurm_cluster, MODEL="tiny", OUTPUT_DIR=str(tmp_path / "run"))
+    out = tmp_path / "job.out"
+    job = sbatch(slurm_cluster, SCRIPT, ["parallel.tp=2"], env, ["--nodes=2", *CPU_OPTS, f"--output={out}"])
+    assert wait_state(slurm_cluster, job, timeout=60, output=out)["JobState"] == "FAILED"
+    assert "parallel.tp is set by the Slurm launcher; use TP" in out.read_text()
+
+
+def test_scaling_study_rejects_a_bad_node_list(slurm_cluster, tmp_path):
+    env = job_env(slurm_cluster, NODES_LIST="1 two", STUDY_DIR=str(tmp_path / "s"))
+    res = subprocess.run(["bash", "slurm/scaling_study.sh"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "scaling_study.sh: error: NODES_LIST entry 'two' is not a positive integer"
+
+
+def _knobs(**env) -> Knobs:
+    return Knobs.from_env({"OUTPUT_DIR": "/tmp/run", **env})
+
+
+def test_layout_gpu_nodes_split_between_trainer_and_engines():
+    lay = plan_layout(_knobs(GPUS_PER_NODE="8", TP="2", ROLLOUT_TP="2"), ["a", "b", "c", "d"],
+                      batch_host="a", cpus_on_node=64)
+    assert lay.train_nodes == ["a", "b"] and lay.trainer_ranks == 16 and lay.trainer_gpus_per_node == 8
+    assert lay.worker_nodes == ["c"] * 4 + ["d"] * 4 and lay.worker_gpus == 2
+    assert (lay.trainer_cpus_per_task, lay.worker_cpus_per_task, lay.threads) == (8, 16, 8)
+
+
+def test_layout_one_node_shares_it():
+    lay = plan_layout(_knobs(GPUS_PER_NODE="8"), ["a"], batch_host="a", cpus_on_node=32)
+    assert lay.colocated and lay.trainer_ranks == 4 and lay.worker_nodes == ["a"] * 4
+    cpu = plan_layout(_knobs(), ["n1"], batch_host="n1", cpus_on_node=2)
+    assert cpu.colocated and (cpu.trainer_ranks, cpu.workers, cpu.threads) == (1, 1, 1)
+
+
+def test_layout_errors_name_the_knob():
+    with pytest.raises(ValueError, match=r"TP=3 x PP=1 must divide the 8 trainer rank"):
+        plan_layout(_knobs(GPUS_PER_NODE="8", TP="3"), ["a", "b"], cpus_on_node=64)
+    with pytest.raises(ValueError, match=r"ROLLOUT_TP=3 must divide the 8 rollout GPU"):
+        plan_layout(_knobs(GPUS_PER_NODE="8", ROLLOUT_TP="3"), ["a", "b"], cpus_on_node=64)
+    with pytest.raises(ValueError, match=r"needs 2 CPUs per node but the allocation has 1"):
+        plan_layout(_knobs(), ["a"], cpus_on_node=1)
+    with pytest.raises(ValueError, match=r"ENGINE='sglang': use hf or vllm"):
+        _knobs(ENGINE="sglang")
