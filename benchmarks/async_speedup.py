@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,7 +45,8 @@ SIZES = {  # warm-started policy shapes (megatron_darl/loop/warmstart.py TinyMod
 
 
 def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path) -> dict:
-    """One ``launch.train`` run; returns its per-step metrics rows."""
+    """One ``launch.train`` run in a fresh ``run_dir``; returns its per-step metrics rows."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     shape = [f"warmstart.model.{k}={v}" for k, v in SIZES[args.size].items()]
     cmd = [sys.executable, "-m", "launch.train", f"algorithm={variant}", f"cluster={cluster}",
            f"loop.run_dir={run_dir}", f"loop.steps={args.steps}", "loop.progress_bar=false",
