@@ -148,11 +148,16 @@ class RolloutWorker:
                 time.sleep(self.cfg.idle_sleep_s)
                 continue
             pending += self._generate(tickets, receiver.version, pool)
-        # The trainer no longer receives: sending would wait on back-pressure until the store
-        # closes. Unsent groups are not lost: a resumed run restarts this worker's prompts after
-        # the groups the trainer checkpointed as received (loop/resume.py).
-        log.info("%s: stop flag seen after %d groups sent; %d generated groups not sent",
-                 self.me.describe(), self.groups_sent, len(pending))
+        # Drain what was generated, but only while the hub still takes groups: a trainer that
+        # stopped receiving would leave us waiting on back-pressure until the store closes, so
+        # give up after half the heartbeat timeout (the trainer waits a full one for our exit).
+        # Unsent groups are not lost: a resumed run restarts this worker's prompts after the
+        # groups the trainer checkpointed as received (loop/resume.py).
+        deadline = time.monotonic() + self.transport.heartbeat.timeout_s / 2
+        before = self.groups_sent
+        left = self._flush(sender, gate, pending, safe_point, lambda: time.monotonic() > deadline, wait=True)
+        log.info("%s: stop flag seen; drained %d groups (%d sent in all), %d left unsent",
+                 self.me.describe(), self.groups_sent - before, self.groups_sent, len(left))
         return EXIT_OK
 
     def _reserve(self, gate: StalenessGate) -> list[StartTicket]:
