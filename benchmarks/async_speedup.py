@@ -17,6 +17,11 @@ training; the D-ARL paper reports 34.7% better sample efficiency than asynchrono
 
     python benchmarks/async_speedup.py --out-dir OUT                     # GPU: ~57M policy
     python benchmarks/async_speedup.py --size tiny --cpu --steps 6 --seeds 0 --variants sync,darl
+
+A full 3-seed comparison outlasts one 10-minute device call, so ``--partial FILE`` keeps every
+finished run's summary (with the config it ran under) and skips it when the script is started
+again; ``--budget SECONDS`` starts no new run past that point and exits with status 3 while runs
+remain. The record is written once every run of the plan has a summary.
 """
 
 from __future__ import annotations
@@ -72,13 +77,34 @@ def summarize_run(rows: list[dict], target: float) -> dict:
     seconds = max(last["wall_seconds"] - first["wall_seconds"], 1e-9)
     out = {"samples_per_s": samples / seconds, "reward_first": rows[0]["reward_mean"],
            "reward_last5": statistics.fmean(r["reward_mean"] for r in rows[-5:]),
-           "samples_to_target": None, "seconds_to_target": None}
+           "samples_to_target": None, "seconds_to_target": None,
+           "curve": [[r["samples_generated"], r["wall_seconds"], r["reward_mean"]] for r in rows]}
     for i in range(4, len(rows)):
         if statistics.fmean(r["reward_mean"] for r in rows[i - 4: i + 1]) >= target:
             out["samples_to_target"] = rows[i]["samples_generated"]
             out["seconds_to_target"] = rows[i]["wall_seconds"]
             break
     return out
+
+
+def load_partial(path: Path | None, run_config: dict) -> dict[str, dict]:
+    """Summaries of runs finished by an earlier invocation under the same settings."""
+    if path is None or not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    if saved.get("config") != run_config:
+        raise SystemExit(f"{path}: its runs were made with {saved.get('config')}, not {run_config}; "
+                         "pass another --partial file or delete this one")
+    return dict(saved["runs"])
+
+
+def save_partial(path: Path | None, run_config: dict, done: dict[str, dict]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"config": run_config, "runs": done}, indent=1, sort_keys=True))
+    tmp.replace(path)
 
 
 def mean_std(values: list[float | None]) -> dict:
@@ -102,21 +128,37 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
     parser.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     parser.add_argument("--run-root", type=Path, default=Path("/tmp/async_speedup_runs"))
+    parser.add_argument("--partial", type=Path, default=None,
+                        help="JSON file of finished runs: read, skipped, and extended after each run")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds after which no new run starts (exit 3 while runs remain)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_args()
     variants, seeds = args.variants.split(","), [int(s) for s in args.seeds.split(",")]
     plan = [("sync", s, "cpu" if args.cpu else "gpu1") for s in seeds]
     plan += [(v, s, "cpu" if args.cpu else "gpu2") for v in variants for s in seeds]
+    run_config = {"target": args.target, "steps": args.steps, "groups": args.groups, "size": args.size, "lr": args.lr,
+                  "warmstart_lr": args.warmstart_lr, "overrides": args.overrides}
+    done = load_partial(args.partial, run_config)
+    started, slowest = time.monotonic(), 0.0
     runs: dict[tuple[str, str], list[dict]] = {}
     for variant, seed, cluster in plan:
-        run_dir = args.run_root / f"{variant}_{cluster}_s{seed}"
-        result = run_once(variant, seed, cluster, args, run_dir)
-        summary = summarize_run(result["rows"], args.target)
-        summary["seed"] = seed
+        key = f"{variant}_{cluster}_s{seed}"
+        if key not in done:
+            if args.budget is not None and time.monotonic() - started + slowest > args.budget:
+                left = [f"{v}_{c}_s{s}" for v, s, c in plan if f"{v}_{c}_s{s}" not in done]
+                print(f"budget of {args.budget:.0f} s reached; {len(left)} runs left: {', '.join(left)}")
+                sys.exit(3)
+            result = run_once(variant, seed, cluster, args, args.run_root / key)
+            slowest = max(slowest, result["launch_seconds"])
+            done[key] = summarize_run(result["rows"], args.target) | {
+                "seed": seed, "launch_seconds": result["launch_seconds"]}
+            save_partial(args.partial, run_config, done)
+        summary = done[key]
         runs.setdefault((variant, cluster), []).append(summary)
         print(f"{variant:10s} {cluster} seed {seed}: {summary['samples_per_s']:.1f} samples/s, reward "
               f"{summary['reward_first']:.3f} -> {summary['reward_last5']:.3f}, to target "
-              f"{summary['samples_to_target']} samples ({result['launch_seconds']:.0f} s launch)", flush=True)
+              f"{summary['samples_to_target']} samples ({summary['launch_seconds']:.0f} s launch)", flush=True)
     base_cluster = "cpu" if args.cpu else "gpu1"
     base = statistics.fmean(r["samples_per_s"] for r in runs[("sync", base_cluster)])
     metrics, table = {}, []
