@@ -6,8 +6,9 @@ same warm-started policy. Per variant and seed it reads the run's own ``metrics.
 
 - ``samples_per_s``: samples received by the trainer per second of wall time (after step 0,
   so process start-up and the first generation are not counted);
-- ``samples_to_target`` / ``seconds_to_target``: samples generated (and seconds) until the
-  5-step moving mean of the reward first reaches ``--target``; missing when never reached.
+- ``samples_to_target`` / ``seconds_to_target``: samples generated (and seconds since step 0)
+  until the 5-step moving mean of the reward first reaches ``--target``; missing when never
+  reached. (Records before commit 51e6882's successor counted these seconds from trainer start.)
 
 The baseline is ``sync`` with trainer and rollout sharing one GPU (``cluster=gpu1``); every
 variant runs with the trainer on GPU 0 and the rollout worker on GPU 1 (``cluster=gpu2``), so
@@ -82,7 +83,7 @@ def summarize_run(rows: list[dict], target: float) -> dict:
     for i in range(4, len(rows)):
         if statistics.fmean(r["reward_mean"] for r in rows[i - 4: i + 1]) >= target:
             out["samples_to_target"] = rows[i]["samples_generated"]
-            out["seconds_to_target"] = rows[i]["wall_seconds"]
+            out["seconds_to_target"] = rows[i]["wall_seconds"] - first["wall_seconds"]
             break
     return out
 

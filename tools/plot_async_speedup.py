@@ -2,7 +2,7 @@
 
 The record (``benchmarks/async_speedup.py``) keeps every run's curve, so the picture in
 docs/benchmarks.md is redrawn from the JSON alone: the mean over seeds with a band of one
-standard deviation, per variant and cluster, on a common grid of samples (left) and seconds
+standard deviation (seconds counted from each run's first step, as samples/s is), per variant and cluster, on a common grid of samples (left) and seconds
 (right). Sample efficiency reads off the left panel, wall-clock speed off the right.
 
     python tools/plot_async_speedup.py benchmarks/results/async_speedup_*.json --out docs/async_speedup.png
@@ -32,7 +32,7 @@ def mean_band(curves: list[tuple[list[float], list[float]]], points: int = 60):
     """Grid up to the shortest curve; mean and std of the curves on it."""
     end = min(c[0][-1] for c in curves)
     start = max(c[0][0] for c in curves)
-    grid = [start + (end - start) * i / (points - 1) for i in range(points)]
+    grid = [min(end, start + (end - start) * i / (points - 1)) for i in range(points)]
     means, stds = [], []
     for x in grid:
         vals = [v for v in (_interp(cx, cy, x) for cx, cy in curves) if v is not None]
@@ -53,7 +53,9 @@ def plot(record: dict, out: Path) -> Path:
         if not runs or any("curve" not in r for r in runs):
             raise SystemExit(f"{case}: the record has no per-run curves (made before they were kept)")
         for ax, col in ((axes[0], 0), (axes[1], 1)):
-            curves = [([p[col] for p in r["curve"]], [p[2] for p in r["curve"]]) for r in runs]
+            # seconds count from the run's first step, as samples/s does (start-up left out)
+            curves = [([p[col] - (r["curve"][0][1] if col else 0.0) for p in r["curve"]],
+                       [p[2] for p in r["curve"]]) for r in runs]
             grid, mean, std = mean_band(curves)
             ax.plot(grid, mean, label=f"{case} (n={len(runs)})")
             ax.fill_between(grid, [a - b for a, b in zip(mean, std)],
@@ -64,7 +66,7 @@ def plot(record: dict, out: Path) -> Path:
             ax.axhline(target, color="grey", linestyle=":", linewidth=1)
         ax.grid(alpha=0.3)
     axes[0].set_xlabel("samples generated")
-    axes[1].set_xlabel("wall seconds (from trainer start)")
+    axes[1].set_xlabel("wall seconds since the first step")
     axes[0].set_ylabel("reward (mean of the step's generated groups)")
     axes[0].legend(fontsize="small")
     fig.suptitle(f"async_speedup: {record['device']}, {record['config'].get('size')} policy, "
