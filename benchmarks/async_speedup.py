@@ -13,7 +13,11 @@ same warm-started policy. Per variant and seed it reads the run's own ``metrics.
 The baseline is ``sync`` with trainer and rollout sharing one GPU (``cluster=gpu1``); every
 variant runs with the trainer on GPU 0 and the rollout worker on GPU 1 (``cluster=gpu2``), so
 ``speedup_vs_sync`` = samples/s of the variant on two GPUs / samples/s of sync on one GPU (mean
-and standard deviation over seeds). Anchors: AReaL reports up to 2.77x over synchronous
+and standard deviation over seeds). ``--splits 2:2,4:4,6:2`` runs every variant at those
+trainer:rollout GPU counts instead (``cluster=local``: trainer ranks on the first GPUs, one
+rollout worker per remaining GPU; add ``parallel.tp=2`` and the like as overrides); those cases
+are named ``<variant>_t<T>r<R>``. Each run also reports its mean ``weight_sync_seconds`` (the
+trainer's publish, export included, to every worker) after step 0. Anchors: AReaL reports up to 2.77x over synchronous
 training; the D-ARL paper reports 34.7% better sample efficiency than asynchronous baselines.
 
     python benchmarks/async_speedup.py --out-dir OUT                     # GPU: ~57M policy
@@ -50,11 +54,31 @@ SIZES = {  # warm-started policy shapes (megatron_darl/loop/warmstart.py TinyMod
 }
 
 
+def cluster_overrides(label: str, cpu: bool) -> list[str]:
+    """Hydra overrides of a plan's cluster label: ``gpu1``/``gpu2``/``cpu`` or ``t<T>r<R>``."""
+    if not label.startswith("t"):
+        return [f"cluster={label}"]
+    trainers, workers = (int(x) for x in label[1:].split("r"))
+    return ["cluster=cpu" if cpu else "cluster=local", f"cluster.trainer_ranks={trainers}",
+            f"cluster.rollout_workers={workers}"]
+
+
+def parse_splits(text: str) -> list[str]:
+    """``"2:2,4:4"`` -> ``["t2r2", "t4r4"]``; a malformed split is an error naming it."""
+    labels = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise SystemExit(f"--splits: {item!r} is not TRAINER_GPUS:ROLLOUT_GPUS (e.g. 2:2)")
+        labels.append(f"t{parts[0]}r{parts[1]}")
+    return labels
+
+
 def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path) -> dict:
     """One ``launch.train`` run in a fresh ``run_dir``; returns its per-step metrics rows."""
     shutil.rmtree(run_dir, ignore_errors=True)
     shape = [f"warmstart.model.{k}={v}" for k, v in SIZES[args.size].items()]
-    cmd = [sys.executable, "-m", "launch.train", f"algorithm={variant}", f"cluster={cluster}",
+    cmd = [sys.executable, "-m", "launch.train", f"algorithm={variant}", *cluster_overrides(cluster, args.cpu),
            f"loop.run_dir={run_dir}", f"loop.steps={args.steps}", "loop.progress_bar=false",
            "loop.plot=false", "loop.tensorboard=false", "transport.control.port=0",
            "cluster.master_port=0", f"algorithm.seed={seed}", f"sampling.seed={seed}",
@@ -79,6 +103,8 @@ def summarize_run(rows: list[dict], target: float) -> dict:
     out = {"samples_per_s": samples / seconds, "reward_first": rows[0]["reward_mean"],
            "reward_last5": statistics.fmean(r["reward_mean"] for r in rows[-5:]),
            "samples_to_target": None, "seconds_to_target": None,
+           "weight_sync_seconds": statistics.fmean(r.get("weight_sync_seconds") or 0.0 for r in rows[1:])
+           if len(rows) > 1 else None,
            "curve": [[r["samples_generated"], r["wall_seconds"], r["reward_mean"]] for r in rows]}
     for i in range(4, len(rows)):
         if statistics.fmean(r["reward_mean"] for r in rows[i - 4: i + 1]) >= target:
@@ -125,6 +151,8 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="57m")
     parser.add_argument("--lr", type=float, default=3e-5, help="RL learning rate")
     parser.add_argument("--warmstart-lr", type=float, default=1e-3)
+    parser.add_argument("--splits", default="",
+                        help="trainer:rollout GPU counts, e.g. 2:2,4:4,6:2 (default: 1:1 as cluster=gpu2)")
     parser.add_argument("--cpu", action="store_true", help="CPU smoke check (cluster=cpu for every run)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
     parser.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
@@ -137,8 +165,10 @@ def main() -> None:
     args = parser.parse_args()
     variants, seeds = args.variants.split(","), [int(s) for s in args.seeds.split(",")]
     plan = [("sync", s, "cpu" if args.cpu else "gpu1") for s in seeds]
-    plan += [(v, s, "cpu" if args.cpu else "gpu2") for v in variants for s in seeds]
-    run_config = {"target": args.target, "steps": args.steps, "groups": args.groups, "size": args.size, "lr": args.lr,
+    clusters = parse_splits(args.splits) or ["cpu" if args.cpu else "gpu2"]
+    plan += [(v, s, c) for c in clusters for v in variants for s in seeds]
+    run_config = {"target": args.target, "steps": args.steps, "groups": args.groups,
+                  "size": args.size, "lr": args.lr,
                   "warmstart_lr": args.warmstart_lr, "overrides": args.overrides}
     done = load_partial(args.partial, run_config)
     started, slowest = time.monotonic(), 0.0
@@ -170,7 +200,9 @@ def main() -> None:
         metrics[name] = {"speedup_vs_sync": speed, "samples_to_target": to_target,
                          "seconds_to_target": mean_std([r["seconds_to_target"] for r in rs]),
                          "samples_per_s": mean_std([r["samples_per_s"] for r in rs]),
-                         "reward_last5": mean_std([r["reward_last5"] for r in rs]), "runs": rs}
+                         "reward_last5": mean_std([r["reward_last5"] for r in rs]),
+                         "weight_sync_seconds": mean_std([r.get("weight_sync_seconds") for r in rs]),
+                         "runs": rs}
         table.append({"variant": variant, "cluster": cluster, "samples/s": speed["mean"] * base,
                       "speedup_vs_sync": speed["mean"], "+-": speed["std"],
                       "samples_to_target": to_target["mean"], "reached": f"{to_target['n']}/{to_target['of']}",
@@ -179,6 +211,7 @@ def main() -> None:
     config = {"variants": variants, "seeds": seeds, "steps": args.steps, "groups_per_step": args.groups,
               "group_size": 8, "target": args.target, "size": args.size, "model": SIZES[args.size],
               "lr": args.lr, "warmstart_lr": args.warmstart_lr, "overrides": args.overrides,
+              "splits": args.splits or "1:1",
               "baseline": f"sync on {base_cluster}"}
     print(write_result("async_speedup", config, metrics, args.out_dir))
 

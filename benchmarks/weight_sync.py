@@ -1,13 +1,18 @@
 """Benchmark ``weight_sync``: trainer export + bucketed broadcast + in-place load + ack, end to end.
 
-Trainer (stage-0 leader, serves the store) on GPU0, one rollout worker (``hf`` engine) on GPU1,
-two processes meeting only through the transport, as in production. ``seconds`` is one
+Trainer (stage-0 leader, serves the store) on GPU0, ``--workers`` rollout workers (``hf`` engine)
+on GPUs 1..N, processes meeting only through the transport, as in production. ``seconds`` is one
 ``WeightSender.publish`` (export of HF-named tensors, broadcast, load, ack, published version
 moved); ``bound_seconds`` is one NCCL broadcast of the same bytes as a single buffer over the same
-pair in the same run; ``ratio_to_bound`` = seconds / bound_seconds (target <= 2).
+processes in the same run; ``ratio_to_bound`` = seconds / bound_seconds (target <= 2).
 
-    python benchmarks/weight_sync.py --model 4b            # 2 GPUs
-    python benchmarks/weight_sync.py --tiny                # CPU smoke check (gloo)
+    python benchmarks/weight_sync.py --model 4b                # 2 GPUs
+    python benchmarks/weight_sync.py --model 4b --workers 4    # 5 GPUs
+    python benchmarks/weight_sync.py --tiny --workers 2        # CPU smoke check (gloo)
+
+A TP/PP trainer exports through its stage leaders (``trainer.export_hf_stage``); the whole path
+at TP2/TP4 is timed by the loop itself (``weight_sync_seconds`` in metrics.jsonl), e.g.
+``benchmarks/async_speedup.py --splits 4:4 parallel.tp=4``, against this script's bound.
 """
 
 from __future__ import annotations
@@ -66,8 +71,11 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny model on CPU with gloo (smoke check)")
     p.add_argument("--bucket-mb", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--workers", type=int, default=1, help="rollout workers, one GPU each")
+    p.add_argument("--index", type=int, default=0, help="(worker role) this worker's index")
     p.add_argument("--role", default="main", choices=["main", "trainer", "worker"])
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     a = p.parse_args()
     if a.tiny:
         a.model = "tiny"
@@ -77,18 +85,19 @@ def _parse() -> argparse.Namespace:
 def _transport(a: argparse.Namespace):
     from megatron_darl.transport import ControlPlaneConfig, HeartbeatConfig, WeightSyncConfig
 
-    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=1, store_timeout_s=600,
+    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, store_timeout_s=600,
                                  poll_interval_s=0.0005)
     sync = WeightSyncConfig(backend="gloo" if a.tiny else "nccl", bucket_bytes=a.bucket_mb << 20,
                             join_timeout_s=600, collective_timeout_s=600, ack_timeout_s=600)
     return control, HeartbeatConfig(interval_s=0.5, timeout_s=60), sync
 
 
-def _bound(store, rank: int, nbytes: int, backend: str, device: torch.device, repeats: int) -> float:
-    """Best time of one broadcast of ``nbytes`` as one buffer over the same pair."""
+def _bound(store, rank: int, world: int, nbytes: int, backend: str, device: torch.device,
+           repeats: int) -> float:
+    """Best time of one broadcast of ``nbytes`` as one buffer from the trainer to every worker."""
     from megatron_darl.transport import build_group
 
-    group = build_group(store, "bound", rank, 2, backend, 600)
+    group = build_group(store, "bound", rank, world, backend, 600)
     buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
     tick = torch.zeros(1, device=device)
     best = float("inf")
@@ -125,15 +134,17 @@ def trainer(a: argparse.Namespace) -> None:
         if version > 1:  # the first sync also builds the communicator
             times.append(time.perf_counter() - t0)
         nbytes = report.bytes
-        assert report.published and report.acked == [0], report
-    bound = _bound(store, 0, nbytes, sync.backend, device, a.repeats)
+        assert report.published and sorted(report.acked) == list(range(a.workers)), report
+    bound = _bound(store, 0, a.workers + 1, nbytes, sync.backend, device, a.repeats)
     seconds = min(times)
     metrics = {"seconds": seconds, "seconds_mean": sum(times) / len(times), "bound_seconds": bound,
                "ratio_to_bound": seconds / bound, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9}
     config = {"model": a.model, "bucket_mb": a.bucket_mb, "repeats": a.repeats, "backend": sync.backend,
               "dtype": "fp32" if a.tiny else "bf16"}
+    if a.workers > 1:  # records of one worker keep their earlier config (and table row)
+        config["workers"] = a.workers
     print_table([{**config, **metrics}])
-    print(write_result("weight_sync", config, metrics))
+    print(write_result("weight_sync", config, metrics, a.out_dir))
     store.set("bench/done", "1")
     hb.close()
 
@@ -143,22 +154,22 @@ def worker(a: argparse.Namespace) -> None:
     from megatron_darl.rollout.engines.hf import HFEngine
     from megatron_darl.transport import WORKER, Heartbeat, MemberInfo, WeightReceiver, connect_store, register
 
-    device = torch.device("cpu") if a.tiny else torch.device("cuda", 1)
+    device = torch.device("cpu") if a.tiny else torch.device("cuda", 1 + a.index)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     control, hb_cfg, sync = _transport(a)
     store = connect_store(control, who="benchmark worker")
-    me = MemberInfo.here(WORKER, 0)
+    me = MemberInfo.here(WORKER, a.index)
     register(store, me)
     hb = Heartbeat(control, hb_cfg, me).start()
     model = build_model(a.model, device, torch.float32 if a.tiny else torch.bfloat16)
     engine = HFEngine(EngineConfig(device=str(device), dtype="fp32" if a.tiny else "bf16"), model=model)
-    receiver = WeightReceiver(store, control, sync, 0, engine.load_weights, initial_version=0)
+    receiver = WeightReceiver(store, control, sync, a.index, engine.load_weights, initial_version=0)
     while receiver.version < a.repeats + 1:
         receiver.maybe_sync()
         time.sleep(0.0005)
     nbytes = sum(t.numel() * t.element_size() for _, t in export(model))
-    _bound(store, 1, nbytes, sync.backend, device, a.repeats)
+    _bound(store, 1 + a.index, a.workers + 1, nbytes, sync.backend, device, a.repeats)
     store.wait(["bench/done"])
     hb.close()
 
@@ -169,14 +180,18 @@ def main() -> None:
         return trainer(a)
     if a.role == "worker":
         return worker(a)
-    if not a.tiny and torch.cuda.device_count() < 2:
-        sys.exit("weight_sync needs 2 GPUs (trainer on GPU0, worker on GPU1); use --tiny on CPU")
+    if not a.tiny and torch.cuda.device_count() < 1 + a.workers:
+        sys.exit(f"weight_sync --workers {a.workers} needs {1 + a.workers} GPUs (trainer on GPU0, "
+                 f"workers on the next); {torch.cuda.device_count()} visible; use --tiny on CPU")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = [sys.executable, __file__, "--model", a.model, "--bucket-mb", str(a.bucket_mb),
-            "--repeats", str(a.repeats), "--port", str(port)] + (["--tiny"] if a.tiny else [])
-    procs = [subprocess.Popen(args + ["--role", role]) for role in ("trainer", "worker")]
+            "--repeats", str(a.repeats), "--port", str(port), "--workers", str(a.workers)]
+    args += ["--out-dir", str(a.out_dir)] if a.out_dir else []
+    args += ["--tiny"] if a.tiny else []
+    procs = [subprocess.Popen(args + ["--role", "trainer"])]
+    procs += [subprocess.Popen(args + ["--role", "worker", "--index", str(i)]) for i in range(a.workers)]
     try:
         codes = [p.wait(timeout=1800) for p in procs]
     finally:

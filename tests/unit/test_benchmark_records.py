@@ -80,3 +80,16 @@ def test_plot_draws_mean_band_over_seeds(tmp_path):
     old = _record({"darl_gpu2": {"runs": [{"samples_per_s": 1.0}]}})
     with pytest.raises(SystemExit, match="darl_gpu2: the record has no per-run curves"):
         plot_async_speedup.plot(old, tmp_path / "b.png")
+
+
+def test_splits_become_cluster_overrides():
+    assert async_speedup.parse_splits("2:2,6:2") == ["t2r2", "t6r2"]
+    assert async_speedup.parse_splits("") == []
+    with pytest.raises(SystemExit, match="'4-4' is not TRAINER_GPUS:ROLLOUT_GPUS"):
+        async_speedup.parse_splits("2:2,4-4")
+    with pytest.raises(SystemExit, match="'0:2'"):
+        async_speedup.parse_splits("0:2")
+    assert async_speedup.cluster_overrides("gpu2", cpu=False) == ["cluster=gpu2"]
+    assert async_speedup.cluster_overrides("t6r2", cpu=False) == [
+        "cluster=local", "cluster.trainer_ranks=6", "cluster.rollout_workers=2"]
+    assert async_speedup.cluster_overrides("t1r2", cpu=True)[0] == "cluster=cpu"
