@@ -128,10 +128,11 @@ def save_checkpoint(
         raise ValueError(f"checkpoint directory {final} already exists")
     if ps.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "extra").mkdir(parents=True)
+        tmp.mkdir(parents=True)  # empty: dist_checkpointing warns of a "corrupted checkpoint" otherwise
     dist.barrier()
     dist_checkpointing.save(_sharded_state(trainer, False, True, optim_sharding), str(tmp))
     if ps.tp_rank == 0 and ps.pp_rank == 0:
+        (tmp / "extra").mkdir(exist_ok=True)
         torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
     dist.barrier()
     if ps.rank == 0:
