@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 import sys
 import time
 from pathlib import Path
@@ -56,9 +55,9 @@ def main() -> None:
     a = p.parse_args()
     if a.tiny:
         a.groups, a.group_size, a.tokens, a.prompt_tokens = 50, 4, 256, 64
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from megatron_darl.transport.store import free_port
+
+    port = free_port()
     control = ControlPlaneConfig(port=port, poll_interval_s=0.0005)
     store = serve_store(control)
     hub = SampleHub(store, control, 0)

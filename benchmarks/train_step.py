@@ -44,7 +44,9 @@ TINY = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=5
             num_key_value_heads=2, head_dim=16, rope_parameters={"rope_theta": 1e6},
             rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096)
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "dp2": (1, 1, 2), "pp2": (1, 2, 2),
-           "tp2pp2": (2, 2, 4), "tp4": (4, 1, 4), "dp4": (1, 1, 4)}
+           "tp2pp2": (2, 2, 4), "tp4": (4, 1, 4), "dp4": (1, 1, 4), "tp2dp2": (2, 1, 4),
+           "dp8": (1, 1, 8), "tp2dp4": (2, 1, 8), "tp4dp2": (4, 1, 8), "tp2pp2dp2": (2, 2, 8)}
+# (tp, pp, GPUs); DP = GPUs / (tp * pp)
 
 
 def make_batch(args, vocab: int, dp_rank: int, dp_size: int):

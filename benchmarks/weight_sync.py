@@ -18,7 +18,6 @@ at TP2/TP4 is timed by the loop itself (``weight_sync_seconds`` in metrics.jsonl
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
@@ -183,9 +182,9 @@ def main() -> None:
     if not a.tiny and torch.cuda.device_count() < 1 + a.workers:
         sys.exit(f"weight_sync --workers {a.workers} needs {1 + a.workers} GPUs (trainer on GPU0, "
                  f"workers on the next); {torch.cuda.device_count()} visible; use --tiny on CPU")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from megatron_darl.transport.store import free_port
+
+    port = free_port()
     args = [sys.executable, __file__, "--model", a.model, "--bucket-mb", str(a.bucket_mb),
             "--repeats", str(a.repeats), "--port", str(port), "--workers", str(a.workers)]
     args += ["--out-dir", str(a.out_dir)] if a.out_dir else []

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -25,9 +24,10 @@ log = logging.getLogger("launch.train")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for rank 0's stores, outside the ephemeral range (see transport.store.free_port)."""
+    from megatron_darl.transport.store import free_port as _free_port
+
+    return _free_port()
 
 
 def resolve_devices(cluster: ClusterConfig, num_gpus: int) -> tuple[list[int], list[int]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -201,10 +200,10 @@ def destroy_parallel(keep_default_group: bool = False) -> None:
 
 
 def free_port() -> int:
-    """A TCP port that is free on this host right now (for a local rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port for a local rendezvous (``megatron_darl.transport.store.free_port``)."""
+    from megatron_darl.transport.store import free_port as _free_port
+
+    return _free_port()
 
 
 def _local_worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple) -> None:

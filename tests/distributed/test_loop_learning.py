@@ -2,9 +2,11 @@
 
 This is the quick start's claim, checked from the run's own ``summary.json``: the mean reward of
 the last 5 steps exceeds that of the first 5 by at least ``MARGIN`` within ``STEPS`` steps.
-Measured on this 2-core machine (commit of this test): 0.14 -> 0.43 in 40 steps, and 0.14 ->
-0.47 at step 30, so the margin leaves room for the run-to-run noise of asynchronous arrival
-order (which groups land in which step is timing-dependent even with fixed seeds).
+Measured on this 2-core machine (2026-11-23, five runs of 40 steps from one freshly fitted warm
+start): gains 0.19, 0.19, 0.19, 0.24, 0.24 at step 40, but 0.105 to 0.29 at step 30 (a run can
+plateau for a while), so the test runs 40 steps and the margin leaves room for the run-to-run
+noise of asynchronous arrival order (which groups land in which step is timing-dependent even
+with fixed seeds) and of the warm start fitted on another machine.
 """
 
 import json
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 30
+STEPS = 40
 MARGIN = 0.12  # absolute reward (fraction of correct answers)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,10 +18,10 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:
-    """A TCP port that was free a moment ago (bind port 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port for a test's store (``megatron_darl.transport.store.free_port``)."""
+    from megatron_darl.transport.store import free_port as _free_port
+
+    return _free_port()
 
 
 class Procs:
