@@ -19,15 +19,9 @@ from typing import Sequence
 
 from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec
+from megatron_darl.transport.store import free_port
 
 log = logging.getLogger("launch.train")
-
-
-def free_port() -> int:
-    """A port for rank 0's stores, outside the ephemeral range (see transport.store.free_port)."""
-    from megatron_darl.transport.store import free_port as _free_port
-
-    return _free_port()
 
 
 def resolve_devices(cluster: ClusterConfig, num_gpus: int) -> tuple[list[int], list[int]]:

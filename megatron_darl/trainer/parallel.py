@@ -20,6 +20,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from megatron_darl.transport.store import free_port
+
 
 @dataclass
 class ParallelConfig:
@@ -197,13 +199,6 @@ def destroy_parallel(keep_default_group: bool = False) -> None:
     mpu.destroy_model_parallel()
     if dist.is_initialized() and not keep_default_group:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A TCP port for a local rendezvous (``megatron_darl.transport.store.free_port``)."""
-    from megatron_darl.transport.store import free_port as _free_port
-
-    return _free_port()
 
 
 def _local_worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple) -> None:

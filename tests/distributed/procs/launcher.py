@@ -14,14 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from megatron_darl.transport.store import free_port  # noqa: F401 (the tests' port picker)
+
 REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    """A TCP port for a test's store (``megatron_darl.transport.store.free_port``)."""
-    from megatron_darl.transport.store import free_port as _free_port
-
-    return _free_port()
 
 
 class Procs:
