@@ -12,6 +12,9 @@ whole tree, reward sandboxes included). The launcher:
   on while another worker lives (the trainer continues without it, DESIGN.md section 3);
 - when every trainer rank exited 0, gives the workers ``grace_s`` to see the stop flag, then
   kills stragglers. Exit code: 0, the first failure's code, or 128 + signal.
+
+A child that gives up on purpose writes one line saying why to its ``reason_path``
+(``write_exit_reason``); the launcher puts that line into the failure it reports.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class ProcSpec:
     argv: list[str]  # command line
     env: dict[str, str]  # full environment of the child
     log_path: Path | None = None  # stdout+stderr file; None = inherit the launcher's
+    reason_path: Path | None = None  # where the child writes one line on why it gave up
 
     @property
     def name(self) -> str:
@@ -59,6 +63,29 @@ class LaunchResult:
     code: int  # the launcher's exit code
     failures: list[str] = field(default_factory=list)  # "trainer 1 exited 3: <log tail>"
     signal: int | None = None  # forwarded signal that ended the run
+
+
+def exit_reason_path(run_dir: str | Path, role: str, rank: int) -> Path:
+    """Where ``role`` ``rank`` of the run in ``run_dir`` says why it exited non-zero."""
+    return Path(run_dir) / "logs" / f"{role}{rank}.exit"
+
+
+def write_exit_reason(path: Path, line: str) -> None:
+    """Write the one line (best effort: a full disk must not hide the real error)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(" ".join(line.split()) + "\n")
+    except OSError as exc:
+        log.error("could not write %s: %s", path, exc)
+
+
+def _reason(path: Path | None) -> str:
+    if path is None or not path.exists():
+        return ""
+    try:
+        return path.read_text(errors="replace").strip().splitlines()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _tail(path: Path | None, lines: int = 15) -> str:
@@ -98,6 +125,8 @@ class Launcher:
 
     def _start(self, spec: ProcSpec) -> _Child:
         out = None
+        if spec.reason_path is not None:
+            spec.reason_path.unlink(missing_ok=True)  # an earlier run's (resume into the same dir)
         if spec.log_path is not None:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = spec.log_path.open("ab")
@@ -139,7 +168,9 @@ class Launcher:
                 log.warning("%s exited with code %d after the trainer finished", child.spec.name, code)
                 continue
             child.reported = True
-            message = f"{child.spec.name} exited with code {code}{_tail(child.spec.log_path)}"
+            reason = _reason(child.spec.reason_path)
+            message = f"{child.spec.name} exited with code {code}" + (f": {reason}" if reason else "")
+            message += _tail(child.spec.log_path)
             failures.append(message)
             log.error("%s", message)
             if child.spec.role == TRAINER or self.rollout_failure == "abort":
@@ -157,7 +188,7 @@ class Launcher:
         signum = self._signal
         log.warning("signal %d: forwarding to the trainer ranks, grace %.0f s", signum, self.grace_s)
         for child in self._role(TRAINER):
-            _signal_group(child.proc, signum)
+            _signal_proc(child.proc, signum)
         self._wait_role(TRAINER, self.grace_s)
         self._kill_all(signal.SIGTERM, wait_s=self.grace_s)
         return LaunchResult(128 + signum, failures, signal=signum)
@@ -171,9 +202,16 @@ class Launcher:
             time.sleep(self.poll_s)
 
     def _kill_all(self, signum: int, wait_s: float) -> None:
-        """Signal every live child's process group; SIGKILL groups still alive after ``wait_s``."""
+        """Signal every live child; SIGKILL the groups still alive after ``wait_s``.
+
+        A trainer rank gets a catchable signal alone, not its group: it checkpoints on SIGTERM,
+        and its helper processes (dist_checkpointing's writer) must live until it is done.
+        """
         for child in self.children:
-            _signal_group(child.proc, signum)
+            if child.spec.role == TRAINER and signum != signal.SIGKILL:
+                _signal_proc(child.proc, signum)
+            else:
+                _signal_group(child.proc, signum)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any(c.proc.poll() is None for c in self.children):
             time.sleep(min(self.poll_s, 0.05))
@@ -188,6 +226,15 @@ class Launcher:
             deadline = time.monotonic() + 5.0
             while time.monotonic() < deadline and _live_groups({c.proc.pid for c in self.children}):
                 time.sleep(0.02)
+
+
+def _signal_proc(proc: subprocess.Popen, signum: int) -> None:
+    """Signal the child process alone."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signum)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:

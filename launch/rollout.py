@@ -22,6 +22,7 @@ import sys
 from typing import Sequence
 
 from launch.config import RunConfig, load_run_config
+from launch.procs import ROLLOUT, exit_reason_path, write_exit_reason
 
 
 def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int):
@@ -78,6 +79,8 @@ def run_worker(cfg: RunConfig, worker_id: int) -> int:
         logging.getLogger("launch.rollout").info(
             "rollout %d: exit %d after %d groups sent; last weights version loaded %d",
             worker_id, code, worker.groups_sent, worker.weights_version)
+        if code and worker.exit_reason:
+            write_exit_reason(exit_reason_path(cfg.loop.run_dir, ROLLOUT, worker_id), worker.exit_reason)
         return code
     finally:
         engine.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
-from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec
+from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
 from megatron_darl.transport.store import free_port
 
 log = logging.getLogger("launch.train")
@@ -84,13 +84,15 @@ def process_specs(cfg: RunConfig, config_path: Path, num_gpus: int,
                "MASTER_ADDR": c.master_addr, "MASTER_PORT": str(c.master_port),
                "CUDA_VISIBLE_DEVICES": _visible(trainer_devs)}
         argv = [sys.executable, "-m", "launch.trainer", "--config", str(config_path)]
-        specs.append(ProcSpec(TRAINER, rank, argv, env, None if rank == 0 else logs / f"trainer{rank}.log"))
+        specs.append(ProcSpec(TRAINER, rank, argv, env, None if rank == 0 else logs / f"trainer{rank}.log",
+                              exit_reason_path(cfg.loop.run_dir, TRAINER, rank)))
     for wid in range(c.rollout_workers):
         dev = [rollout_devs[wid % len(rollout_devs)]] if rollout_devs else []
         env = {**env0, **common, "CUDA_VISIBLE_DEVICES": _visible(dev)}
         argv = [sys.executable, "-m", "launch.rollout", "--config", str(config_path),
                 "--worker-id", str(wid)]
-        specs.append(ProcSpec(ROLLOUT, wid, argv, env, logs / f"rollout{wid}.log"))
+        specs.append(ProcSpec(ROLLOUT, wid, argv, env, logs / f"rollout{wid}.log",
+                              exit_reason_path(cfg.loop.run_dir, ROLLOUT, wid)))
     return specs
 
 

@@ -2,7 +2,9 @@
 
 Started by ``launch.train`` with torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), or by ``srun`` with SLURM_PROCID/SLURM_NTASKS; only this entry point reads them.
-It loads the run's resolved config and runs the trainer-side loop.
+It loads the run's resolved config and runs the trainer-side loop. When the loop gives up
+(``RunAborted``, after its checkpoint) the rank logs the one line and writes it where the
+launcher reads it, and exits 1.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import sys
 from typing import Mapping, Sequence
 
 from launch.config import load_run_config
-from megatron_darl.loop.trainer_loop import DistEnv, run_trainer
+from launch.procs import TRAINER, exit_reason_path, write_exit_reason
+from megatron_darl.loop.trainer_loop import DistEnv, RunAborted, run_trainer
 
 
 def dist_env(env: Mapping[str, str]) -> DistEnv:
@@ -45,7 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch.set_num_threads(threads)
     cfg = load_run_config(overrides, config_file=args.config)
-    return run_trainer(cfg, env)
+    try:
+        return run_trainer(cfg, env)
+    except RunAborted as exc:
+        logging.getLogger("launch.trainer").error("run aborted (checkpoint written): %s", exc)
+        write_exit_reason(exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank), str(exc))
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,13 +6,18 @@ stage in DP replica 0 (TP 0) owns a ``WeightSender``. Hubs agree on "enough grou
 a sum over the hubs' gloo DP group, and hand the groups to the other ranks of their replica with
 one object broadcast, so every rank of a replica holds the same planner state and builds the
 same batches without further traffic.
+
+Rank 0 also watches progress while it waits (``ProgressWatch``): when no group arrived for
+``loop.receive_timeout_s``, or every rollout worker is lost, all ranks leave the wait together
+with one line that names each worker's state, and the loop checkpoints and stops (a hang is a
+bug, DESIGN.md section 3).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -20,10 +25,11 @@ import torch.distributed as dist
 
 from megatron_darl.samples import SampleGroup
 from megatron_darl.transport import (
-    TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig, TransportTimeout,
+    TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig,
     WeightSender, connect_store, register, serve_store,
 )
-from megatron_darl.transport.store import wait_key
+from megatron_darl.transport.store import Keys, describe_peer, get_int, published_version, wait_key
+from megatron_darl.transport.weight_sync import SyncKeys
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,7 @@ class TrainerEndpoints:
     hub: SampleHub | None  # this replica's shard of the sample channel (hub ranks only)
     sender: WeightSender | None  # this PP stage's weight broadcast (stage leaders only)
     me: MemberInfo  # this rank's rendezvous record
+    last_group_at: float = field(default_factory=time.monotonic)  # rank 0: when a group last arrived
 
     def close(self) -> None:
         self.heartbeat.close()
@@ -86,39 +93,101 @@ def dp_max(tensor: torch.Tensor, ps) -> torch.Tensor:
     return tensor
 
 
-def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: int,
-                   poll_s: float, stop: Callable[[], bool] = lambda: False) -> list[SampleGroup] | None:
-    """This replica's new groups once the hubs together hold ``need``; same list on every rank.
+@dataclass
+class Received:
+    """One step's groups, the same on every rank of a replica."""
+
+    groups: list[SampleGroup] = field(default_factory=list)  # this replica's new groups
+    stopped: bool = False  # a signal cut the wait: checkpoint without this step
+    fatal: str = ""  # the trainer must give up: why, naming each worker's state
+
+
+class ProgressWatch:
+    """Rank 0's watch on the rollout side while a step waits for groups.
+
+    Gives up, with one line naming every worker, when no group arrived for ``timeout_s`` or
+    every worker is gone (exited, or lost by heartbeat); one that has not joined yet may still
+    be starting, so it only counts against the timeout.
+    """
+
+    def __init__(self, ep: TrainerEndpoints, num_workers: int, timeout_s: float, step: int, need: int) -> None:
+        self.ep, self.num_workers, self.timeout_s, self.step, self.need = ep, num_workers, timeout_s, step, need
+        self._total = 0
+
+    def check(self, total: int) -> str:
+        """"" while the run can go on, else why it cannot (after ``total`` groups of ``need``).
+
+        Idle time counts from the last group of any step (``ep.last_group_at``): a weight sync
+        that waited for a stuck worker is part of it.
+        """
+        now = time.monotonic()
+        if total > self._total:
+            self._total, self.ep.last_group_at = total, now
+        idle = now - self.ep.last_group_at
+        hb, store = self.ep.heartbeat, self.ep.store
+        gone = [w for w in range(self.num_workers)
+                if hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)])]
+        where = f"trainer step {self.step}: {total}/{self.need} groups"
+        if len(gone) == self.num_workers:
+            return f"{where}; every rollout worker is gone: {self.states()}"
+        if idle > self.timeout_s:
+            return (f"{where}; no new group for {idle:.0f} s (loop.receive_timeout_s={self.timeout_s:g}): "
+                    f"{self.states()}")
+        return ""
+
+    def states(self) -> str:
+        """Each worker by name with its liveness and the weights it holds."""
+        store, hb, parts = self.ep.store, self.ep.heartbeat, []
+        published = published_version(store)
+        for w in range(self.num_workers):
+            if store.check([Keys.exited(WORKER, w)]):
+                state = f"exited (code {store.get(Keys.exited(WORKER, w)).decode()})"
+            elif hb.is_lost(WORKER, w):
+                state = "lost (no heartbeat)"
+            elif hb.is_alive(WORKER, w):
+                state = "alive but sending nothing"
+            else:
+                state = "never joined"
+            ack = get_int(store, SyncKeys.ack(w), 0)
+            parts.append(f"{describe_peer(store, WORKER, w)}: {state}, weights v{ack} (published v{published})")
+        return "; ".join(parts)
+
+
+def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: int, poll_s: float,
+                   num_workers: int, stop: Callable[[], bool] = lambda: False) -> Received:
+    """This replica's new groups once the hubs together hold ``need``; same result on every rank.
 
     Hubs poll their shard and sum the counts over DP until ``need`` arrived (so an uneven hash
     split never stalls a hub waiting for its "share"); then each hub broadcasts its groups to
-    the other ranks of its replica. Returns None on every rank when any hub's ``stop()`` turned
-    true while waiting (a signal: checkpoint without this step; its groups are not kept).
+    the other ranks of its replica. Every rank leaves with ``stopped`` when any hub's ``stop()``
+    turned true while waiting (a signal), and with ``fatal`` when rank 0's ``ProgressWatch``
+    gave up; the groups of a cut wait are not kept.
     """
-    groups: list[SampleGroup] | None = []
+    out = Received()
     if ep.hub is not None:
-        deadline = time.monotonic() + timeout_s
+        watch = ProgressWatch(ep, num_workers, timeout_s, step, need) if ps.rank == 0 else None
+        verdict = ""
         while True:
-            groups += [r.group for r in ep.hub.poll()]
-            counts = dp_sum(torch.tensor([len(groups), int(stop())], dtype=torch.int64), ps)
+            out.groups += [r.group for r in ep.hub.poll()]
+            counts = dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict))], dtype=torch.int64), ps)
             total = int(counts[0])
+            if watch is not None:
+                verdict = verdict or watch.check(total)  # sent with the next sum: hubs leave together
             if int(counts[1]):
-                groups = None
+                out = Received(stopped=True)
                 break
             if total >= need:
                 break
-            if time.monotonic() > deadline:
-                raise TransportTimeout(
-                    f"trainer step {step}: {total}/{need} groups after {timeout_s:.0f} s "
-                    f"(hub {ps.dp_rank} holds {len(groups)}); are the rollout workers alive?"
-                )
+            if int(counts[2]):
+                out = Received(fatal=verdict or f"trainer step {step}: trainer rank 0 gave up waiting for groups")
+                break
             time.sleep(poll_s)
     if ps.tp_size * ps.pp_size > 1:
-        box = [groups]
+        box = [out]
         src = dist.get_global_rank(ps.model_parallel_group, 0)
         dist.broadcast_object_list(box, src=src, group=ps.model_parallel_group)
-        groups = box[0]
-    return groups
+        out = box[0]
+    return out
 
 
 def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: float, tag: int = 0) -> None:
@@ -144,7 +213,11 @@ def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: floa
 
 
 def publish_weights(ep: TrainerEndpoints, trainer, ps) -> float:
-    """Export this stage's HF tensors (a TP collective) and broadcast them; seconds (stage 0)."""
+    """Export this stage's HF tensors (a TP collective) and send them; seconds (stage 0).
+
+    Raises what ``WeightSender.publish`` raises (``WeightSyncFailed``, ``TransportTimeout``) on
+    the stage leader only; the loop makes every rank agree on it before stopping.
+    """
     if ps.dp_rank != 0:
         return 0.0
     named = trainer.export_hf_stage()
@@ -152,11 +225,13 @@ def publish_weights(ep: TrainerEndpoints, trainer, ps) -> float:
         for _ in named:
             pass
         return 0.0
-    report = ep.sender.publish(trainer.version, named)
-    # The sender stops reading early when no worker joined or a broadcast timed out; the
-    # export is a TP collective, so run it to the end or the other TP ranks hang in a gather.
-    for _ in named:
-        pass
+    try:
+        report = ep.sender.publish(trainer.version, named)
+    finally:
+        # The sender stops reading early when no worker joined or the sync failed; the export
+        # is a TP collective, so run it to the end or the other TP ranks hang in a gather.
+        for _ in named:
+            pass
     if report.missing:
         log.warning("weight sync v%d: missing %s", trainer.version, report.missing)
     return float(report.seconds)

@@ -7,6 +7,11 @@ replicated on the TP x PP ranks of the replica so each rank builds the same batc
 transport ends in ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM,
 SIGINT or SIGUSR1 finish the current step, write a checkpoint (model, optimizer, RNG, step, version and
 each shard's buffer and cache) and exit 0; ``loop.resume`` continues from the latest one.
+
+When the rollout side fails for good (no group for ``loop.receive_timeout_s``, every worker
+lost, or a weight sync that no worker could take) the rank that saw it says why, every rank
+agrees on it at the next step boundary, the run checkpoints the same way and ``run`` raises
+``RunAborted`` with that one line: the run's work is kept and the exit is non-zero.
 """
 
 from __future__ import annotations
@@ -29,8 +34,13 @@ from megatron_darl.loop.endpoints import (
 from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, score_sums, step_metrics
 from megatron_darl.loop.planner import ShardPlanner, loss_fn_for
 from megatron_darl.loop.resume import mark_ready, seed_store
+from megatron_darl.transport import TransportTimeout, WeightSyncFailed
 
 log = logging.getLogger(__name__)
+
+
+class RunAborted(RuntimeError):
+    """The trainer gave up after writing a checkpoint; the message is the one line saying why."""
 
 
 class TrainerRunConfig(Protocol):
@@ -118,6 +128,7 @@ class TrainerLoop:
         self.stop = _StopFlag()
         self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
         self.sync_seconds = 0.0
+        self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _checkpoints(self) -> list[Path]:
@@ -152,6 +163,7 @@ class TrainerLoop:
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
+        """Train to ``loop.steps`` (0); raises ``RunAborted`` after the checkpoint when it gave up."""
         if self.use_snapshots:
             self.trainer.snapshot(keep_last=self.cfg.replay.k)
         step, interval = self.start_step, self.cfg.loop.checkpoint_interval
@@ -159,7 +171,7 @@ class TrainerLoop:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
                 wait_for_workers(self.ep, self.ps, self.cfg.transport.control.num_workers,
                                  self.cfg.loop.receive_timeout_s, tag=step)
-                self.sync_seconds = publish_weights(self.ep, self.trainer, self.ps)
+                self._publish()
             while step < self.cfg.loop.steps and not self._stop_agreed():
                 self.ep.heartbeat.step = step
                 if not self.step(step):
@@ -167,30 +179,52 @@ class TrainerLoop:
                 step += 1
                 if interval and step % interval == 0 and step < self.cfg.loop.steps:
                     self.save(step)
+            self._stop_agreed()  # a failure in the last step's publish: every rank learns it
             self.save(step)
         finally:
             self._shutdown(step)
+        if self.fatal:
+            raise RunAborted(self.fatal)
         return 0
 
     def _stop_agreed(self) -> bool:
-        """True on every trainer rank when any rank got the signal: ranks that saw it a moment
-        apart must still leave the loop at the same step (a rank alone would hang the others'
-        collectives). One tiny gloo all-reduce per step."""
-        flag = torch.tensor([int(self.stop.signum is not None)], dtype=torch.int64)
+        """True on every trainer rank when any rank got the signal or gave up: ranks that saw it
+        a moment apart must still leave the loop at the same step (a rank alone would hang the
+        others' collectives). One tiny gloo all-reduce per step; on a failure every rank takes
+        the first rank's reason (one more collective, once)."""
+        flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal))], dtype=torch.int64)
         if self.ps.world_size > 1:
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._world_gloo)
-        return bool(flag.item())
+        if int(flag[1]) and self.ps.world_size > 1:
+            reasons: list[str] = [""] * self.ps.world_size
+            torch.distributed.all_gather_object(reasons, self.fatal, group=self._world_gloo)
+            self.fatal = next(r for r in reasons if r)
+        return bool(flag.any())
+
+    def _publish(self) -> None:
+        """Send the current version to the rollout workers; a sync no worker could take is fatal."""
+        try:
+            self.sync_seconds = publish_weights(self.ep, self.trainer, self.ps)
+        except (WeightSyncFailed, TransportTimeout) as exc:
+            self.fatal = f"trainer rank {self.ps.rank}: {exc}"
+            log.error("%s", self.fatal)
 
     def step(self, step: int) -> bool:
-        """One optimizer step (see the module docstring); False when a signal cut the receive."""
+        """One optimizer step (see the module docstring); False when a signal or a failure cut
+        the receive (no step was made)."""
         t, p, ps = self.trainer.version, self.planner, self.ps
         start = time.monotonic()
-        groups = receive_groups(self.ep, ps, self.cfg.algorithm.groups_per_step,
-                                self.cfg.loop.receive_timeout_s, step,
-                                self.cfg.transport.control.poll_interval_s,
-                                stop=lambda: self.stop.signum is not None)
-        if groups is None:
+        received = receive_groups(self.ep, ps, self.cfg.algorithm.groups_per_step,
+                                  self.cfg.loop.receive_timeout_s, step,
+                                  self.cfg.transport.control.poll_interval_s,
+                                  self.cfg.transport.control.num_workers,
+                                  stop=lambda: self.stop.signum is not None)
+        if received.fatal:
+            self.fatal = received.fatal
+            log.error("%s", self.fatal)
+        if received.stopped or received.fatal:
             return False
+        groups = received.groups
         self._count(groups)
         receive_s = time.monotonic() - start
         sums: dict[str, Any] = dict(p.receive(groups, step, t))
@@ -209,7 +243,7 @@ class TrainerLoop:
         sums.update(tb.sums)
         if self.use_snapshots:
             self.trainer.snapshot(keep_last=self.cfg.replay.k)
-        self.sync_seconds = publish_weights(self.ep, self.trainer, ps)
+        self._publish()
         sums.update(p.evict(self.trainer.version))
         self._log(step, sums, result, receive_s, time.monotonic() - start)
         return True

@@ -10,7 +10,8 @@ engine calls:
 
 The behavior log-probs are the engine's own and are never recomputed. If the trainer goes away
 (store unreachable or trainer rank 0 silent for the heartbeat timeout) the worker exits with
-``EXIT_TRAINER_LOST`` at once: nothing it holds is worth saving.
+``EXIT_TRAINER_LOST`` at once: nothing it holds is worth saving. If its engine cannot load the
+weights the trainer sends, it says why and exits with ``EXIT_LOAD_FAILED`` (``exit_reason``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleSender, StalenessGate, StartTicket,
-    TransportConfig, TransportTimeout, WeightReceiver, connect_store, post_exit, register, stop_requested,
+    TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
+    stop_requested,
 )
+from megatron_darl.transport.cuda_ipc import device_uuid
 
 log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_TRAINER_LOST = 3  # the trainer (store host) is gone or silent
+EXIT_LOAD_FAILED = 4  # the engine could not load the weights the trainer sent
 RewardFn = Callable[[Any, str], float]
 
 
@@ -88,6 +92,7 @@ class RolloutWorker:
         self.groups_made = 0  # local group counter (folded into group ids)
         self.groups_sent = 0  # groups posted to hubs by this process
         self.weights_version = cfg.initial_version  # version the engine holds (-1: none valid)
+        self.exit_reason = ""  # one line on why ``run`` returned non-zero
 
     def state_dict(self) -> dict[str, Any]:
         """Resumable position: prompt source and group counter."""
@@ -109,15 +114,21 @@ class RolloutWorker:
         try:
             code = self._serve(store, hb, pool)
             return code
+        except WeightLoadError as exc:
+            self.exit_reason = str(exc)
+            log.error("%s; exiting %d", exc, EXIT_LOAD_FAILED)
+            code = EXIT_LOAD_FAILED
+            return code
         except (RuntimeError, dist.DistError, ConnectionError) as exc:
             if isinstance(exc, TransportTimeout):
                 raise
-            log.error("%s: control-plane store failed (trainer gone?): %s", self.me.describe(), exc)
+            self.exit_reason = f"{self.me.describe()}: control-plane store failed (trainer gone?): {exc}"
+            log.error("%s", self.exit_reason)
             return EXIT_TRAINER_LOST
         finally:
             hb.close()
             pool.shutdown(wait=False, cancel_futures=True)
-            if code == EXIT_OK:
+            if code != EXIT_TRAINER_LOST:  # the trainer need not wait for us (best effort)
                 post_exit(store, self.me, code)
 
     def _trainer_lost(self, loss: PeerLoss) -> None:
@@ -128,8 +139,10 @@ class RolloutWorker:
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
         sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id)
         gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
+        engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
         receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.cfg.worker_id,
-                                  self.engine.load_weights, initial_version=self.cfg.initial_version)
+                                  self.engine.load_weights, initial_version=self.cfg.initial_version,
+                                  gpu=device_uuid(engine_device) if isinstance(engine_device, torch.device) else None)
         pending: list[_Pending] = []
 
         def safe_point() -> None:

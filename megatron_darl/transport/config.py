@@ -72,7 +72,8 @@ class ChannelConfig:
 class WeightSyncConfig:
     """Trainer PP-stage leaders -> all rollout workers, over the data-plane process groups."""
 
-    backend: str = "auto"  # "gloo", "nccl", or "auto" (nccl when CUDA is available)
+    backend: str = "auto"  # "gloo", "nccl", or "auto" (nccl when every member holds its own GPU)
+    colocated: str = "ipc"  # a worker on the leader's GPU: "ipc" (CUDA IPC handles) or "gloo"
     bucket_bytes: int = 1 << 30  # target bytes per broadcast bucket (~1 GiB)
     join_timeout_s: float = 120.0  # how long a sender waits for live workers to reach a safe point
     collective_timeout_s: float = 300.0  # timeout of group construction and of every broadcast
@@ -82,6 +83,8 @@ class WeightSyncConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"WeightSyncConfig.backend must be auto|gloo|nccl, got {self.backend!r}")
+        if self.colocated not in ("ipc", "gloo"):
+            raise ValueError(f"WeightSyncConfig.colocated must be ipc|gloo, got {self.colocated!r}")
         if self.max_attempts < 1:
             raise ValueError(f"WeightSyncConfig.max_attempts must be >= 1, got {self.max_attempts}")
         if self.bucket_bytes < 1:

@@ -1,38 +1,49 @@
-"""Weight sync: each trainer PP-stage leader broadcasts HF-named full tensors to all rollout workers.
+"""Weight sync: each trainer PP-stage leader sends HF-named full tensors to every rollout worker.
 
 Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pickles:
 
 1. the stage-s leader offers v; each live worker, at its next safe point (between generation
-   steps), sees stage 0's offer and posts "ready for v" once, for all stages; it then takes the
-   stages in order (a later stage's leader waits in group construction meanwhile);
+   steps), sees stage 0's offer and posts "ready for v" once, for all stages, with the UUID of
+   its GPU; it then takes the stages in order (a later stage's leader waits meanwhile);
 2. the leader waits for every live worker (heartbeat) to be ready, at most ``join_timeout_s``,
-   names the missing ones, and posts a plan: the member list and a group epoch. The data-plane
-   group {leader s} + members is rebuilt only when the members change (a dead worker never
-   blocks a later sync; a stalled one delays a sync by at most ``join_timeout_s``);
-3. the leader streams buckets of ~``bucket_bytes``: a small JSON header per bucket in the store
-   (names, dtypes, shapes, byte offsets) and one flat uint8 tensor broadcast over the group
-   (dtype-agnostic, one collective per bucket; each tensor 16-byte aligned, viewed back in place on
-   the receiver); the next bucket is packed while the previous one is in flight;
+   names the missing ones, and posts a plan: the members, which of them share the leader's GPU
+   (``ipc``), the backend and a group epoch for the others. The data-plane group {leader s} +
+   broadcast members is rebuilt only when they change (a dead worker never blocks a later sync;
+   a stalled one delays a sync by at most ``join_timeout_s``). Backend ``auto`` is NCCL when the
+   leader and every broadcast member hold distinct GPUs, else gloo (NCCL refuses two ranks on
+   one device);
+3. the leader streams buckets of ~``bucket_bytes`` (``buckets.py``): a small JSON header per
+   bucket in the store (names, dtypes, shapes, byte offsets, and for ``ipc`` members a CUDA IPC
+   handle of the buffer, ``cuda_ipc.py``) and one flat uint8 buffer broadcast over the group;
+   the next bucket is packed while the previous one is in flight. A worker on the leader's GPU
+   maps the buffer through the handle, loads from it and says "done" so the leader can free it;
 4. each worker loads every bucket in place (``Engine.load_weights``) and, once all stages are in,
    acks v; the coordinator (stage 0 leader) moves the published version to v when every live
-   member acked (dead ones are reported by name and dropped) and at least one did (a sync that
-   reached no worker leaves the published version where it was). A worker that missed the sync
-   keeps its old weights but generates nothing while they are older than the published version;
-   one that missed only some stages holds no valid version until the next sync.
+   member acked (dead ones are reported by name and dropped) and at least one did. A worker that
+   missed the sync keeps its old weights but generates nothing while they are older than the
+   published version; one that missed only some stages holds no valid version until the next.
+
+Failures are loud (DESIGN.md section 3): a worker whose engine cannot load the weights posts
+why and exits (``WeightLoadError``); a sync that no ready worker could take raises
+``WeightSyncFailed`` on the leader with each worker's reason, so the trainer checkpoints and
+stops instead of training on while every worker waits for weights that never come.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
+from megatron_darl.transport.buckets import buckets, pack
 from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
+from megatron_darl.transport.cuda_ipc import device_uuid, share
 from megatron_darl.transport.heartbeat import Heartbeat
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
@@ -40,7 +51,6 @@ from megatron_darl.transport.store import (
 )
 
 log = logging.getLogger(__name__)
-_ALIGN = 16
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
 
@@ -82,19 +92,13 @@ class SyncKeys:
         return f"ws/{version}/{stage}/{attempt}/bucket/{index}"
 
     @staticmethod
+    def done(version: int, stage: int, attempt: int, index: int, worker: int) -> str:
+        """A worker on the leader's GPU finished reading bucket ``index`` through its IPC handle."""
+        return f"ws/{version}/{stage}/{attempt}/done/{index}/{worker}"
+
+    @staticmethod
     def ack(worker: int) -> str:
         return f"ws/ack/{worker}"
-
-
-@dataclass
-class BucketEntry:
-    """Where one tensor sits in a bucket's byte buffer."""
-
-    name: str  # HF parameter name
-    dtype: str  # torch dtype name, e.g. "bfloat16"
-    shape: list[int]  # full tensor shape
-    offset: int  # byte offset in the bucket buffer (16-byte aligned)
-    nbytes: int  # bytes of the tensor
 
 
 @dataclass
@@ -103,53 +107,25 @@ class SyncReport:
 
     version: int  # version offered
     stage: int  # PP stage of this leader
-    members: list[int]  # workers the stage was broadcast to
+    members: list[int]  # workers the stage reached
     missing: list[str] = field(default_factory=list)  # live workers left out (not ready/failed)
     acked: list[int] = field(default_factory=list)  # coordinator only: workers that acked
     published: bool = False  # coordinator only: the published version moved to ``version``
     attempts: int = 1  # attempts used (> 1: a member failed mid-broadcast and was dropped)
-    buckets: int = 0  # buckets broadcast
-    bytes: int = 0  # payload bytes broadcast
+    buckets: int = 0  # buckets sent
+    bytes: int = 0  # payload bytes sent
     seconds: float = 0.0  # wall time of publish
+    ipc: list[int] = field(default_factory=list)  # members reached by CUDA IPC (on the leader's GPU)
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r} in a weight bucket header")
-    return dtype
+class WeightSyncFailed(RuntimeError):
+    """No rollout worker could take a version (each one's reason in the message): the run
+    cannot go on, since workers would generate from weights the trainer left behind."""
 
 
-def _buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    bucket, size = [], 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    if bucket:
-        yield bucket
-
-
-def _pack(bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> tuple[list[BucketEntry], torch.Tensor]:
-    entries, off = [], 0
-    for name, t in bucket:
-        nbytes = t.numel() * t.element_size()
-        entries.append(BucketEntry(name, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes))
-        off += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    buf = torch.empty(max(off, 1), dtype=torch.uint8, device=device)
-    for e, (_, t) in zip(entries, bucket):
-        if e.nbytes:
-            buf[e.offset : e.offset + e.nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-    return entries, buf
-
-
-def _unpack(entries: list[BucketEntry], buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    return [
-        (e.name, buf[e.offset : e.offset + e.nbytes].view(_dtype(e.dtype)).view(e.shape)) for e in entries
-    ]
+class WeightLoadError(RuntimeError):
+    """This worker's engine could not load the weights it received (wrong model, out of memory):
+    nothing later can fix that, so the worker reports it and exits."""
 
 
 class WeightSender:
@@ -158,6 +134,8 @@ class WeightSender:
     Args:
         stage: this leader's PP stage; stage 0 is the coordinator that moves the published version.
         heartbeat: the trainer's heartbeat, which watches the workers (who is live).
+        device: where buckets are packed (the leader's GPU; None: the group's device, or the
+            current CUDA device when a worker shares it).
     """
 
     def __init__(
@@ -172,19 +150,22 @@ class WeightSender:
             heartbeat.watch(WORKER, w)
         heartbeat.refresh(store)
         self._group: DataPlaneGroup | None = None
-        self._members: list[int] = []
+        self._members: list[int] = []  # broadcast members of ``_group``
         self._epoch = 0  # store prefix counter of this stage's groups
         self._last_version = -1
         self._device = device
+        self._gpu = device_uuid(device)  # "" on CPU: no worker can share it
+        self._host = socket.gethostname()
 
     def publish(self, version: int, named_tensors: NamedTensors) -> SyncReport:
-        """Broadcast this stage's HF-named full tensors as ``version``; stage 0 also waits for acks.
+        """Send this stage's HF-named full tensors as ``version``; stage 0 also waits for acks.
 
         ``named_tensors`` is a list, or a zero-argument callable returning a fresh iterator (the
         trainer's export); either lets a failed attempt (a worker died mid-broadcast) be retried
         with the survivors, up to ``max_attempts``. A one-shot iterator gets one attempt.
-        Raises ``TransportTimeout`` when live workers exist but none became ready within
-        ``join_timeout_s + collective_timeout_s``, or (stage 0) when no worker loaded the version.
+        Raises ``WeightSyncFailed`` when every worker that took part failed, or (stage 0) none
+        loaded the version; with no worker ready within ``join_timeout_s`` the version is not
+        published and the report names the ones left out.
         """
         start = time.monotonic()
         self._drop_group_if_a_member_failed()
@@ -192,49 +173,86 @@ class WeightSender:
         report = SyncReport(version=version, stage=self.stage, members=[])
         retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple))
         redo: list[int] | None = None  # attempt > 0: the live members whose attempt failed
+        tried: set[int] = set()
         for attempt in range(self.cfg.max_attempts):
             members, missing = self._gather_ready(version, attempt, redo)
+            tried |= set(members)
             report.attempts = attempt + 1
             report.missing += missing
             source = named_tensors() if callable(named_tensors) else named_tensors
             failed = self._attempt(version, attempt, members, source, report)
             report.members = sorted(set(report.members) | (set(members) - set(failed)))
-            redo = [w for w in failed if not self._hb.is_lost(WORKER, w)]
-            report.missing += [describe_peer(self._store, WORKER, w) for w in failed if w not in redo]
+            redo = [w for w in failed if not self._hb.is_lost(WORKER, w) and not self._gave_up(version, w)]
+            report.missing += [self._failure(version, w) for w in failed if w not in redo]
             last = not redo or not retriable or attempt + 1 == self.cfg.max_attempts
             self._store.set(SyncKeys.verdict(version, self.stage, attempt), "0" if last else "1")
             if last:
                 break
         self._last_version = version
+        if tried and not report.members:
+            reasons = "; ".join(self._failure(version, w) for w in sorted(tried))
+            raise WeightSyncFailed(f"weight sync v{version} stage {self.stage} failed for every rollout "
+                                   f"worker: {reasons}")
         if self.stage == 0:
             self._await_acks(version, report.members, report)
         report.seconds = time.monotonic() - start
         return report
 
+    # ---- one attempt --------------------------------------------------------------------------
     def _attempt(self, version: int, attempt: int, members: list[int], source: Iterable[tuple[str, torch.Tensor]],
                  report: SyncReport) -> list[int]:
-        """One broadcast of the stage to ``members``; returns the members it failed for."""
-        reuse = attempt == 0 and self._group is not None and members == self._members
-        if not reuse:
+        """One pass of the stage to ``members``; returns the members it failed for."""
+        ipc = [w for w in members if self._shares_gpu(version, w)]
+        bcast = [w for w in members if w not in ipc]
+        backend = self._backend(version, bcast)
+        reuse = (attempt == 0 and self._group is not None and bcast == self._members
+                 and self._group.backend == backend)
+        if bcast and not reuse:
             self._epoch += 1
-        plan = {"epoch": self._epoch, "members": members}
+        plan = {"epoch": self._epoch, "members": members, "ipc": ipc, "backend": backend}
         self._store.set(SyncKeys.plan(version, self.stage, attempt), json.dumps(plan))
+        report.ipc = ipc
         if not members:
             return []
         try:
-            if not reuse:
+            if not bcast:
                 self._group, self._members = None, []
-                self._group = build_group(self._store, f"ws/{self.stage}/{self._epoch}", 0, len(members) + 1,
-                                          self.cfg.backend, self.cfg.collective_timeout_s)
-                self._members = members
-            report.buckets, report.bytes = self._stream(version, attempt, source)
+            elif not reuse:
+                self._group, self._members = None, []
+                self._group = build_group(self._store, f"ws/{self.stage}/{self._epoch}", 0, len(bcast) + 1,
+                                          backend, self.cfg.collective_timeout_s)
+                self._members = bcast
+            report.buckets, report.bytes = self._stream(version, attempt, source, ipc)
         except TransportTimeout as exc:
             log.error("weight sync v%d stage %d attempt %d failed, members %s: %s",
                       version, self.stage, attempt, members, exc)
         failed = self._member_results(version, attempt, members)
-        if failed:  # a member died or failed: its end of the group is gone, rebuild next time
+        if set(failed) & set(bcast):  # a member died or failed: its end of the group is gone
             self._group, self._members = None, []
         return failed
+
+    def _ready_info(self, version: int, worker: int) -> dict:
+        """What a worker posted with "ready": its GPU UUID and host."""
+        try:
+            info = json.loads(self._store.get(SyncKeys.ready(version, worker)))
+        except (ValueError, RuntimeError, dist.DistError):
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    def _shares_gpu(self, version: int, worker: int) -> bool:
+        """The worker sits on this leader's GPU (same host, same device UUID) and IPC is on."""
+        if self.cfg.colocated != "ipc" or not self._gpu:
+            return False
+        info = self._ready_info(version, worker)
+        return info.get("gpu") == self._gpu and info.get("host") == self._host
+
+    def _backend(self, version: int, bcast: list[int]) -> str:
+        """The configured backend, or for ``auto`` NCCL when every member holds its own GPU."""
+        if self.cfg.backend != "auto":
+            return self.cfg.backend
+        gpus = [self._ready_info(version, w).get("gpu", "") for w in bcast]
+        distinct = len(set(gpus) | {self._gpu}) == len(gpus) + 1
+        return "nccl" if self._gpu and all(gpus) and distinct else "gloo"
 
     def _member_results(self, version: int, attempt: int, members: list[int]) -> list[int]:
         """Members that did not load this attempt (reported failure, lost, or silent past the timeout)."""
@@ -246,16 +264,32 @@ class WeightSender:
                 key = SyncKeys.result(version, self.stage, attempt, w)
                 if w not in results and self._store.check([key]):
                     results[w] = self._store.get(key) == b"1"
-                elif w not in results and self._hb.is_lost(WORKER, w):
+                elif w not in results and (self._hb.is_lost(WORKER, w) or self._gave_up(version, w)):
                     results[w] = False
             time.sleep(self._control.poll_interval_s)
         return [w for w in members if not results.get(w, False)]
+
+    def _gave_up(self, version: int, worker: int) -> bool:
+        """The worker posted that it failed this version (e.g. its engine could not load it)."""
+        return bool(self._store.check([SyncKeys.failed(version, worker)]))
+
+    def _failure(self, version: int, worker: int) -> str:
+        """Why ``worker`` did not take ``version``, naming it (role, rank, host, pid)."""
+        key = SyncKeys.failed(version, worker)
+        if self._store.check([key]):
+            reason = self._store.get(key).decode(errors="replace")
+            if reason != "1":
+                return reason
+        peer = describe_peer(self._store, WORKER, worker)
+        if self._hb.is_lost(WORKER, worker):
+            return f"{peer}: lost (no heartbeat)"
+        return f"{peer}: did not receive the weights (see its log)"
 
     def _drop_group_if_a_member_failed(self) -> None:
         """A member that failed the last sync may have dropped its end of the group: rebuild."""
         if self._group is None or self._last_version < 0:
             return
-        if any(self._store.check([SyncKeys.failed(self._last_version, w)]) for w in self._members):
+        if any(self._gave_up(self._last_version, w) for w in self._members):
             self._group, self._members = None, []
 
     def _live_workers(self) -> list[int]:
@@ -264,20 +298,16 @@ class WeightSender:
 
     def _gather_ready(self, version: int, attempt: int, redo: list[int] | None) -> tuple[list[int], list[str]]:
         """Wait for every live worker's safe point (on a retry: those in ``redo``); after
-        ``join_timeout_s`` go on with the ready ones."""
+        ``join_timeout_s`` go on with the ready ones, if any. A worker stuck before its safe point
+        is not the sync's to judge: the loop's progress watch names it if it never comes back."""
         start = time.monotonic()
         while True:
             live = [w for w in self._live_workers() if redo is None or w in redo]
             ready = [w for w in range(self._control.num_workers) if self._store.check([
                 SyncKeys.ready(version, w) if attempt == 0 else SyncKeys.retry_ready(version, self.stage, attempt, w)])]
             waiting = [w for w in live if w not in ready]
-            waited = time.monotonic() - start
-            if not waiting or ((ready or attempt > 0) and waited > self.cfg.join_timeout_s):
+            if not waiting or time.monotonic() - start > self.cfg.join_timeout_s:
                 break
-            if waited > self.cfg.join_timeout_s + self.cfg.collective_timeout_s:
-                names = "; ".join(describe_peer(self._store, WORKER, w) for w in waiting)
-                raise TransportTimeout(f"weight sync v{version} stage {self.stage}: no live worker reached a "
-                                       f"safe point in {waited:.0f} s: {names}")
             time.sleep(self._control.poll_interval_s)
         missing = [describe_peer(self._store, WORKER, w) for w in waiting]
         if missing:
@@ -285,32 +315,63 @@ class WeightSender:
                       version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
         return sorted(ready), missing
 
-    def _stream(self, version: int, attempt: int, named: Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int]:
+    # ---- streaming ----------------------------------------------------------------------------
+    def _stream(self, version: int, attempt: int, named: Iterable[tuple[str, torch.Tensor]],
+                ipc: list[int]) -> tuple[int, int]:
         state = {"n": 0, "attempt": attempt}
         try:
-            return self._stream_buckets(version, named, state)
+            return self._stream_buckets(version, named, state, ipc)
         except TransportTimeout:
             key = SyncKeys.bucket(version, self.stage, attempt, state["n"])
             self._store.set(key, json.dumps({"last": True, "aborted": True}))
             raise
 
-    def _stream_buckets(self, version: int, named: Iterable[tuple[str, torch.Tensor]], state: dict) -> tuple[int, int]:
+    def _bucket_device(self, ipc: list[int]) -> torch.device:
+        if self._device is not None:
+            return self._device
+        if ipc:
+            return torch.device("cuda", torch.cuda.current_device())
+        return self._group.device if self._group is not None else torch.device("cpu")
+
+    def _stream_buckets(self, version: int, named: Iterable[tuple[str, torch.Tensor]], state: dict,
+                        ipc: list[int]) -> tuple[int, int]:
         group, n, total, pending = self._group, 0, 0, None
-        device = self._device or group.device
-        for bucket in _buckets(named, self.cfg.bucket_bytes):
-            entries, buf = _pack(bucket, device)
+        device = self._bucket_device(ipc)
+        for bucket in buckets(named, self.cfg.bucket_bytes):
+            entries, buf = pack(bucket, device)
+            handle = share(buf) if ipc else None  # after the packing copies are enqueued
             if pending is not None:
                 pending()
-            header = {"last": False, "size": buf.numel(), "entries": [e.__dict__ for e in entries]}
+            header = {"last": False, "size": buf.numel(), "entries": [e.__dict__ for e in entries], "ipc": handle}
             self._store.set(SyncKeys.bucket(version, self.stage, state["attempt"], n), json.dumps(header))
             n, total = n + 1, total + sum(e.nbytes for e in entries)
             state["n"] = n
-            wait = group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n - 1}")
-            pending = lambda wait=wait, keep=buf: (wait(), keep)  # noqa: E731 - buf lives until its wait
+            waits = []
+            if group is not None:
+                waits.append(group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n - 1}"))
+            if ipc:
+                index = n - 1
+                waits.append(lambda index=index: self._await_done(version, state["attempt"], index, ipc))
+            pending = lambda waits=waits, keep=buf: [w() for w in waits]  # noqa: E731 - buf lives until done
         if pending is not None:
             pending()
         self._store.set(SyncKeys.bucket(version, self.stage, state["attempt"], n), json.dumps({"last": True}))
         return n, total
+
+    def _await_done(self, version: int, attempt: int, index: int, ipc: list[int]) -> None:
+        """Wait until every IPC member read bucket ``index``; a lost or failed one ends the attempt."""
+        deadline = time.monotonic() + self.cfg.collective_timeout_s
+        for w in ipc:
+            key = SyncKeys.done(version, self.stage, attempt, index, w)
+            while True:
+                try:
+                    wait_key(self._store, key, 1.0, "IPC done")
+                    break
+                except TransportTimeout:
+                    self._hb.refresh(self._store)
+                    if self._hb.is_lost(WORKER, w) or self._gave_up(version, w) or time.monotonic() > deadline:
+                        raise TransportTimeout(f"weight sync v{version} stage {self.stage} bucket {index}: "
+                                               f"{self._failure(version, w)}") from None
 
     def _await_acks(self, version: int, members: list[int], report: SyncReport) -> None:
         deadline = time.monotonic() + self.cfg.ack_timeout_s
@@ -319,9 +380,9 @@ class WeightSender:
             acked = [w for w in waiting if get_int(self._store, SyncKeys.ack(w), -1) >= version]
             report.acked += acked
             dead = [w for w in waiting if w not in acked and (
-                self._hb.is_lost(WORKER, w) or self._store.check([SyncKeys.failed(version, w)]))]
+                self._hb.is_lost(WORKER, w) or self._gave_up(version, w))]
             for w in dead:
-                report.missing.append(describe_peer(self._store, WORKER, w))
+                report.missing.append(self._failure(version, w))
             waiting = [w for w in waiting if w not in acked and w not in dead]
             if waiting:
                 time.sleep(self._control.poll_interval_s)
@@ -334,130 +395,7 @@ class WeightSender:
             log.error("weight sync v%d: no live rollout worker took part; published version stays", version)
             return
         if not report.acked:
-            raise TransportTimeout(f"weight sync v{version}: no rollout worker loaded it ({'; '.join(report.missing)})")
+            raise WeightSyncFailed(f"weight sync v{version}: no rollout worker loaded it: {'; '.join(report.missing)}")
         if version > published_version(self._store) or not self._store.check([Keys.PUBLISHED]):
             self._store.set(Keys.PUBLISHED, str(version))
         report.published = True
-
-
-class WeightReceiver:
-    """A rollout worker's end of weight sync; call ``maybe_sync`` at safe points.
-
-    Args:
-        load: ``Engine.load_weights``, called once per bucket with views into the received buffer.
-        initial_version: version of the weights the engine starts with (0: the same checkpoint the
-            trainer starts from), or -1 when the engine must wait for a first sync.
-    """
-
-    def __init__(
-        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
-        load: Callable[[Iterable[tuple[str, torch.Tensor]]], None], initial_version: int = 0,
-        device: torch.device | None = None,
-    ) -> None:
-        self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
-        self._load, self._device = load, device
-        self.version = initial_version  # weights the engine holds now; -1 = none valid
-        self._attempted = max(initial_version, get_int(store, SyncKeys.ack(worker_id), -1))
-        self._groups: dict[int, tuple[int, DataPlaneGroup]] = {}  # stage -> (epoch, group)
-        self._loaded_any = False  # a bucket of the sync in progress reached the engine
-
-    def pending(self) -> int | None:
-        """Version offered by stage 0 and not yet attempted, or None."""
-        v = get_int(self._store, SyncKeys.offer(0), -1)
-        return v if v > self._attempted else None
-
-    def can_generate(self) -> bool:
-        """True while the engine holds at least the published version (DESIGN.md section 3)."""
-        return self.version >= 0 and self.version >= published_version(self._store)
-
-    def maybe_sync(self) -> int | None:
-        """Take part in an offered sync, if any; returns the new version when it was loaded."""
-        version = self.pending()
-        if version is None:
-            return None
-        self._attempted = version
-        self._store.set(SyncKeys.ready(version, self.worker_id), "1")  # for every stage at once
-        self._loaded_any = False
-        ok = True
-        for stage in range(self._control.num_stages):
-            ok = self._receive_stage(version, stage) and ok
-        if not ok:
-            if self._loaded_any:  # weights of two versions mixed: none is valid until the next sync
-                self.version = -1
-            self._store.set(SyncKeys.failed(version, self.worker_id), "1")
-            log.error("rollout %d: missed sync of v%d (engine keeps v%d); waiting for the next",
-                      self.worker_id, version, self.version)
-            return None
-        if torch.cuda.is_available() and any(g.backend == "nccl" for _, g in self._groups.values()):
-            torch.cuda.synchronize()  # the copies into the engine are done before we ack
-        self.version = version
-        self._store.set(SyncKeys.ack(self.worker_id), str(version))
-        return version
-
-    def _receive_stage(self, version: int, stage: int) -> bool:
-        """Receive one stage, following the leader's retries after a failed attempt."""
-        attempt = 0
-        while True:
-            ok = self._receive_attempt(version, stage, attempt)
-            self._store.set(SyncKeys.result(version, stage, attempt, self.worker_id), "1" if ok else "0")
-            if ok:
-                return True
-            key = SyncKeys.verdict(version, stage, attempt)
-            try:
-                wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
-                         f"rollout {self.worker_id}, sync v{version} stage {stage}: verdict on attempt {attempt}")
-            except TransportTimeout as exc:
-                log.error("%s", exc)
-                return False
-            if self._store.get(key) != b"1":
-                return False
-            attempt += 1
-            self._store.set(SyncKeys.retry_ready(version, stage, attempt, self.worker_id), "1")
-
-    def _receive_attempt(self, version: int, stage: int, attempt: int) -> bool:
-        what = f"rollout {self.worker_id}, sync v{version} stage {stage} attempt {attempt}"
-        try:
-            key = SyncKeys.plan(version, stage, attempt)
-            wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
-                     f"{what}: plan of the stage leader")
-            plan = json.loads(self._store.get(key))
-            if self.worker_id not in plan["members"]:
-                log.error("%s: left out of the plan (late)", what)
-                return False
-            group = self._group(stage, plan["epoch"], plan["members"])
-            self._receive_buckets(version, stage, attempt, group, what)
-            return True
-        except TransportTimeout as exc:
-            log.error("%s failed: %s", what, exc)
-            self._groups.pop(stage, None)
-            return False
-
-    def _group(self, stage: int, epoch: int, members: list[int]) -> DataPlaneGroup:
-        cached = self._groups.get(stage)
-        if cached is not None and cached[0] == epoch:
-            return cached[1]
-        self._groups.pop(stage, None)
-        group = build_group(self._store, f"ws/{stage}/{epoch}", 1 + members.index(self.worker_id),
-                            len(members) + 1, self.cfg.backend, self.cfg.collective_timeout_s)
-        self._groups[stage] = (epoch, group)
-        return group
-
-    def _receive_buckets(self, version: int, stage: int, attempt: int, group: DataPlaneGroup, what: str) -> None:
-        index = 0
-        while True:
-            key = SyncKeys.bucket(version, stage, attempt, index)
-            wait_key(self._store, key, self.cfg.collective_timeout_s, f"{what}: bucket {index} header")
-            header = json.loads(self._store.get(key))
-            if header.get("aborted"):
-                raise TransportTimeout(f"{what}: the stage leader aborted the sync at bucket {index}")
-            if header["last"]:
-                return
-            buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
-            group.broadcast(buf, 0, f"{what} bucket {index}")
-            entries = [BucketEntry(**e) for e in header["entries"]]
-            named = _unpack(entries, buf)
-            if self._device is not None and self._device != buf.device:
-                named = [(n, t.to(self._device)) for n, t in named]
-            self._loaded_any = True
-            self._load(named)
-            index += 1

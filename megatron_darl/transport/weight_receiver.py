@@ -1,0 +1,193 @@
+"""A rollout worker's end of weight sync (the protocol is in ``weight_sync.py``).
+
+At each safe point the worker looks for a new offer; when there is one it posts "ready" with
+its GPU UUID and host (so a leader on the same GPU can hand it CUDA IPC handles instead of a
+broadcast), takes every PP stage's buckets, loads them into the engine in place, and acks.
+Transport failures (a leader died, a broadcast timed out) cost this one version: the worker
+keeps its old weights, waits for the next offer, and generates nothing meanwhile if those are
+stale. An engine that cannot load the weights is different: nothing later can fix it, so the
+worker posts why (the trainer's error names it) and raises ``WeightLoadError``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from megatron_darl.transport.buckets import BucketEntry, unpack
+from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
+from megatron_darl.transport.cuda_ipc import device_uuid, open_shared
+from megatron_darl.transport.process_group import DataPlaneGroup, build_group
+from megatron_darl.transport.store import (
+    WORKER, MemberInfo, TransportTimeout, get_int, published_version, wait_key,
+)
+from megatron_darl.transport.weight_sync import SyncKeys, WeightLoadError
+
+log = logging.getLogger(__name__)
+
+
+class WeightReceiver:
+    """A rollout worker's end of weight sync; call ``maybe_sync`` at safe points.
+
+    Args:
+        load: ``Engine.load_weights``, called once per bucket with views into the received buffer.
+        initial_version: version of the weights the engine starts with (0: the same checkpoint the
+            trainer starts from), or -1 when the engine must wait for a first sync.
+        device: move received tensors there before ``load`` (None: load them where they arrive).
+        gpu: UUID of the GPU the engine runs on ("" for none; None: the current CUDA device).
+    """
+
+    def __init__(
+        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
+        load: Callable[[Iterable[tuple[str, torch.Tensor]]], None], initial_version: int = 0,
+        device: torch.device | None = None, gpu: str | None = None,
+    ) -> None:
+        self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
+        self._load, self._device = load, device
+        self._gpu = device_uuid() if gpu is None else gpu
+        self.version = initial_version  # weights the engine holds now; -1 = none valid
+        self._attempted = max(initial_version, get_int(store, SyncKeys.ack(worker_id), -1))
+        self._groups: dict[int, tuple[int, DataPlaneGroup]] = {}  # stage -> (epoch, group)
+        self._loaded_any = False  # a bucket of the sync in progress reached the engine
+        self._me = MemberInfo.here(WORKER, worker_id).describe()
+
+    def pending(self) -> int | None:
+        """Version offered by stage 0 and not yet attempted, or None."""
+        v = get_int(self._store, SyncKeys.offer(0), -1)
+        return v if v > self._attempted else None
+
+    def can_generate(self) -> bool:
+        """True while the engine holds at least the published version (DESIGN.md section 3)."""
+        return self.version >= 0 and self.version >= published_version(self._store)
+
+    def maybe_sync(self) -> int | None:
+        """Take part in an offered sync, if any; returns the new version when it was loaded.
+
+        Raises ``WeightLoadError`` (after posting it for the trainer) when the engine could not
+        load the weights.
+        """
+        version = self.pending()
+        if version is None:
+            return None
+        self._attempted = version
+        ready = json.dumps({"gpu": self._gpu, "host": socket.gethostname()})
+        self._store.set(SyncKeys.ready(version, self.worker_id), ready)  # for every stage at once
+        self._loaded_any = False
+        ok = True
+        try:
+            for stage in range(self._control.num_stages):
+                ok = self._receive_stage(version, stage, ready) and ok
+        except WeightLoadError as exc:
+            self.version = -1 if self._loaded_any else self.version
+            self._store.set(SyncKeys.failed(version, self.worker_id), str(exc))
+            raise
+        if not ok:
+            if self._loaded_any:  # weights of two versions mixed: none is valid until the next sync
+                self.version = -1
+            self._store.set(SyncKeys.failed(version, self.worker_id), "1")
+            log.error("rollout %d: missed sync of v%d (engine keeps v%d); waiting for the next",
+                      self.worker_id, version, self.version)
+            return None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the copies into the engine are done before we ack
+        self.version = version
+        self._store.set(SyncKeys.ack(self.worker_id), str(version))
+        return version
+
+    def _receive_stage(self, version: int, stage: int, ready: str) -> bool:
+        """Receive one stage, following the leader's retries after a failed attempt."""
+        attempt = 0
+        while True:
+            ok = self._receive_attempt(version, stage, attempt)
+            self._store.set(SyncKeys.result(version, stage, attempt, self.worker_id), "1" if ok else "0")
+            if ok:
+                return True
+            key = SyncKeys.verdict(version, stage, attempt)
+            try:
+                wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
+                         f"rollout {self.worker_id}, sync v{version} stage {stage}: verdict on attempt {attempt}")
+            except TransportTimeout as exc:
+                log.error("%s", exc)
+                return False
+            if self._store.get(key) != b"1":
+                return False
+            attempt += 1
+            self._store.set(SyncKeys.retry_ready(version, stage, attempt, self.worker_id), ready)
+
+    def _receive_attempt(self, version: int, stage: int, attempt: int) -> bool:
+        what = f"rollout {self.worker_id}, sync v{version} stage {stage} attempt {attempt}"
+        try:
+            key = SyncKeys.plan(version, stage, attempt)
+            wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
+                     f"{what}: plan of the stage leader")
+            plan = json.loads(self._store.get(key))
+            if self.worker_id not in plan["members"]:
+                log.error("%s: left out of the plan (late)", what)
+                return False
+            group = None
+            if self.worker_id not in plan.get("ipc", []):
+                bcast = [w for w in plan["members"] if w not in plan.get("ipc", [])]
+                group = self._group(stage, plan["epoch"], bcast, plan.get("backend", self.cfg.backend))
+            self._receive_buckets(version, stage, attempt, group, what)
+            return True
+        except TransportTimeout as exc:
+            log.error("%s failed: %s", what, exc)
+            self._groups.pop(stage, None)
+            return False
+
+    def _group(self, stage: int, epoch: int, members: list[int], backend: str) -> DataPlaneGroup:
+        cached = self._groups.get(stage)
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        self._groups.pop(stage, None)
+        group = build_group(self._store, f"ws/{stage}/{epoch}", 1 + members.index(self.worker_id),
+                            len(members) + 1, backend, self.cfg.collective_timeout_s)
+        self._groups[stage] = (epoch, group)
+        return group
+
+    def _receive_buckets(self, version: int, stage: int, attempt: int, group: DataPlaneGroup | None,
+                         what: str) -> None:
+        """Every bucket of one attempt: broadcast over ``group``, or mapped by CUDA IPC (None)."""
+        index = 0
+        while True:
+            key = SyncKeys.bucket(version, stage, attempt, index)
+            wait_key(self._store, key, self.cfg.collective_timeout_s, f"{what}: bucket {index} header")
+            header = json.loads(self._store.get(key))
+            if header.get("aborted"):
+                raise TransportTimeout(f"{what}: the stage leader aborted the sync at bucket {index}")
+            if header["last"]:
+                return
+            entries = [BucketEntry(**e) for e in header["entries"]]
+            if group is None:
+                self._load_ipc_bucket(header, entries, f"{what} bucket {index}")
+                self._store.set(SyncKeys.done(version, stage, attempt, index, self.worker_id), "1")
+            else:
+                buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
+                group.broadcast(buf, 0, f"{what} bucket {index}")
+                self._load_bucket(unpack(entries, buf), f"{what} bucket {index}")
+            index += 1
+
+    def _load_ipc_bucket(self, header: dict, entries: list[BucketEntry], what: str) -> None:
+        """Map the leader's buffer, load from it, and let go of it before saying "done"."""
+        try:
+            buf = open_shared(header["ipc"])
+        except (ValueError, RuntimeError) as exc:
+            raise WeightLoadError(f"{self._me}: cannot map the leader's weights ({what}): {exc}") from exc
+        self._load_bucket(unpack(entries, buf), what)
+        torch.cuda.synchronize(buf.device)  # our reads of the leader's memory are over
+        del buf
+
+    def _load_bucket(self, named: list[tuple[str, torch.Tensor]], what: str) -> None:
+        if self._device is not None:
+            named = [(n, t.to(self._device)) for n, t in named]
+        self._loaded_any = True
+        try:
+            self._load(named)
+        except Exception as exc:  # noqa: BLE001 - any engine error means this engine cannot go on
+            raise WeightLoadError(f"{self._me}: the engine could not load the weights ({what}): "
+                                  f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,86 @@
+"""The main job (``python -m launch.train``, real trainer and worker processes) under faults on
+the rollout side: it must end non-zero within its timeout, with one line naming the cause and
+the worker, a checkpoint written, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+INJECT = Path(__file__).resolve().parent / "inject"
+
+
+def _launch(run_dir: Path, *overrides: str, env: dict | None = None, timeout: float = 600) -> tuple[int, str, float]:
+    cmd = [sys.executable, "-m", "launch.train", "experiment=smoke", f"loop.run_dir={run_dir}",
+           "transport.control.port=0", "cluster.master_port=0", "cluster.grace_s=10", *overrides]
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def _mismatched_engine_model(tmp_path: Path) -> Path:
+    """An HF checkpoint the engine can load and generate with, but with a wider MLP than the
+    trainer's policy (a user pointing ``engine.model_path`` at the wrong model)."""
+    import torch
+    import transformers
+
+    from megatron_darl.loop.warmstart import WarmStartConfig, ensure_warm_policy
+
+    policy = ensure_warm_policy(WarmStartConfig(), log=lambda *_: None)
+    cfg = transformers.AutoConfig.from_pretrained(policy)
+    cfg.intermediate_size *= 2
+    torch.manual_seed(0)
+    out = tmp_path / "wrong_model"
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    return out
+
+
+@pytest.mark.fault(kind="rollout fault", name="engine cannot load the weights")
+def test_a_weight_sync_no_worker_can_load_ends_the_run_naming_the_worker(tmp_path):
+    """The worker says why it cannot load and exits; the run ends non-zero within seconds, naming
+    rollout 0 and the engine's error; the trainer checkpoints first."""
+    wrong = _mismatched_engine_model(tmp_path)
+    run_dir = tmp_path / "run"
+    code, out, seconds = _launch(run_dir, f"engine.model_path={wrong}", "loop.steps=20")
+    assert code != 0, out[-3000:]
+    last = [line for line in out.splitlines() if "run failed" in line][-1]
+    assert "rollout 0 (" in last and "could not load the weights" in last and "has shape" in last, last
+    trainer = (run_dir / "logs" / "trainer0.exit").read_text()
+    assert "failed for every rollout worker" in trainer and "rollout 0 (" in trainer, trainer
+    assert (run_dir / "logs" / "rollout0.exit").read_text().startswith("rollout 0 (")
+    assert list((run_dir / "checkpoints").glob("step_*")), "no checkpoint before giving up"
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and json.loads(rows[0])["version"] == 1.0  # one step, then the failed sync
+    assert seconds < 240, seconds
+
+
+@pytest.mark.fault(kind="rollout fault", name="worker alive but producing nothing")
+def test_a_worker_that_stops_producing_ends_the_run_within_the_timeout(tmp_path):
+    """A worker that keeps beating but sends no group: the trainer gives up once
+    loop.receive_timeout_s passes without a group (a weight sync that waited join_timeout_s for
+    the stuck worker counts in it), naming the worker as alive but sending nothing, after a
+    checkpoint; the steps made before are kept."""
+    timeout = 12.0
+    run_dir = tmp_path / "run"
+    code, out, _ = _launch(run_dir, f"loop.receive_timeout_s={timeout}", "loop.steps=50",
+                           "transport.weight_sync.join_timeout_s=4",
+                           env={"PYTHONPATH": f"{INJECT}:{REPO}", "DARL_FAULT": "stall_after:2"})
+    assert code == 1, out[-3000:]
+    last = [line for line in out.splitlines() if "run failed" in line][-1]
+    assert "trainer 0 exited with code 1" in last and "no new group for" in last, last
+    assert "rollout 0 (" in last and "alive but sending nothing" in last, last
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert 1 <= len(rows) < 50
+    saved = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert saved and int(saved[-1].name.split("_")[1]) == len(rows)  # every step made is kept
+    idle = float(last.split("no new group for ")[1].split(" s")[0])
+    assert timeout <= idle <= timeout + 5, last  # gave up at the timeout, not minutes later
