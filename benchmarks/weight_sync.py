@@ -8,7 +8,13 @@ processes in the same run; ``ratio_to_bound`` = seconds / bound_seconds (target 
 
     python benchmarks/weight_sync.py --model 4b                # 2 GPUs
     python benchmarks/weight_sync.py --model 4b --workers 4    # 5 GPUs
+    python benchmarks/weight_sync.py --model 4b --colocated ipc   # 1 GPU shared (CUDA IPC)
+    python benchmarks/weight_sync.py --model 4b --colocated gloo  # 1 GPU shared, host fallback
     python benchmarks/weight_sync.py --tiny --workers 2        # CPU smoke check (gloo)
+
+Colocated (trainer and worker on GPU 0, ``config.path`` ``colocated`` or ``colocated_gloo``):
+``bound_seconds`` is one device-to-device copy of the same bytes on that GPU, the least any
+path must do (the worker's copy into its parameters).
 
 A TP/PP trainer exports through its stage leaders (``trainer.export_hf_stage``); the whole path
 at TP2/TP4 is timed by the loop itself (``weight_sync_seconds`` in metrics.jsonl), e.g.
@@ -71,6 +77,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--bucket-mb", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, default=1, help="rollout workers, one GPU each")
+    p.add_argument("--colocated", choices=["ipc", "gloo"], default=None,
+                   help="one worker on the trainer's GPU 0: CUDA IPC handles or gloo through host memory")
     p.add_argument("--index", type=int, default=0, help="(worker role) this worker's index")
     p.add_argument("--role", default="main", choices=["main", "trainer", "worker"])
     p.add_argument("--port", type=int, default=0)
@@ -86,7 +94,8 @@ def _transport(a: argparse.Namespace):
 
     control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, store_timeout_s=600,
                                  poll_interval_s=0.0005)
-    sync = WeightSyncConfig(backend="gloo" if a.tiny else "nccl", bucket_bytes=a.bucket_mb << 20,
+    backend = "gloo" if a.tiny else ("auto" if a.colocated else "nccl")
+    sync = WeightSyncConfig(backend=backend, colocated=a.colocated or "ipc", bucket_bytes=a.bucket_mb << 20,
                             join_timeout_s=600, collective_timeout_s=600, ack_timeout_s=600)
     return control, HeartbeatConfig(interval_s=0.5, timeout_s=60), sync
 
@@ -105,6 +114,21 @@ def _bound(store, rank: int, world: int, nbytes: int, backend: str, device: torc
         _sync(device)
         t0 = time.perf_counter()
         group.broadcast(buf, 0, "bound buffer")
+        _sync(device)
+        if i >= 2:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _copy_bound(nbytes: int, device: torch.device, repeats: int) -> float:
+    """Best time of one device-to-device copy of ``nbytes`` (the colocated floor)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for i in range(repeats + 2):
+        _sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
         _sync(device)
         if i >= 2:
             best = min(best, time.perf_counter() - t0)
@@ -134,7 +158,10 @@ def trainer(a: argparse.Namespace) -> None:
             times.append(time.perf_counter() - t0)
         nbytes = report.bytes
         assert report.published and sorted(report.acked) == list(range(a.workers)), report
-    bound = _bound(store, 0, a.workers + 1, nbytes, sync.backend, device, a.repeats)
+    if a.colocated:
+        bound = _copy_bound(nbytes, device, a.repeats)
+    else:
+        bound = _bound(store, 0, a.workers + 1, nbytes, sync.backend, device, a.repeats)
     seconds = min(times)
     metrics = {"seconds": seconds, "seconds_mean": sum(times) / len(times), "bound_seconds": bound,
                "ratio_to_bound": seconds / bound, "bytes": nbytes, "gb_per_s": nbytes / seconds / 1e9}
@@ -142,6 +169,9 @@ def trainer(a: argparse.Namespace) -> None:
               "dtype": "fp32" if a.tiny else "bf16"}
     if a.workers > 1:  # records of one worker keep their earlier config (and table row)
         config["workers"] = a.workers
+    if a.colocated:
+        config["path"] = "colocated" if a.colocated == "ipc" else "colocated_gloo"
+        config["backend"] = "cuda_ipc" if a.colocated == "ipc" else "gloo"
     print_table([{**config, **metrics}])
     print(write_result("weight_sync", config, metrics, a.out_dir))
     store.set("bench/done", "1")
@@ -153,7 +183,7 @@ def worker(a: argparse.Namespace) -> None:
     from megatron_darl.rollout.engines.hf import HFEngine
     from megatron_darl.transport import WORKER, Heartbeat, MemberInfo, WeightReceiver, connect_store, register
 
-    device = torch.device("cpu") if a.tiny else torch.device("cuda", 1 + a.index)
+    device = torch.device("cpu") if a.tiny else torch.device("cuda", 0 if a.colocated else 1 + a.index)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     control, hb_cfg, sync = _transport(a)
@@ -168,7 +198,8 @@ def worker(a: argparse.Namespace) -> None:
         receiver.maybe_sync()
         time.sleep(0.0005)
     nbytes = sum(t.numel() * t.element_size() for _, t in export(model))
-    _bound(store, 1 + a.index, a.workers + 1, nbytes, sync.backend, device, a.repeats)
+    if not a.colocated:
+        _bound(store, 1 + a.index, a.workers + 1, nbytes, sync.backend, device, a.repeats)
     store.wait(["bench/done"])
     hb.close()
 
@@ -179,7 +210,9 @@ def main() -> None:
         return trainer(a)
     if a.role == "worker":
         return worker(a)
-    if not a.tiny and torch.cuda.device_count() < 1 + a.workers:
+    if a.colocated and (a.workers != 1 or a.tiny or not torch.cuda.is_available()):
+        sys.exit("weight_sync --colocated: one worker on GPU 0 beside the trainer (needs a GPU)")
+    if not a.tiny and not a.colocated and torch.cuda.device_count() < 1 + a.workers:
         sys.exit(f"weight_sync --workers {a.workers} needs {1 + a.workers} GPUs (trainer on GPU0, "
                  f"workers on the next); {torch.cuda.device_count()} visible; use --tiny on CPU")
     from megatron_darl.transport.store import free_port
@@ -189,6 +222,7 @@ def main() -> None:
             "--repeats", str(a.repeats), "--port", str(port), "--workers", str(a.workers)]
     args += ["--out-dir", str(a.out_dir)] if a.out_dir else []
     args += ["--tiny"] if a.tiny else []
+    args += ["--colocated", a.colocated] if a.colocated else []
     procs = [subprocess.Popen(args + ["--role", "trainer"])]
     procs += [subprocess.Popen(args + ["--role", "worker", "--index", str(i)]) for i in range(a.workers)]
     try:

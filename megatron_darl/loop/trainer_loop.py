@@ -43,6 +43,19 @@ class RunAborted(RuntimeError):
     """The trainer gave up after writing a checkpoint; the message is the one line saying why."""
 
 
+class _Clock:
+    """Wall seconds of the parts of one step, each since the previous lap (``*_seconds`` metrics)."""
+
+    def __init__(self, **laps: float) -> None:
+        self.laps: dict[str, float] = dict(laps)
+        self._last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
+        self._last = now
+
+
 class TrainerRunConfig(Protocol):
     """The parts of the run config the trainer loop reads (``launch.config.RunConfig``)."""
 
@@ -129,6 +142,7 @@ class TrainerLoop:
         self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
         self.sync_seconds = 0.0
         self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
+        self._engine_total = 0.0  # rollout engine seconds seen so far (rank 0's metric)
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _checkpoints(self) -> list[Path]:
@@ -226,26 +240,31 @@ class TrainerLoop:
             return False
         groups = received.groups
         self._count(groups)
-        receive_s = time.monotonic() - start
+        clock = _Clock(receive_wait_seconds=time.monotonic() - start)
         sums: dict[str, Any] = dict(p.receive(groups, step, t))
         cand, scores = p.candidate_batch(), {}
         sums.update(mismatch_k3_sum=0.0, mismatch_tokens=0.0)  # same keys on an empty shard
         if cand is not None:
             sums.update(p.store_logprobs(cand, self.trainer.compute_logprobs(cand.batch), t))
             scores = p.score(cand, step)
+        clock.lap("logprob_seconds")
         sums.update(score_sums(scores))
         sel = p.select(step, scores, t)
         sums.update(p.selection_sums(sel, t))
         tokens = dp_sum(sel.version_tokens.clone(), ps)
+        clock.lap("plan_seconds")
         sums["backfilled"] = float(self._backfill(sel, tokens))
         tb = p.training_batch(sel, tokens, t)
+        clock.lap("backfill_seconds")
         result = self.trainer.train_step(tb.batch, self.loss_fn)
         sums.update(tb.sums)
         if self.use_snapshots:
             self.trainer.snapshot(keep_last=self.cfg.replay.k)
+        clock.lap("train_seconds")
         self._publish()
+        clock.lap("publish_seconds")
         sums.update(p.evict(self.trainer.version))
-        self._log(step, sums, result, receive_s, time.monotonic() - start)
+        self._log(step, sums, result, clock.laps, time.monotonic() - start)
         return True
 
     def _count(self, groups) -> None:
@@ -270,7 +289,7 @@ class TrainerLoop:
             filled += p.backfill_nearest(sel, need)
         return filled
 
-    def _log(self, step: int, sums: dict[str, Any], result, receive_s: float, wall_s: float) -> None:
+    def _log(self, step: int, sums: dict[str, Any], result, laps: dict[str, float], wall_s: float) -> None:
         if not (self.ps.tp_rank == 0 and self.ps.pp_rank == 0):
             return
         reduced = reduce_stats(sums, lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
@@ -282,11 +301,22 @@ class TrainerLoop:
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
             "rollout_tokens_per_s": reduced.get("response_tokens_received", 0.0) / gen_s,
             "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
-            "receive_wait_seconds": receive_s,
+            "generation_seconds": self._engine_seconds(), **laps,
             "version": float(self.trainer.version),
             **{k: v for k, v in result.stats.items()},
         }
         self.logger.log(step, step_metrics(reduced, trainer))
+
+    def _engine_seconds(self) -> float:
+        """Engine seconds the rollout workers spent generating since the last step (all workers)."""
+        from megatron_darl.transport.store import Keys
+
+        store, total = self.ep.store, 0.0
+        for w in range(self.cfg.transport.control.num_workers):
+            key = Keys.engine_seconds(w)
+            total += float(store.get(key)) if store.check([key]) else 0.0
+        delta, self._engine_total = total - self._engine_total, total
+        return delta
 
     def _shutdown(self, step: int) -> None:
         from megatron_darl.transport import WORKER, request_stop, wait_for_exits

@@ -35,6 +35,7 @@ from megatron_darl.transport import (
     stop_requested,
 )
 from megatron_darl.transport.cuda_ipc import device_uuid
+from megatron_darl.transport.store import Keys
 
 log = logging.getLogger(__name__)
 EXIT_OK = 0
@@ -93,6 +94,7 @@ class RolloutWorker:
         self.groups_sent = 0  # groups posted to hubs by this process
         self.weights_version = cfg.initial_version  # version the engine holds (-1: none valid)
         self.exit_reason = ""  # one line on why ``run`` returned non-zero
+        self.engine_seconds = 0.0  # wall seconds inside ``engine.generate`` (posted for the trainer)
 
     def state_dict(self) -> dict[str, Any]:
         """Resumable position: prompt source and group counter."""
@@ -160,7 +162,7 @@ class RolloutWorker:
             if not tickets:
                 time.sleep(self.cfg.idle_sleep_s)
                 continue
-            pending += self._generate(tickets, receiver.version, pool)
+            pending += self._generate(store, tickets, receiver.version, pool)
         # Drain what was generated, but only while the hub still takes groups: a trainer that
         # stopped receiving would leave us waiting on back-pressure until the store closes, so
         # give up after half the heartbeat timeout (the trainer waits a full one for our exit).
@@ -182,9 +184,13 @@ class RolloutWorker:
             tickets.append(ticket)
         return tickets
 
-    def _generate(self, tickets: list[StartTicket], version: int, pool: ThreadPoolExecutor) -> list[_Pending]:
+    def _generate(self, store: dist.Store, tickets: list[StartTicket], version: int,
+                  pool: ThreadPoolExecutor) -> list[_Pending]:
         records = [self.prompts.next() for _ in tickets]
+        start = time.monotonic()
         outputs = self.engine.generate([list(r.token_ids) for r in records], self.sampling)
+        self.engine_seconds += time.monotonic() - start
+        store.set(Keys.engine_seconds(self.cfg.worker_id), repr(self.engine_seconds))
         out = []
         for ticket, record, gens in zip(tickets, records, outputs):
             group = self._group(record, gens, version)

@@ -156,6 +156,7 @@ class WeightSender:
         self._device = device
         self._gpu = device_uuid(device)  # "" on CPU: no worker can share it
         self._host = socket.gethostname()
+        self._path = ""  # how the last sync reached its members (logged when it changes)
 
     def publish(self, version: int, named_tensors: NamedTensors) -> SyncReport:
         """Send this stage's HF-named full tensors as ``version``; stage 0 also waits for acks.
@@ -212,6 +213,11 @@ class WeightSender:
         plan = {"epoch": self._epoch, "members": members, "ipc": ipc, "backend": backend}
         self._store.set(SyncKeys.plan(version, self.stage, attempt), json.dumps(plan))
         report.ipc = ipc
+        path = f"CUDA IPC to {ipc}, {backend} broadcast to {bcast}" if ipc and bcast else (
+            f"CUDA IPC to {ipc}" if ipc else f"{backend} broadcast to {bcast}")
+        if members and path != self._path:
+            log.info("weight sync stage %d: %s", self.stage, path)
+            self._path = path
         if not members:
             return []
         try:

@@ -1,0 +1,140 @@
+"""Benchmark ``loop_profile``: where a step of the full async loop goes at a real model size.
+
+Runs the real main job (``python -m launch.train``: Megatron trainer and ``hf`` rollout worker as
+separate processes) with a randomly initialised Qwen3 of a real shape (default 1.7B, bf16),
+D-ARL, ``--groups`` x ``--group-size`` samples per step and ``--new-tokens`` new tokens (a random
+policy rarely stops early, so responses run to the limit), on one GPU shared by trainer and
+worker (``gpu1``: weights by CUDA IPC) and, with two GPUs, disaggregated (``gpu2``: NCCL). A
+random policy earns no reward, so every group would be degenerate and dropped: the runs set
+``replay.drop_degenerate=false`` so that the log-prob pass and the train step do their full work.
+
+From the run's own ``metrics.jsonl`` (steps after the first, which compiles and warms up), per
+step in seconds: ``generation`` (rollout engine time, from the worker; it overlaps the trainer's
+work in the async loop), ``receive_wait`` (trainer idle until the step's groups arrived),
+``logprob`` (candidate log-prob pass), ``plan`` (score, select), ``backfill``, ``train`` (the
+optimizer step), ``weight_sync`` (export, send, load, ack), and each as a fraction of the step.
+
+    python benchmarks/loop_profile.py                       # 1.7B, gpu1 (+ gpu2 with 2 GPUs)
+    python benchmarks/loop_profile.py --model tiny --layouts cpu --steps 3   # CPU smoke check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.record import print_table, write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ("generation_seconds", "receive_wait_seconds", "logprob_seconds", "plan_seconds",
+         "backfill_seconds", "train_seconds", "weight_sync_seconds")
+TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True}
+
+
+def build_policy(model: str, out: Path) -> Path:
+    """A random-init HF checkpoint of ``configs/model/<model>.yaml`` (bf16) with the built-in
+    task's tokenizer (the warm start's); ids past its vocabulary decode to nothing."""
+    import torch
+    import transformers
+    import yaml
+
+    from megatron_darl.loop.warmstart import WarmStartConfig, ensure_warm_policy
+
+    if model == "tiny":
+        fields = dict(TINY)
+    else:
+        fields = dict(yaml.safe_load((REPO / "configs" / "model" / f"{model}.yaml").read_text())["hf_config"])
+    fields = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
+    tokenizer_dir = ensure_warm_policy(WarmStartConfig(), log=lambda *_: None)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    fields.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                  bos_token_id=tokenizer.bos_token_id)
+    cfg = transformers.Qwen3Config(**fields)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def run_layout(layout: str, policy: Path, a: argparse.Namespace, run_dir: Path) -> list[dict]:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    trainer = "cpu_tiny" if layout == "cpu" else "default"
+    cmd = [sys.executable, "-m", "launch.train", f"cluster={layout}", f"trainer={trainer}",
+           f"model.path={policy}", f"model.name={a.model}", f"algorithm={a.variant}",
+           f"algorithm.groups_per_step={a.groups}", f"algorithm.group_size={a.group_size}",
+           f"worker.groups_per_batch={a.groups}", f"sampling.max_new_tokens={a.new_tokens}",
+           f"loop.steps={a.steps}", f"loop.run_dir={run_dir}", "loop.progress_bar=false",
+           "loop.plot=false", "loop.tensorboard=false", "transport.control.port=0",
+           "cluster.master_port=0", "replay.drop_degenerate=false", *a.overrides]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{layout} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def profile(rows: list[dict]) -> dict:
+    """Mean seconds per step of each part over the steps after the first, and their fractions."""
+    steady = rows[1:] or rows
+    step = statistics.fmean(r["step_seconds"] for r in steady)
+    out = {"steps_measured": len(steady), "step_seconds": step,
+           "samples_per_s": statistics.fmean(r["samples_received"] for r in steady) / step,
+           "trainer_tokens_per_s": statistics.fmean(r.get("trainer_tokens_per_s") or 0.0 for r in steady),
+           "mfu": statistics.fmean(r.get("mfu") or 0.0 for r in steady),
+           "first_step_seconds": rows[0]["step_seconds"]}
+    for part in PARTS:
+        mean = statistics.fmean(float(r.get(part) or 0.0) for r in steady)
+        name = part.removesuffix("_seconds")
+        out[f"{name}_seconds"] = mean
+        out[f"{name}_fraction"] = mean / step
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen3_1.7b", help="configs/model/<name>.yaml, or tiny")
+    p.add_argument("--layouts", default="", help="comma list of cluster presets (default gpu1[,gpu2])")
+    p.add_argument("--variant", default="darl")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--timeout", type=float, default=1500)
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/darl_loop_profile"))
+    p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    a = p.parse_args()
+    import torch
+
+    layouts = [x for x in a.layouts.split(",") if x] or (
+        ["gpu1"] + (["gpu2"] if torch.cuda.device_count() >= 2 else []) if torch.cuda.is_available() else ["cpu"])
+    policy = build_policy(a.model, a.work_dir / "policy")
+    rows_out = []
+    for layout in layouts:
+        start = time.monotonic()
+        metrics = profile(run_layout(layout, policy, a, a.work_dir / layout))
+        metrics["launch_seconds"] = time.monotonic() - start
+        config = {"model": a.model, "layout": layout, "variant": a.variant, "groups": a.groups,
+                  "group_size": a.group_size, "new_tokens": a.new_tokens, "steps": a.steps, "engine": "hf"}
+        print(write_result("loop_profile", config, metrics, a.out_dir))
+        rows_out.append({"layout": layout, **{k: v for k, v in metrics.items() if not k.endswith("_fraction")}})
+        rows_out.append({"layout": f"{layout} (fraction)", **{
+            k.replace("_fraction", "_seconds"): v for k, v in metrics.items() if k.endswith("_fraction")}})
+    print_table(rows_out)
+
+
+if __name__ == "__main__":
+    main()
