@@ -72,13 +72,16 @@ def build_policy(model: str, out: Path) -> Path:
 def run_layout(layout: str, policy: Path, a: argparse.Namespace, run_dir: Path) -> list[dict]:
     shutil.rmtree(run_dir, ignore_errors=True)
     trainer = "cpu_tiny" if layout == "cpu" else "default"
+    # one 80 GB GPU holds the 1.7B trainer (fp32 Adam state) and the engine only with smaller
+    # micro-batches (the logits of 16k tokens alone are 5 GB in bf16)
+    budget = ["trainer.micro_batch.token_budget=8192"] if layout == "gpu1" else []
     cmd = [sys.executable, "-m", "launch.train", f"cluster={layout}", f"trainer={trainer}",
            f"model.path={policy}", f"model.name={a.model}", f"algorithm={a.variant}",
            f"algorithm.groups_per_step={a.groups}", f"algorithm.group_size={a.group_size}",
            f"worker.groups_per_batch={a.groups}", f"sampling.max_new_tokens={a.new_tokens}",
            f"loop.steps={a.steps}", f"loop.run_dir={run_dir}", "loop.progress_bar=false",
            "loop.plot=false", "loop.tensorboard=false", "transport.control.port=0",
-           "cluster.master_port=0", "replay.drop_degenerate=false", *a.overrides]
+           "cluster.master_port=0", "replay.drop_degenerate=false", *budget, *a.overrides]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout)
     if proc.returncode != 0:

@@ -136,7 +136,7 @@ def _copy_bound(nbytes: int, device: torch.device, repeats: int) -> float:
 
 
 def trainer(a: argparse.Namespace) -> None:
-    from megatron_darl.transport import TRAINER, Heartbeat, MemberInfo, WeightSender, register, serve_store
+    from megatron_darl.transport import TRAINER, WORKER, Heartbeat, MemberInfo, WeightSender, register, serve_store
 
     device = torch.device("cpu") if a.tiny else torch.device("cuda", 0)
     if device.type == "cuda":
@@ -148,6 +148,11 @@ def trainer(a: argparse.Namespace) -> None:
     hb = Heartbeat(control, hb_cfg, me).start()
     model = build_model(a.model, device, torch.float32 if a.tiny else torch.bfloat16)
     sender = WeightSender(store, control, sync, 0, hb, device=device)
+    deadline = time.monotonic() + 600
+    while not all(hb.is_alive(WORKER, w) for w in range(a.workers)):  # every worker beats first
+        assert time.monotonic() < deadline, "benchmark workers did not start"
+        hb.refresh(store)
+        time.sleep(0.05)
     times, nbytes = [], 0
     for version in range(1, a.repeats + 2):
         _sync(device)
