@@ -59,10 +59,10 @@ class StepResult:
     num_tokens: int  # all tokens of the step over DP (prompt + response)
     num_loss_tokens: int  # scored tokens of the step over DP
     seconds: float  # wall time of the step
-    optimizer_steps: int = 1  # optimizer steps (mini-batches x epochs) behind this version
     tokens_per_s: float  # num_tokens / seconds (all DP replicas together)
     mfu: float  # model FLOPs utilisation, full-attention convention (see flops.py)
     stats: dict[str, float] = field(default_factory=dict)  # loss_fn stats, token-weighted mean
+    optimizer_steps: int = 1  # optimizer steps (mini-batches x epochs) behind this version
 
 
 class PolicyTrainer:
