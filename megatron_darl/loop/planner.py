@@ -282,10 +282,11 @@ class ShardPlanner:
         """The train step's PPO mini-batches: behavior weights, ratio base and advantages fixed
         once for the whole step (DESIGN 4.6), the selection cut into M contiguous parts.
 
-        With nothing selected on this shard, or fewer samples than mini-batches, a part is one
-        zero-weight sample (a buffered one, or a two-token stand-in when the buffer is empty, as
-        at step 0 when the hash split sent every group to other shards): every DP shard takes
-        the same M x epochs optimizer steps, with zero loss where it has nothing.
+        With nothing selected on this shard, or fewer samples than mini-batches, a part is a
+        two-token zero-weight stand-in (``batch`` then holds a buffered sample, or the stand-in
+        when the buffer is empty, as at step 0 when the hash split sent every group to other
+        shards): every DP shard takes the same M x epochs optimizer steps, with zero loss where
+        it has nothing.
         """
         filler = not sel.entries
         if filler:  # zero weight and advantage: no loss, no gradient, no log-prob pass needed
@@ -315,8 +316,8 @@ class ShardPlanner:
         """M contiguous parts of the samples (sizes differ by at most one), fillers where empty."""
         out = []
         for idx in torch.arange(len(samples)).tensor_split(self.algorithm.ppo_minibatches):
-            if filler or idx.numel() == 0:
-                s = [self._filler(version)]
+            if filler or idx.numel() == 0:  # one scored token: adds 1 to the step's token count
+                s = [_filler_sample(version)]
                 zero = torch.zeros(response_mask(s).shape, dtype=torch.float32)
                 out.append(sequence_batch(s, {"weights": zero, "logp_base": zero},
                                           {"advantages": torch.zeros(1)}))
