@@ -112,3 +112,19 @@ def test_sigterm_checkpoint_and_resume(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == total
     assert summary["samples_generated"] == sum(r["samples_received"] for r in rows)
+
+
+@pytest.mark.slow
+def test_darl_resume_restores_snapshots_and_backfills_exactly(tmp_path):
+    """The loop writes the window's parameter snapshots with its checkpoint and a resumed darl
+    run backfills from them: no nearest-version fallback in the steps after the restart."""
+    first = run_smoke(tmp_path, "algorithm=darl", steps=STEPS)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    snaps = sorted(p.name for p in (tmp_path / "checkpoints" / f"step_{STEPS:06d}" / "snapshots").iterdir())
+    assert snaps == [f"v{v:08d}" for v in range(STEPS)]  # K = 4: versions t-3..t-1 (t is the model)
+    again = run_smoke(tmp_path, "algorithm=darl", "loop.resume=true", steps=STEPS + 2)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "holds no parameter snapshots" not in again.stdout + again.stderr
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(STEPS + 2))
+    assert all(r["backfill_nearest"] == 0.0 for r in rows)
