@@ -25,6 +25,7 @@ import resume_procs  # noqa: E402
 import trainer_procs  # noqa: E402
 
 ROW_TOL = 1e-5  # Megatron (padded micro-batches) vs HF, fp32
+pytestmark = pytest.mark.slow  # ~50 s: three 2-rank runs of 3 to 7 steps
 
 
 @pytest.fixture(scope="module")
