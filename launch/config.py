@@ -17,7 +17,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_darl.data.config import DataConfig
-from megatron_darl.loop.config import AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig
+from megatron_darl.loop.config import (
+    AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig, density_temperature,
+)
 from megatron_darl.loop.warmstart import WarmStartConfig
 from megatron_darl.rollout.engines.base import EngineConfig, SamplingConfig
 from megatron_darl.rollout.worker import RolloutWorkerConfig
@@ -117,6 +119,8 @@ def check_consistent(cfg: RunConfig) -> None:
     if cfg.algorithm.groups_per_step % dp:
         raise ValueError(f"algorithm.groups_per_step={cfg.algorithm.groups_per_step} must be a "
                          f"multiple of the DP size {dp}")
+    # the trainer scores the sampler's density: refuses truncated sampling (names the fields)
+    density_temperature(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k)
 
 
 def register_schema() -> None:

@@ -5,9 +5,12 @@ these functions into its own loss (docs/algorithm.md shows how).
 """
 
 from megatron_darl.algorithms.advantages import grpo_advantages
-from megatron_darl.algorithms.importance import behavior_weights, mixture_log_density, version_alpha
+from megatron_darl.algorithms.importance import (
+    CapMode, behavior_weights, capped_tokens, mixture_log_density, version_alpha,
+)
 from megatron_darl.algorithms.loss import MAX_LOG_RATIO, PolicyLossStats, policy_loss
 from megatron_darl.algorithms.scores import (
+    RATIO_SCORES,
     SCORES,
     ScoreKind,
     ess_score,
@@ -27,14 +30,18 @@ from megatron_darl.algorithms.variants import (
     VariantSpec,
     WeightRule,
     batch_behavior_weights,
+    needs_logprob_pass,
     variant_spec,
+    with_rollout_is,
 )
 
 __all__ = [
     "MAX_LOG_RATIO",
+    "RATIO_SCORES",
     "SCORES",
     "VARIANTS",
     "BatchWeights",
+    "CapMode",
     "PolicyLossStats",
     "RatioBase",
     "ScoreKind",
@@ -43,12 +50,14 @@ __all__ = [
     "WeightRule",
     "batch_behavior_weights",
     "behavior_weights",
+    "capped_tokens",
     "ess_score",
     "fifo_score",
     "grpo_advantages",
     "group_scores",
     "kl_score",
     "mixture_log_density",
+    "needs_logprob_pass",
     "policy_loss",
     "random_score",
     "score_samples",
@@ -56,4 +65,5 @@ __all__ = [
     "variance_score",
     "variant_spec",
     "version_alpha",
+    "with_rollout_is",
 ]

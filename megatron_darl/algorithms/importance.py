@@ -4,14 +4,24 @@ A selected batch mixes samples from several behavior versions. Instead of weight
 by its own behavior density (high variance when versions differ), D-ARL treats the batch as one
 draw from the mixture ``q = sum_k alpha_k pi_k`` with ``alpha_k`` the token share of version k
 (the balance heuristic of multiple importance sampling, Veach 1997) and weights every token by
-``pi_t / q``. The weights are truncated at ``clip`` and carry no gradient.
+``pi_t / q``. The weights are capped at ``clip`` and carry no gradient, in one of two forms
+(``CapMode``): truncation ``min(r, c)`` (D-ARL, verl's TIS) or AReaL's masking, where a token whose
+ratio exceeds the cap gets weight 0 (it leaves the gradient; the loss's token count keeps it).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 
 import torch
+
+
+class CapMode(str, enum.Enum):
+    """How a behavior weight above its cap c is bounded (``mis.cap_mode``)."""
+
+    CLIP = "clip"  # w = min(r, c): truncated importance sampling
+    MASK = "mask"  # w = r if r <= c else 0: AReaL's decoupled-PPO cap (token dropped)
 
 
 def version_alpha(version_tokens: torch.Tensor) -> torch.Tensor:
@@ -68,10 +78,13 @@ def behavior_weights(
     log_q: torch.Tensor,
     clip: float | None,
     mask: torch.Tensor | None = None,
+    cap_mode: CapMode | str = CapMode.CLIP,
 ) -> torch.Tensor:
-    """Truncated importance weights ``w = min(exp(logp_current - log_q), clip)``, no gradient.
+    """Capped importance weights ``w = min(exp(logp_current - log_q), clip)``, no gradient.
 
     The exponent is clamped at ``log(clip)`` before ``exp`` so large log-ratios never overflow.
+    With ``cap_mode="mask"`` a token whose ratio exceeds ``clip`` gets weight 0 instead of
+    ``clip`` (AReaL); ``capped_tokens`` tells which tokens the cap touched.
 
     Args:
         logp_current: ``(N, T)`` log pi_t (the proximal policy, the weights published as t).
@@ -79,6 +92,7 @@ def behavior_weights(
         clip: truncation c > 0; ``None`` or ``inf`` for no truncation.
         mask: optional ``(N, T)`` response mask; masked positions get weight 0 whatever their
             log-probs hold.
+        cap_mode: ``"clip"`` (truncate at ``clip``) or ``"mask"`` (weight 0 above ``clip``).
 
     Returns:
         ``(N, T)`` float32 weights, detached.
@@ -89,12 +103,16 @@ def behavior_weights(
         )
     if clip is not None and not clip > 0:
         raise ValueError(f"clip must be > 0 or None, got {clip}")
+    cap_mode = _cap_mode(cap_mode)
     with torch.no_grad():
         log_ratio = logp_current.detach().float() - log_q.detach().float()  # (N, T)
         cap = math.log(clip) if clip is not None and math.isfinite(clip) else 80.0
         weights = torch.exp(log_ratio.clamp(max=cap))  # (N, T)
         if clip is not None:
             weights = weights.clamp(max=clip)
+            if cap_mode is CapMode.MASK:
+                over = _over_cap(log_ratio, clip)  # (N, T)
+                weights = torch.where(over, torch.zeros_like(weights), weights)
         if mask is not None:
             if mask.shape != logp_current.shape:
                 raise ValueError(
@@ -103,3 +121,26 @@ def behavior_weights(
                 )
             weights = torch.where(mask.bool(), weights, torch.zeros_like(weights))
     return weights
+
+
+def _cap_mode(cap_mode: CapMode | str) -> CapMode:
+    try:
+        return CapMode(cap_mode)
+    except ValueError:
+        raise ValueError(f"cap_mode must be one of {[m.value for m in CapMode]}, got {cap_mode!r}") from None
+
+
+def _over_cap(log_ratio: torch.Tensor, clip: float) -> torch.Tensor:
+    """True where ``exp(log_ratio) > clip`` (compared in log space: no overflow)."""
+    return log_ratio > math.log(clip) if math.isfinite(clip) else torch.zeros_like(log_ratio, dtype=torch.bool)
+
+
+def capped_tokens(
+    logp_current: torch.Tensor, log_q: torch.Tensor, clip: float | None, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(N, T)`` bool: tokens whose ratio ``pi_t / q`` exceeds ``clip`` (truncated or masked)."""
+    if clip is None:
+        return torch.zeros(logp_current.shape, dtype=torch.bool, device=logp_current.device)
+    with torch.no_grad():
+        over = _over_cap(logp_current.detach().float() - log_q.detach().float(), clip)
+    return over & mask.bool() if mask is not None else over

@@ -31,6 +31,10 @@ class ScoreKind(str, enum.Enum):
     FIFO = "fifo"  # -behavior version: freshest first
 
 
+# Scores that read the token ratio pi_t / mu, i.e. need the trainer's log-prob pass at t.
+RATIO_SCORES = frozenset({ScoreKind.CHI2, ScoreKind.KL, ScoreKind.ESS})
+
+
 def _masked_log_ratio(
     logp_current: torch.Tensor, logp_behavior: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,17 +17,26 @@ training loop never branches on the variant.
 
 K and eta are defaults for ``configs/algorithm/*.yaml``; eta <= K - 1 keeps every arriving
 sample inside the window.
+
+Rollout importance sampling (``with_rollout_is``, verl's "decoupled mode" with token TIS) is a
+transform of a spec without behavior weights: the weight becomes the capped ratio
+``pi_t / mu_{v_i}`` and the PPO ratio is taken against ``pi_t``. Keeping the ratio against
+``mu`` would apply the correction twice (``rho`` already is ``pi_theta / mu``). ``needs_logprob_pass``
+tells the loop whether a spec reads the trainer's log-probs at t at all (naive ``async`` does not).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
 import torch
 
-from megatron_darl.algorithms.importance import behavior_weights, mixture_log_density, version_alpha
-from megatron_darl.algorithms.scores import ScoreKind
+from megatron_darl.algorithms.importance import (
+    CapMode, behavior_weights, capped_tokens, mixture_log_density, version_alpha,
+)
+from megatron_darl.algorithms.scores import RATIO_SCORES, ScoreKind
 
 
 class Variant(str, enum.Enum):
@@ -84,6 +93,33 @@ VARIANTS: dict[Variant, VariantSpec] = {
 }
 
 
+def needs_logprob_pass(spec: VariantSpec) -> bool:
+    """Whether the variant reads log pi_t of its candidates (score, weights or ratio base).
+
+    False for naive ``async`` (fifo score, no weights, ratio against the engine's log-probs):
+    its step needs no forward pass besides the train step's own.
+    """
+    return (spec.score in RATIO_SCORES or spec.weight_rule is not WeightRule.NONE
+            or spec.ratio_base is RatioBase.PROXIMAL)
+
+
+def with_rollout_is(spec: VariantSpec) -> VariantSpec:
+    """The spec with rollout importance sampling (``algorithm.rollout_is``) switched on.
+
+    Only for specs without behavior weights (``sync``, ``async``): the weight becomes the capped
+    ratio pi_t / mu_{v_i} of the trainer's log-probs against the engine's, and the PPO ratio is
+    taken against pi_t (verl's decoupled mode with token-level TIS). For ``sync`` this corrects
+    the engine/trainer mismatch only; for ``async`` it is the decoupled-PPO objective.
+    """
+    if spec.weight_rule is not WeightRule.NONE:
+        raise ValueError(
+            f"rollout IS applies to variants without behavior weights; this one already weights "
+            f"tokens by the capped ratio pi_t / {spec.weight_rule.value} (set mis.clip instead)"
+        )
+    return dataclasses.replace(spec, weight_rule=WeightRule.OWN_BEHAVIOR,
+                               ratio_base=RatioBase.PROXIMAL)
+
+
 def variant_spec(variant: Variant | str | VariantSpec) -> VariantSpec:
     """The spec of a variant given by Enum, name, or an already-built spec."""
     if isinstance(variant, VariantSpec):
@@ -104,6 +140,7 @@ class BatchWeights:
     weights: torch.Tensor  # (N, T) float32 behavior weights w_ij (0 where masked), detached
     logp_base: torch.Tensor  # (N, T) log-probs the PPO ratio is taken against, detached
     alpha: torch.Tensor  # (K,) float64 token share of each version in the batch
+    capped: torch.Tensor | None = None  # (N, T) bool tokens whose ratio exceeded the cap
 
 
 def _validate_batch(
@@ -151,6 +188,7 @@ def batch_behavior_weights(
     mask: torch.Tensor,
     clip: float | None = 2.0,
     version_tokens: torch.Tensor | None = None,
+    cap_mode: CapMode | str = CapMode.CLIP,
 ) -> BatchWeights:
     """Per-token behavior weights and PPO ratio base of a selected batch for ``variant``.
 
@@ -167,6 +205,7 @@ def batch_behavior_weights(
         clip: truncation c of the weights (``mis.clip``); ``None`` for none.
         version_tokens: ``(K,)`` tokens per version over the whole selected batch, for when the
             batch is split over DP shards (all-reduce the local counts); default: counted here.
+        cap_mode: ``"clip"`` truncates weights at ``clip``; ``"mask"`` zeroes tokens above it.
 
     Returns:
         ``BatchWeights`` with ``weights`` and ``logp_base`` for ``policy_loss``.
@@ -183,16 +222,19 @@ def batch_behavior_weights(
         alpha = version_alpha(version_tokens)  # (K,)
     else:
         alpha = torch.zeros(versions.shape[0], dtype=torch.float64)
+    capped = torch.zeros_like(m)
     if spec.weight_rule is WeightRule.NONE or not bool(m.any()):
         weights = m.float()
-    elif spec.weight_rule is WeightRule.OWN_BEHAVIOR:
-        weights = behavior_weights(logp_current, logp_own, clip, mask=m)
     else:
-        _check_finite(logp_by_version, alpha, m, versions)
-        log_q = mixture_log_density(logp_by_version.detach(), alpha)  # (N, T)
-        weights = behavior_weights(logp_current, log_q, clip, mask=m)
+        if spec.weight_rule is WeightRule.OWN_BEHAVIOR:
+            log_q = logp_own
+        else:
+            _check_finite(logp_by_version, alpha, m, versions)
+            log_q = mixture_log_density(logp_by_version.detach(), alpha)  # (N, T)
+        weights = behavior_weights(logp_current, log_q, clip, mask=m, cap_mode=cap_mode)
+        capped = capped_tokens(logp_current, log_q, clip, mask=m)
     base = logp_own if spec.ratio_base is RatioBase.BEHAVIOR else logp_current.detach()
-    return BatchWeights(weights=weights, logp_base=base, alpha=alpha)
+    return BatchWeights(weights=weights, logp_base=base, alpha=alpha, capped=capped)
 
 
 def _check_finite(

@@ -13,7 +13,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from megatron_darl.algorithms import ScoreKind, Variant, VariantSpec, variant_spec
+from megatron_darl.algorithms import (
+    CapMode, ScoreKind, Variant, VariantSpec, variant_spec, with_rollout_is,
+)
 
 BACKFILLS = ("snapshot", "nearest")  # mis.backfill: exact recompute or nearest-version copy
 WANDB_MODES = ("disabled", "offline", "online")
@@ -23,8 +25,9 @@ WANDB_MODES = ("disabled", "offline", "online")
 class MisConfig:
     """Multi-behavior importance sampling (DESIGN.md section 4.6)."""
 
-    clip: float = 2.0  # truncation c of the behavior weights w = min(pi_t / q, c)
+    clip: float = 2.0  # cap c of the behavior weights w = min(pi_t / q, c)
     backfill: str = "snapshot"  # "snapshot" (exact, from kept parameter snapshots) or "nearest"
+    cap_mode: str = "clip"  # "clip": w = min(r, c); "mask": w = 0 where r > c (AReaL)
 
 
 @dataclass
@@ -37,6 +40,9 @@ class AlgorithmConfig:
     max_staleness: int = 2  # eta: groups_started <= (t + eta + 1) * B (0 = synchronous)
     eps_low: float = 0.2  # lower PPO clip: rho >= 1 - eps_low
     eps_high: float = 0.2  # upper PPO clip: rho <= 1 + eps_high
+    ppo_minibatches: int = 1  # M: optimizer steps per trainer step, over 1/M of the batch each
+    ppo_epochs: int = 1  # passes over the M mini-batches (M x epochs optimizer steps per version)
+    rollout_is: Optional[float] = None  # cap of the token IS weight pi_t / mu (sync/async); null = off
     score: str = ""  # selection.score override (chi2|kl|ess|random|fifo); "" = the variant's
     mis: MisConfig = field(default_factory=MisConfig)  # behavior weights and backfill
     adv_eps: float = 1e-6  # eps added to the group reward std of GRPO advantages
@@ -59,15 +65,61 @@ class AlgorithmConfig:
             raise ValueError(f"algorithm.eps_low must be in [0, 1), got {self.eps_low}")
         if self.eps_high < 0:
             raise ValueError(f"algorithm.eps_high must be >= 0, got {self.eps_high}")
+        for name in ("ppo_minibatches", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
+        self._check_weights()
+
+    def _check_weights(self) -> None:
         if not self.mis.clip > 0:
             raise ValueError(f"algorithm.mis.clip must be > 0, got {self.mis.clip}")
         if self.mis.backfill not in BACKFILLS:
             raise ValueError(f"algorithm.mis.backfill={self.mis.backfill!r}: use one of {BACKFILLS}")
+        if self.mis.cap_mode not in {m.value for m in CapMode}:
+            raise ValueError(f"algorithm.mis.cap_mode={self.mis.cap_mode!r}: use clip or mask")
+        if self.rollout_is is not None:
+            if not self.rollout_is > 0:
+                raise ValueError(f"algorithm.rollout_is must be > 0 or null, got {self.rollout_is}")
+            try:
+                with_rollout_is(variant_spec(self.variant))
+            except ValueError as exc:
+                raise ValueError(f"algorithm.rollout_is with variant {self.variant!r}: {exc}") from None
 
     def spec(self) -> VariantSpec:
-        """The variant's spec with this config's score override applied."""
+        """The variant's spec with this config's score override and rollout IS applied."""
         spec = variant_spec(Variant(self.variant))
-        return dataclasses.replace(spec, score=ScoreKind(self.score)) if self.score else spec
+        if self.score:
+            spec = dataclasses.replace(spec, score=ScoreKind(self.score))
+        return with_rollout_is(spec) if self.rollout_is is not None else spec
+
+    @property
+    def weight_cap(self) -> float:
+        """Cap of the behavior weights: ``rollout_is`` when on, else ``mis.clip``."""
+        return self.rollout_is if self.rollout_is is not None else self.mis.clip
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per trainer step (one published version)."""
+        return self.ppo_minibatches * self.ppo_epochs
+
+
+def density_temperature(temperature: float, top_p: float, top_k: int) -> float:
+    """The temperature the trainer's log-probs must use to match the sampler's density.
+
+    The engines report log-probs of the processed distribution they sample from (logits / T,
+    then top-k/top-p truncation). The trainer applies the temperature; truncation it does not
+    reproduce, so a truncated sampler is refused here, naming the fields. Greedy decoding
+    (T = 0) reports temperature-1 log-probs, so the trainer uses 1.
+    """
+    if top_p < 1.0 or top_k > 0:
+        raise ValueError(
+            f"sampling.top_p={top_p} / sampling.top_k={top_k}: truncated sampling is not supported "
+            "for training (the trainer's log-probs would be of the untruncated distribution, the "
+            "engine's of the truncated one); use top_p 1.0 and top_k -1"
+        )
+    if temperature < 0:
+        raise ValueError(f"sampling.temperature must be >= 0, got {temperature}")
+    return temperature if temperature > 0 else 1.0
 
 
 @dataclass

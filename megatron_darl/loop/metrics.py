@@ -93,6 +93,13 @@ def step_metrics(sums: Mapping[str, Any], trainer: Mapping[str, float] | None = 
         "times_selected_max": g("times_selected_max"),  # most times any selected group was trained
         "cache_bytes": g("cache_bytes"),
         "buffer_groups": g("buffer_groups"),
+        # log-prob rows filled this step: exact (parameter snapshots) and approximated (nearest)
+        "backfill_snapshot": g("backfill_snapshot"),
+        "backfill_nearest": g("backfill_nearest"),
+        "selected_staleness_max": g("selected_staleness_max"),  # -1: nothing selected
+        # rows the cache holds at the end of the step, by source
+        **{f"cache_rows_{src}": g(f"cache_rows_{src}")
+           for src in ("engine", "trainer", "snapshot", "nearest")},
     }
     for name in HISTOGRAMS:
         hist = torch.as_tensor(sums.get(name, torch.zeros(1)), dtype=torch.float64)

@@ -7,11 +7,13 @@ be tested with real ``SampleGroup``s and random tensors:
     receive(groups)                 buffer the shard's new groups; engine rows into the cache
     candidate_batch()               TrainBatch over every selectable group (the log-prob pass)
     store_logprobs(cand, logp, t)   trainer rows (version t) into the cache, kept as proximal
+                                    (skipped when ``needs_pass`` is False: naive async)
     score(cand, step)               per-group scores (the variant's score kind)
     select(step, scores)            the shard's quota B/DP (warmup: freshest first)
     mixture_versions(tokens)        V(S) from the DP-summed per-version token counts
     missing_rows / backfill_batch / store_backfill / backfill_nearest
-    training_batch(sel, tokens, t)  TrainBatch with weights, ratio base and advantages
+    training_batch(sel, tokens, t)  the PPO mini-batches (M x epochs TrainBatches) with weights,
+                                    ratio base and advantages fixed for the whole step
     evict(version)                  drop groups left of the window, with their cache rows
 
 Order note: scores only need pi_t (the pass) and mu_{v_i} (the engine row), so backfill runs
@@ -33,7 +35,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from megatron_darl.algorithms import (
-    WeightRule, batch_behavior_weights, group_scores, policy_loss, score_samples,
+    RATIO_SCORES, WeightRule, batch_behavior_weights, group_scores, needs_logprob_pass,
+    policy_loss, score_samples,
 )
 from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.sequences import pad_rows, response_mask, response_rows, sequence_batch
@@ -72,9 +75,10 @@ class Selection:
 class TrainingBatch:
     """The train step's input plus the step's weight statistics (sums, for DP reduction)."""
 
-    batch: TrainBatch  # token_fields: weights, logp_base; seq_fields: advantages
+    batch: TrainBatch  # the whole selection; token_fields: weights, logp_base; seq_fields: advantages
     filler: bool  # True when nothing was selectable: one zero-weight sample keeps DP in step
     sums: dict[str, float] = field(default_factory=dict)  # w_sum, w_sq_sum, w_tokens, w_clipped
+    minibatches: list[TrainBatch] = field(default_factory=list)  # M x epochs, one optimizer step each
 
 
 def loss_fn_for(eps_low: float, eps_high: float):
@@ -124,6 +128,7 @@ class ShardPlanner:
                                    replay.max_replays, algorithm.adv_eps)
         self.cache = LogProbCache()
         self.hist_bins = max(replay.k, algorithm.max_staleness + 2)  # last bin: this or older
+        self.needs_pass = needs_logprob_pass(self.spec)  # False: no candidate log-prob pass
         self._proximal: dict[int, torch.Tensor] = {}  # sample_id -> (T,) trainer log pi_t
         self._proximal_version = -1
 
@@ -207,8 +212,10 @@ class ShardPlanner:
         samples = cand.samples
         mask = response_mask(samples)  # (N, T)
         t_max = mask.shape[1]
-        lc = pad_rows(self._proximal_rows(samples, self._proximal_version), t_max)  # (N, T)
         lb = pad_rows([s.behavior_logprobs for s in samples], t_max)  # (N, T)
+        lc = lb  # read only by the ratio scores, which need the pass
+        if self.spec.score in RATIO_SCORES:
+            lc = pad_rows(self._proximal_rows(samples, self._proximal_version), t_max)  # (N, T)
         bv = torch.tensor([e.behavior_version for e in cand.entries])[cand.group_index]  # (N,)
         gen = torch.Generator().manual_seed(
             (self.algorithm.seed * 1_000_003 + step * 7919 + self.shard) % (1 << 63))
@@ -237,6 +244,9 @@ class ShardPlanner:
                 "samples_selected": float(len(sel.samples)),
                 "tokens_selected": float(sel.version_tokens.sum()),
                 "selected_score_sum": float(sum(sel.scores)), "selected_hist": hist,
+                # t - oldest selected behavior version (-1: nothing selected), reduced by max
+                "selected_staleness_max": float(max((version - e.behavior_version
+                                                     for e in sel.entries), default=-1)),
                 # after this selection: a group trained more often than max_replays shows here
                 "times_selected_max": float(max((e.times_selected for e in sel.entries), default=0))}
 
@@ -269,51 +279,81 @@ class ShardPlanner:
 
     # ---- training batch and eviction -----------------------------------------------------------
     def training_batch(self, sel: Selection, global_tokens: torch.Tensor, version: int) -> TrainingBatch:
-        """The train step's batch: behavior weights, ratio base, advantages aligned with tokens.
+        """The train step's PPO mini-batches: behavior weights, ratio base and advantages fixed
+        once for the whole step (DESIGN 4.6), the selection cut into M contiguous parts.
 
-        With nothing selected on this shard, one zero-weight sample (a buffered one, or a
-        two-token stand-in when the buffer is empty, as at step 0 when the hash split sent every
-        group to other shards) keeps the shard in the DP step with zero loss.
+        With nothing selected on this shard, or fewer samples than mini-batches, a part is a
+        two-token zero-weight stand-in (``batch`` then holds a buffered sample, or the stand-in
+        when the buffer is empty, as at step 0 when the hash split sent every group to other
+        shards): every DP shard takes the same M x epochs optimizer steps, with zero loss where
+        it has nothing.
         """
-        entries, filler = sel.entries, not sel.entries
+        filler = not sel.entries
         if filler:  # zero weight and advantage: no loss, no gradient, no log-prob pass needed
-            pool = [s for e in self.buffer.entries(self.shard) for s in e.group.samples if s.num_tokens]
-            samples = [max(pool, key=lambda s: s.sample_id)] if pool else [_filler_sample(version)]
+            samples = [self._filler(version)]
             adv, mask = torch.zeros(1), response_mask(samples)
             weights = base = torch.zeros(mask.shape, dtype=torch.float32)
+            capped = torch.zeros(mask.shape, dtype=torch.bool)
         else:
-            samples = [s for e in entries for s in e.group.samples]
-            adv = torch.cat([e.advantages for e in entries]).float()  # (N,)
+            samples = sel.samples
+            adv = torch.cat([e.advantages for e in sel.entries]).float()  # (N,)
             mask = response_mask(samples)  # (N, T)
-            logp_t = pad_rows(self._proximal_rows(samples, version), mask.shape[1])  # (N, T)
-            weights, base = self._weights(entries, samples, logp_t, mask, sel, global_tokens)
-        batch = sequence_batch(samples, {"weights": weights, "logp_base": base},
-                               {"advantages": adv})
+            weights, base, capped = self._weights(sel, mask, global_tokens, version)
+        rows = {"weights": weights, "logp_base": base}
         w = weights[mask].double()
         sums = {"w_sum": float(w.sum()), "w_sq_sum": float(w.square().sum()),
                 "w_tokens": float(mask.sum()) if not filler else 0.0,
-                "w_clipped": float((w >= self.algorithm.mis.clip).sum())}
-        return TrainingBatch(batch, filler, sums)
+                "w_clipped": float(capped[mask].sum())}
+        parts = self._minibatches(samples, rows, adv, filler, version)
+        batch = sequence_batch(samples, rows, {"advantages": adv})
+        return TrainingBatch(batch, filler, sums, parts * self.algorithm.ppo_epochs)
 
-    def _weights(self, entries, samples, logp_t, mask, sel: Selection, global_tokens):
-        """(weights, ratio base), each (N, T), from ``batch_behavior_weights``."""
+    def _filler(self, version: int) -> Sample:
+        pool = [s for e in self.buffer.entries(self.shard) for s in e.group.samples if s.num_tokens]
+        return max(pool, key=lambda s: s.sample_id) if pool else _filler_sample(version)
+
+    def _minibatches(self, samples, rows, adv, filler: bool, version: int) -> list[TrainBatch]:
+        """M contiguous parts of the samples (sizes differ by at most one), fillers where empty."""
+        out = []
+        for idx in torch.arange(len(samples)).tensor_split(self.algorithm.ppo_minibatches):
+            if filler or idx.numel() == 0:  # one scored token: adds 1 to the step's token count
+                s = [_filler_sample(version)]
+                zero = torch.zeros(response_mask(s).shape, dtype=torch.float32)
+                out.append(sequence_batch(s, {"weights": zero, "logp_base": zero},
+                                          {"advantages": torch.zeros(1)}))
+            else:
+                part = [samples[i] for i in idx.tolist()]
+                out.append(sequence_batch(part, {k: v[idx] for k, v in rows.items()},
+                                          {"advantages": adv[idx]}))
+        return out
+
+    def _weights(self, sel: Selection, mask, global_tokens, version: int):
+        """(weights, ratio base, capped), each (N, T), from ``batch_behavior_weights``."""
+        samples = sel.samples
         bv = torch.tensor([s.behavior_version if s.num_tokens else e.behavior_version
-                           for e in entries for s in e.group.samples])  # (N,)
+                           for e in sel.entries for s in e.group.samples])  # (N,)
         by_version = self.cache.gather([s.sample_id for s in samples], sel.versions,
                                        t_max=mask.shape[1])  # (K, N, T)
+        if self.needs_pass:
+            logp_t = pad_rows(self._proximal_rows(samples, version), mask.shape[1])  # (N, T)
+        else:  # naive async: no pi_t anywhere; the shape is all batch_behavior_weights reads
+            logp_t = torch.zeros(mask.shape, dtype=torch.float32)
         bw = batch_behavior_weights(
             self.spec, logp_t, by_version, torch.tensor(sel.versions), bv, mask,
-            clip=self.algorithm.mis.clip, version_tokens=global_tokens,
+            clip=self.algorithm.weight_cap, version_tokens=global_tokens,
+            cap_mode=self.algorithm.mis.cap_mode,
         )
-        return bw.weights, bw.logp_base
+        return bw.weights, bw.logp_base, bw.capped
 
     def evict(self, version: int) -> dict[str, float]:
         """Drop groups left of the window at ``version`` and their cache rows; end the step."""
         before = len(self.buffer)
         rows = self.cache.evict(self.buffer.evict(version))
         self._proximal, self._proximal_version = {}, -1
+        held = {f"cache_rows_{src}": float(n) for src, n in self.cache.source_counts().items()}
         return {"groups_evicted": float(before - len(self.buffer)), "rows_evicted": float(rows),
-                "buffer_groups": float(len(self.buffer)), "cache_bytes": float(self.cache.bytes())}
+                "buffer_groups": float(len(self.buffer)), "cache_bytes": float(self.cache.bytes()),
+                **held}
 
     # ---- checkpointing ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

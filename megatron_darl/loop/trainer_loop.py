@@ -1,12 +1,14 @@
 """The trainer-side D-ARL loop: receive -> log-prob pass -> score -> select -> backfill -> train ->
-publish -> evict, one optimizer step (one weight version) per iteration; synchronous training is
-the same loop with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
+publish -> evict, one weight version per iteration (M x epochs PPO mini-batch optimizer steps);
+synchronous training is the same loop with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
 Every trainer rank runs this. The algorithm lives in ``ShardPlanner`` (one per DP shard,
-replicated on the TP x PP ranks of the replica so each rank builds the same batches); the
-transport ends in ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM,
-SIGINT or SIGUSR1 finish the current step, write a checkpoint (model, optimizer, RNG, step, version and
-each shard's buffer and cache) and exit 0; ``loop.resume`` continues from the latest one.
+replicated on the TP x PP ranks of the replica so each rank builds the same batches) and
+``step.StepRunner`` (the step between receive and publish); the transport ends in
+``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
+finish the current step, write a checkpoint (model, optimizer, RNG, step, version, each shard's
+buffer and cache, and the parameter snapshots of the window when the variant backfills from
+them) and exit 0; ``loop.resume`` continues from the latest one.
 
 When the rollout side fails for good (no group for ``loop.receive_timeout_s``, every worker
 lost, or a weight sync that no worker could take) the rank that saw it says why, every rank
@@ -25,15 +27,17 @@ from typing import Any, Protocol
 
 import torch
 
-from megatron_darl.algorithms import WeightRule
-from megatron_darl.loop.config import AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig
+from megatron_darl.loop.config import (
+    AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig, density_temperature,
+)
 from megatron_darl.loop.endpoints import (
     TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
     wait_for_workers,
 )
-from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, score_sums, step_metrics
-from megatron_darl.loop.planner import ShardPlanner, loss_fn_for
+from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, step_metrics
+from megatron_darl.loop.planner import ShardPlanner
 from megatron_darl.loop.resume import mark_ready, seed_store
+from megatron_darl.loop.step import StepClock, StepRunner, uses_snapshots
 from megatron_darl.transport import TransportTimeout, WeightSyncFailed
 
 log = logging.getLogger(__name__)
@@ -41,19 +45,6 @@ log = logging.getLogger(__name__)
 
 class RunAborted(RuntimeError):
     """The trainer gave up after writing a checkpoint; the message is the one line saying why."""
-
-
-class _Clock:
-    """Wall seconds of the parts of one step, each since the previous lap (``*_seconds`` metrics)."""
-
-    def __init__(self, **laps: float) -> None:
-        self.laps: dict[str, float] = dict(laps)
-        self._last = time.monotonic()
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
-        self._last = now
 
 
 class TrainerRunConfig(Protocol):
@@ -64,6 +55,7 @@ class TrainerRunConfig(Protocol):
     loop: LoopConfig
     model: ModelConfig
     trainer: Any  # megatron_darl.trainer.config.TrainerConfig
+    sampling: Any  # megatron_darl.rollout.engines.base.SamplingConfig (the density scored)
     parallel: Any  # megatron_darl.trainer.parallel.ParallelConfig
     transport: Any  # megatron_darl.transport.config.TransportConfig
 
@@ -103,7 +95,8 @@ def _hf_config(model: ModelConfig) -> dict[str, Any]:
 
 
 def build_trainer(cfg: TrainerRunConfig, env: DistEnv):
-    """Process groups and the ``PolicyTrainer``, initialised from ``model.path`` when given."""
+    """Process groups and the ``PolicyTrainer``, initialised from ``model.path`` when given,
+    scoring the rollout sampler's density (``sampling.temperature``)."""
     import dataclasses
 
     from megatron_darl.trainer.parallel import init_parallel
@@ -114,7 +107,9 @@ def build_trainer(cfg: TrainerRunConfig, env: DistEnv):
     tcfg = cfg.trainer
     if cfg.model.path and not tcfg.init_checkpoint:
         tcfg = dataclasses.replace(tcfg, init_checkpoint=cfg.model.path)
-    return PolicyTrainer(tcfg, ps, _hf_config(cfg.model)), ps
+    s = cfg.sampling
+    temperature = density_temperature(s.temperature, s.top_p, s.top_k)
+    return PolicyTrainer(tcfg, ps, _hf_config(cfg.model), temperature=temperature), ps
 
 
 class TrainerLoop:
@@ -124,7 +119,8 @@ class TrainerLoop:
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
         self.planner = ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
-        self.loss_fn = loss_fn_for(cfg.algorithm.eps_low, cfg.algorithm.eps_high)
+        self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
+        self.use_snapshots = uses_snapshots(cfg.algorithm)
         self.run_dir = Path(cfg.loop.run_dir)
         workers = cfg.transport.control.num_workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
@@ -135,8 +131,6 @@ class TrainerLoop:
             if self.start_step > 0:
                 seed_store(endpoints.store, self.base_received, self.base_made.tolist())
             mark_ready(endpoints.store)
-        self.use_snapshots = (self.planner.spec.weight_rule is WeightRule.MIXTURE
-                          and cfg.algorithm.mis.backfill == "snapshot")
         self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
         self.stop = _StopFlag()
         self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
@@ -155,7 +149,7 @@ class TrainerLoop:
             return 0
         from megatron_darl.trainer.checkpoint import load_checkpoint
 
-        resumed = load_checkpoint(self.trainer, found[-1])
+        resumed = load_checkpoint(self.trainer, found[-1], with_snapshots=self.use_snapshots)
         extra = resumed.extra_states[self.ps.dp_rank]
         self.planner.load_state_dict(extra["planner"])
         self.base_received = int(extra["groups_received"])
@@ -173,7 +167,8 @@ class TrainerLoop:
         made = torch.maximum(self.base_made, dp_max(self.made.clone(), self.ps))
         extra = {"planner": self.planner.state_dict(), "step": next_step,
                  "groups_received": received, "worker_groups": made.tolist()}
-        return save_checkpoint(self.trainer, path, extra_state=extra)
+        return save_checkpoint(self.trainer, path, extra_state=extra,
+                               with_snapshots=self.use_snapshots)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -224,9 +219,9 @@ class TrainerLoop:
             log.error("%s", self.fatal)
 
     def step(self, step: int) -> bool:
-        """One optimizer step (see the module docstring); False when a signal or a failure cut
+        """One trainer step (see the module docstring); False when a signal or a failure cut
         the receive (no step was made)."""
-        t, p, ps = self.trainer.version, self.planner, self.ps
+        t, ps = self.trainer.version, self.ps
         start = time.monotonic()
         received = receive_groups(self.ep, ps, self.cfg.algorithm.groups_per_step,
                                   self.cfg.loop.receive_timeout_s, step,
@@ -240,31 +235,12 @@ class TrainerLoop:
             return False
         groups = received.groups
         self._count(groups)
-        clock = _Clock(receive_wait_seconds=time.monotonic() - start)
-        sums: dict[str, Any] = dict(p.receive(groups, step, t))
-        cand, scores = p.candidate_batch(), {}
-        sums.update(mismatch_k3_sum=0.0, mismatch_tokens=0.0)  # same keys on an empty shard
-        if cand is not None:
-            sums.update(p.store_logprobs(cand, self.trainer.compute_logprobs(cand.batch), t))
-            scores = p.score(cand, step)
-        clock.lap("logprob_seconds")
-        sums.update(score_sums(scores))
-        sel = p.select(step, scores, t)
-        sums.update(p.selection_sums(sel, t))
-        tokens = dp_sum(sel.version_tokens.clone(), ps)
-        clock.lap("plan_seconds")
-        sums["backfilled"] = float(self._backfill(sel, tokens))
-        tb = p.training_batch(sel, tokens, t)
-        clock.lap("backfill_seconds")
-        result = self.trainer.train_step(tb.batch, self.loss_fn)
-        sums.update(tb.sums)
-        if self.use_snapshots:
-            self.trainer.snapshot(keep_last=self.cfg.replay.k)
-        clock.lap("train_seconds")
+        clock = StepClock(receive_wait_seconds=time.monotonic() - start)
+        sums, result = self.runner.run(groups, step, clock)
         self._publish()
         clock.lap("publish_seconds")
-        sums.update(p.evict(self.trainer.version))
-        self._log(step, sums, result, clock.laps, time.monotonic() - start)
+        sums.update(self.planner.evict(self.trainer.version))
+        self._log(step, t, sums, result, clock.laps, time.monotonic() - start)
         return True
 
     def _count(self, groups) -> None:
@@ -274,22 +250,8 @@ class TrainerLoop:
         for g in groups:
             self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.group_id // workers + 1)
 
-    def _backfill(self, sel, tokens: torch.Tensor) -> int:
-        """Rows of V(S) the selected samples lack: from snapshots (exact) or the nearest version."""
-        p, filled = self.planner, 0
-        need = p.mixture_versions(sel, tokens)
-        kept = set(self.trainer.snapshots.versions) | {self.trainer.version} if self.use_snapshots else set()
-        for v in need:
-            todo = p.backfill_batch(sel, v) if v in kept else None
-            if todo is not None:
-                batch, samples = todo
-                logp = self.trainer.compute_logprobs(batch, version=v)
-                filled += p.store_backfill(batch, samples, logp, v)
-        if p.missing_rows(sel, need):
-            filled += p.backfill_nearest(sel, need)
-        return filled
-
-    def _log(self, step: int, sums: dict[str, Any], result, laps: dict[str, float], wall_s: float) -> None:
+    def _log(self, step: int, t: int, sums: dict[str, Any], result, laps: dict[str, float],
+             wall_s: float) -> None:
         if not (self.ps.tp_rank == 0 and self.ps.pp_rank == 0):
             return
         reduced = reduce_stats(sums, lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
@@ -303,6 +265,10 @@ class TrainerLoop:
             "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
             "generation_seconds": self._engine_seconds(), **laps,
             "version": float(self.trainer.version),
+            "optimizer_steps": float(result.optimizer_steps),
+            # oldest behavior version trained on at version t (-1: nothing selected)
+            "selected_version_oldest": (float(t - reduced["selected_staleness_max"])
+                                        if reduced["selected_staleness_max"] >= 0 else -1.0),
             **{k: v for k, v in result.stats.items()},
         }
         self.logger.log(step, step_metrics(reduced, trainer))

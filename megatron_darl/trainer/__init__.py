@@ -7,11 +7,14 @@ heavy is imported here; the public API lives in the submodules:
   config.TrainerConfig (OptimizerConfig, MicroBatchConfig)
   batch.TrainBatch                    packed sequences + loss mask + named loss fields
   batch.broadcast_batch(batch|None, parallel_state)  hub rank -> its replica's TP x PP ranks
-  policy_trainer.PolicyTrainer(cfg, parallel_state, hf_config)
+  policy_trainer.PolicyTrainer(cfg, parallel_state, hf_config, temperature=1.0)
       .compute_logprobs(batch, version=None) -> (T,) fp32 log-probs of the scored tokens
-      .train_step(batch, loss_fn) -> StepResult (loss, grad_norm, stats, tokens/s, MFU)
+        (of softmax(logits / temperature): the sampler's density)
+      .train_steps(minibatches, loss_fn) -> StepResult: one optimizer step per mini-batch,
+        one new version (PPO mini-batches); .train_step(batch, loss_fn) = one mini-batch
       .snapshot(version=None, keep_last=None)   host copies for exact backfill
       .export_hf_stage() -> iterator of (hf_name, full tensor) for weight sync
       .step, .version
-  checkpoint.save_checkpoint(trainer, dir, extra_state=None), load_checkpoint(trainer, dir)
+  checkpoint.save_checkpoint(trainer, dir, extra_state=None, with_snapshots=False),
+      load_checkpoint(trainer, dir, with_snapshots=False)   (snapshots: exact backfill on resume)
 """

@@ -15,7 +15,9 @@ A checkpoint directory holds one dist_checkpointing checkpoint with:
   our models have no dropout, so only sampling-free determinism is affected);
 
 plus ``extra/dp<rank>.pt``, written by each DP replica's hub rank (TP 0, PP 0): the loop's own
-state (replay buffer, log-prob cache), which is per DP shard (DESIGN 3). ``megatron_darl.json``
+state (replay buffer, log-prob cache), which is per DP shard (DESIGN 3); and, with
+``with_snapshots``, the trainer's parameter snapshots of older versions under ``snapshots/``
+(``snapshots.save_snapshots``: exact log-prob backfill continues across a resume). ``megatron_darl.json``
 (``checkpoint_io.CheckpointMetadata``, the same file the converters write, with the trainer's
 step/version/layout under ``extra["trainer"]``) is written last; a directory without it is
 incomplete. Everything is written under ``<dir>.tmp`` and renamed to ``<dir>`` only when all
@@ -106,7 +108,7 @@ def _optim_kwargs(fn, optim_sharding: str) -> dict:
 
 def save_checkpoint(
     trainer, ckpt_dir: str | os.PathLike, extra_state: Any = None,
-    optim_sharding: str = "dp_reshardable",
+    optim_sharding: str = "dp_reshardable", with_snapshots: bool = False,
 ) -> Path:
     """Save everything needed to resume; collective over all ranks.
 
@@ -117,6 +119,7 @@ def save_checkpoint(
             replica's hub rank (TP 0, PP 0).
         optim_sharding: ``dp_reshardable`` (fast, same TP/PP on resume) or
             ``fully_reshardable`` (resume at any TP/PP; gathers optimizer state on DP rank 0).
+        with_snapshots: also write the parameter snapshots of older versions.
     """
     from megatron.core import dist_checkpointing
 
@@ -131,6 +134,10 @@ def save_checkpoint(
         tmp.mkdir(parents=True)  # empty: dist_checkpointing warns of a "corrupted checkpoint" otherwise
     dist.barrier()
     dist_checkpointing.save(_sharded_state(trainer, False, True, optim_sharding), str(tmp))
+    if with_snapshots:
+        from megatron_darl.trainer.snapshots import save_snapshots
+
+        save_snapshots(trainer, tmp)
     if ps.tp_rank == 0 and ps.pp_rank == 0:
         (tmp / "extra").mkdir(exist_ok=True)
         torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
@@ -181,8 +188,9 @@ def check_same_model(spec, ckpt_dir: Path, saved: dict) -> None:
         raise ValueError(f"{ckpt_dir} is a checkpoint of another model ({'; '.join(diff)})")
 
 
-def load_checkpoint(trainer, ckpt_dir: str | os.PathLike) -> Resumed:
-    """Restore model, optimizer, scheduler, step, version (and RNG at equal TP/PP)."""
+def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool = False) -> Resumed:
+    """Restore model, optimizer, scheduler, step, version (and RNG at equal TP/PP), and with
+    ``with_snapshots`` the parameter snapshots the checkpoint carries."""
     from megatron.core import dist_checkpointing
 
     from megatron_darl.trainer.checkpoint_io import read_metadata
@@ -214,6 +222,10 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike) -> Resumed:
     _set_adam_steps(trainer.optimizer, trainer.step)
     if same_mp:
         _restore_rng(state["rng"])
+    if with_snapshots:
+        from megatron_darl.trainer.snapshots import load_snapshots
+
+        load_snapshots(trainer, path)
     extras = [
         torch.load(path / "extra" / f"dp{r:05d}.pt", weights_only=False) for r in range(meta["dp"])
     ]

@@ -15,6 +15,11 @@ exponentials, gradient) is one ``torch.compile``-fused kernel that reads the bf1
 and materialises no fp32 copy: the eager version spent ~10% of a Qwen3-1.7B train step (H200,
 vocab 151,936) on upcasts and elementwise passes. The TP group is passed explicitly (not read from
 Megatron's globals); with TP = 1 no collective runs.
+
+Sampling temperature: the rollout engines sample from ``softmax(logits / T)`` and report that
+density, so the trainer must score the same one (DESIGN 4.6). ``scale = 1 / T`` multiplies each
+upcast chunk inside the same kernels (no scaled copy of the bf16 logits is made) and the
+gradient picks up the same factor; at ``scale = 1`` the arithmetic is exactly the unscaled one.
 """
 
 from __future__ import annotations
@@ -28,20 +33,20 @@ def _all_reduce(tensor: torch.Tensor, op, group) -> None:
         dist.all_reduce(tensor, op=op, group=group)
 
 
-def _row_max(x: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    return x.to(acc).amax(dim=-1)
+def _row_max(x: torch.Tensor, acc: torch.dtype, scale: float) -> torch.Tensor:
+    return x.to(acc).amax(dim=-1) * scale  # scale > 0 commutes with the max
 
 
-def _row_sum_exp(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
-    return torch.exp(x.to(row_max.dtype) - row_max.unsqueeze(-1)).sum(dim=-1)
+def _row_sum_exp(x: torch.Tensor, row_max: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.exp(x.to(row_max.dtype) * scale - row_max.unsqueeze(-1)).sum(dim=-1)
 
 
-def _chunk_grad(x, lse, g, local, in_range) -> torch.Tensor:
-    """d(logp)/d(logits) * g for one chunk: (1[v = y] - softmax_v) * g, in x's dtype."""
-    prob = torch.exp(x.to(lse.dtype) - lse.unsqueeze(-1))
+def _chunk_grad(x, lse, g, local, in_range, scale: float) -> torch.Tensor:
+    """d(logp)/d(logits) * g for one chunk: scale * (1[v = y] - softmax_v) * g, in x's dtype."""
+    prob = torch.exp(x.to(lse.dtype) * scale - lse.unsqueeze(-1))
     cols = torch.arange(x.shape[-1], device=x.device).unsqueeze(0)
     onehot = ((cols == local.unsqueeze(-1)) & in_range.unsqueeze(-1)).to(lse.dtype)
-    return ((onehot - prob) * g.unsqueeze(-1)).to(x.dtype)
+    return ((onehot - prob) * (g * scale).unsqueeze(-1)).to(x.dtype)
 
 
 _COMPILED: dict = {}
@@ -59,7 +64,7 @@ def _kernel(fn, x: torch.Tensor):
 
 class _VocabParallelLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, vocab_start, group, chunk_tokens):  # noqa: D401
+    def forward(ctx, logits, targets, vocab_start, group, chunk_tokens, scale):  # noqa: D401
         n, v_local = logits.shape
         acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
         local = targets - vocab_start
@@ -68,16 +73,16 @@ class _VocabParallelLogProb(torch.autograd.Function):
         lse = torch.empty(n, dtype=acc, device=logits.device)
         for start in range(0, n, chunk_tokens):
             x = logits[start : start + chunk_tokens]  # (c, V/tp) never upcast as a whole
-            row_max = _kernel(_row_max, x)(x, acc)
+            row_max = _kernel(_row_max, x)(x, acc, scale)
             _all_reduce(row_max, dist.ReduceOp.MAX, group)
-            sum_exp = _kernel(_row_sum_exp, x)(x, row_max)
+            sum_exp = _kernel(_row_sum_exp, x)(x, row_max, scale)
             _all_reduce(sum_exp, dist.ReduceOp.SUM, group)
             lse[start : start + chunk_tokens] = row_max + torch.log(sum_exp)
-        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(acc)
+        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(acc) * scale
         target_logit = torch.where(in_range, picked, torch.zeros_like(picked))
         _all_reduce(target_logit, dist.ReduceOp.SUM, group)
         ctx.save_for_backward(logits, local, in_range, lse)
-        ctx.chunk_tokens = chunk_tokens
+        ctx.chunk_tokens, ctx.scale = chunk_tokens, scale
         return target_logit - lse
 
     @staticmethod
@@ -89,9 +94,10 @@ class _VocabParallelLogProb(torch.autograd.Function):
             end = min(start + ctx.chunk_tokens, logits.shape[0])
             x = logits[start:end]
             grad_logits[start:end] = _kernel(_chunk_grad, x)(
-                x, lse[start:end], grad_out[start:end], local[start:end], in_range[start:end]
+                x, lse[start:end], grad_out[start:end], local[start:end], in_range[start:end],
+                ctx.scale,
             )
-        return grad_logits, None, None, None, None
+        return grad_logits, None, None, None, None, None
 
 
 def vocab_parallel_logprobs(
@@ -99,8 +105,9 @@ def vocab_parallel_logprobs(
     targets: torch.Tensor,
     tp_group=None,
     chunk_tokens: int = 4096,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Log-probabilities of ``targets`` under vocab-parallel ``logits``.
+    """Log-probabilities of ``targets`` under vocab-parallel ``softmax(logits / temperature)``.
 
     Args:
         logits: (n, V / TP) this rank's vocabulary slice, any float dtype; rank r holds columns
@@ -108,11 +115,15 @@ def vocab_parallel_logprobs(
         targets: (n,) int64 global token ids.
         tp_group: the tensor-parallel process group (None or size 1: no collective).
         chunk_tokens: rows upcast to fp32 at a time.
+        temperature: T > 0 of the sampled distribution (1: the raw softmax).
 
     Returns:
         (n,) fp32 (fp64 for fp64 logits) log-probabilities, identical on every TP rank; differentiable w.r.t. ``logits``.
     """
     assert logits.dim() == 2 and targets.shape == logits.shape[:1], (logits.shape, targets.shape)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     tp_rank = dist.get_rank(tp_group) if tp_group is not None and dist.is_initialized() else 0
     vocab_start = tp_rank * logits.shape[1]
-    return _VocabParallelLogProb.apply(logits, targets, vocab_start, tp_group, chunk_tokens)
+    return _VocabParallelLogProb.apply(logits, targets, vocab_start, tp_group, chunk_tokens,
+                                       1.0 / float(temperature))

@@ -4,8 +4,11 @@
 distributed Adam optimizer and the LR schedule. The training loop talks to it through a small
 contract and nothing else:
 
-* ``compute_logprobs(batch)`` forward-only log-probs of the scored tokens;
-* ``train_step(batch, loss_fn)`` one optimizer step; ``loss_fn(logp, batch_slice)`` returns the
+* ``compute_logprobs(batch)`` forward-only log-probs of the scored tokens, of the sampler's
+  distribution ``softmax(logits / temperature)`` (``temperature`` given at construction);
+* ``train_steps(minibatches, loss_fn)`` one optimizer step per mini-batch (PPO mini-batches),
+  then one new weight version; ``train_step(batch, loss_fn)`` is the one-mini-batch case;
+  ``loss_fn(logp, batch_slice)`` returns the
   *sum* of per-token losses of a micro-batch and a dict of float stats. The trainer divides by
   the number of scored tokens of the whole step (all micro-batches, all DP ranks), so the update
   is the token mean of DESIGN 4.6 whatever the DP size or micro-batch split. It knows nothing
@@ -50,8 +53,8 @@ LossFn = Callable[[torch.Tensor, TrainBatch], tuple[torch.Tensor, dict[str, floa
 class StepResult:
     """What one ``train_step`` reports (identical on every rank)."""
 
-    loss: float  # token-mean loss over the step (all micro-batches and DP ranks)
-    grad_norm: float  # global gradient norm before clipping
+    loss: float  # token-mean loss over the step (all mini-, micro-batches and DP ranks)
+    grad_norm: float  # global gradient norm before clipping (mean over the optimizer steps)
     lr: float  # learning rate used by this step
     num_tokens: int  # all tokens of the step over DP (prompt + response)
     num_loss_tokens: int  # scored tokens of the step over DP
@@ -59,12 +62,14 @@ class StepResult:
     tokens_per_s: float  # num_tokens / seconds (all DP replicas together)
     mfu: float  # model FLOPs utilisation, full-attention convention (see flops.py)
     stats: dict[str, float] = field(default_factory=dict)  # loss_fn stats, token-weighted mean
+    optimizer_steps: int = 1  # optimizer steps (mini-batches x epochs) behind this version
 
 
 class PolicyTrainer:
     """One rank's share of the policy: model, optimizer, schedule, step counter and version."""
 
-    def __init__(self, cfg: TrainerConfig, parallel_state, hf_config: Any, model_chunks=None):
+    def __init__(self, cfg: TrainerConfig, parallel_state, hf_config: Any, model_chunks=None,
+                 temperature: float = 1.0):
         """Build (or adopt) the model chunks, wrap them in DDP, build optimizer and scheduler.
 
         Args:
@@ -73,7 +78,12 @@ class PolicyTrainer:
             hf_config: the policy's HF config (``transformers`` config or dict).
             model_chunks: pre-built Megatron chunks (tests); default ``build_qwen3_model`` with
                 random init, then ``cfg.init_checkpoint`` loaded when set.
+            temperature: the rollout sampler's temperature; every log-prob (pass and train
+                step) is of ``softmax(logits / temperature)``, the density the engine reports.
         """
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
         from megatron_darl.models.qwen3.config import spec_from_hf
 
         self.cfg = cfg
@@ -164,7 +174,7 @@ class PolicyTrainer:
                 self.model, microbatches, on_logprobs, forward_only=forward_only,
                 tp_group=self.ps.tp_group, vocab_size=self.spec.vocab_size,
                 chunk_tokens=self.cfg.micro_batch.logprob_chunk_tokens,
-                needs_attention_mask=self.needs_attention_mask,
+                needs_attention_mask=self.needs_attention_mask, temperature=self.temperature,
             )
         except (RuntimeError, dist.DistBackendError) as exc:  # a timeout or a dead peer
             ps = self.ps
@@ -214,17 +224,40 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ train step
     def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> StepResult:
-        """Forward/backward over ``batch`` with ``loss_fn``, then one optimizer step.
+        """Forward/backward over ``batch`` with ``loss_fn``, one optimizer step, one new version."""
+        return self.train_steps([batch], loss_fn)
 
-        Increments ``step`` and ``version``. The loss is normalised by the step's total number
-        of scored tokens over all DP ranks (Megatron's per-token loss path).
+    def train_steps(self, minibatches: list[TrainBatch], loss_fn: LossFn) -> StepResult:
+        """One optimizer step per mini-batch, in order, then one new weight version.
+
+        PPO mini-batches (DESIGN 4.6): whatever ``loss_fn`` reads from the batches (proximal
+        log-probs, weights, advantages) was fixed before the first one, so the ratio moves off 1
+        from the second mini-batch on. Each step's loss is normalised by that mini-batch's scored
+        tokens over all DP ranks; every DP rank must pass the same number of mini-batches.
+        Increments ``step`` once per mini-batch and ``version`` once.
         """
-        self._check(batch)
-        if batch.num_loss_tokens == 0:
-            raise ValueError(f"TrainBatch on dp_rank {self.ps.dp_rank} has no scored tokens")
+        if not minibatches:
+            raise ValueError("train_steps needs at least one mini-batch")
+        for batch in minibatches:
+            self._check(batch)
+            if batch.num_loss_tokens == 0:
+                raise ValueError(f"TrainBatch on dp_rank {self.ps.dp_rank} has no scored tokens")
         start = time.perf_counter()
         records: list[tuple[int, torch.Tensor, dict[str, float]]] = []
+        grad_norms, lr = [], 0.0
+        for batch in minibatches:
+            grad_norm, lr = self._optimizer_step(batch, loss_fn, records)
+            grad_norms.append(grad_norm)
+        self.version += 1
+        if self.ps.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        norms = [g for g in grad_norms if g is not None]
+        grad_norm = sum(float(g) for g in norms) / len(norms) if norms else None
+        return self._step_result(minibatches, records, grad_norm, lr, seconds)
 
+    def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFn, records: list) -> tuple[Any, float]:
+        """Forward/backward over one mini-batch and one optimizer step; (grad_norm, lr)."""
         def on_logprobs(logp: torch.Tensor, mb: MicroBatch):
             loss_sum, stats = loss_fn(logp, mb.batch)
             if loss_sum.dim() != 0:
@@ -241,20 +274,15 @@ class PolicyTrainer:
         self.scheduler.step(increment=1)  # LR of this step (see optim.build_lr_scheduler)
         lr = float(self.optimizer.param_groups[0]["lr"])
         out = self.optimizer.step()  # (update_successful, grad_norm, num_zeros_in_grad)
-        grad_norm = out[1] if isinstance(out, tuple) else None
         self.step += 1
-        self.version += 1
-        if self.ps.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        return self._step_result(batch, records, grad_norm, lr, seconds)
+        return (out[1] if isinstance(out, tuple) else None), lr
 
-    def _step_result(self, batch, records, grad_norm, lr, seconds) -> StepResult:
+    def _step_result(self, minibatches, records, grad_norm, lr, seconds) -> StepResult:
         """Reduce loss and stats over DP (last stage) and share them over PP."""
         keys = sorted(records[0][2]) if records else []
         local = torch.zeros(4 + len(keys), dtype=torch.float64, device=self.ps.device)
-        local[0] = batch.num_tokens
-        local[1] = train_flops(self.spec, batch.seq_lens.tolist())
+        local[0] = sum(b.num_tokens for b in minibatches)
+        local[1] = sum(train_flops(self.spec, b.seq_lens.tolist()) for b in minibatches)
         for n, loss_sum, stats in records:
             local[2] += n
             local[3] += float(loss_sum)
@@ -275,6 +303,7 @@ class PolicyTrainer:
             num_tokens=int(tokens),
             num_loss_tokens=int(loss_tokens),
             seconds=seconds,
+            optimizer_steps=len(minibatches),
             tokens_per_s=tokens / seconds,
             mfu=mfu(flops, seconds, self.ps.world_size, self.cfg.peak_tflops),
             stats={k: float(local[4 + j]) / max(loss_tokens, 1.0) for j, k in enumerate(keys)},

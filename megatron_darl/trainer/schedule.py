@@ -37,11 +37,13 @@ def run_schedule(
     vocab_size: int,
     chunk_tokens: int,
     needs_attention_mask: bool,
+    temperature: float = 1.0,
 ) -> None:
     """Run forward (and backward unless ``forward_only``) over ``microbatches``.
 
     Gradients accumulate in the DDP buffers; with ``forward_only=False`` Megatron's
     ``finalize_model_grads`` (set on the model config by the trainer) reduces and scales them.
+    Log-probs are of ``softmax(logits / temperature)``, the sampler's density.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -59,10 +61,11 @@ def run_schedule(
                 targets = torch.zeros(flat.shape[0], dtype=mb.targets.dtype, device=flat.device)
                 targets[mb.pred_rows] = mb.targets
                 flat = _mask_padded_vocab(flat, vocab_size, tp_group)
-                logp = vocab_parallel_logprobs(flat, targets, tp_group, chunk_tokens)[mb.pred_rows]
+                logp = vocab_parallel_logprobs(flat, targets, tp_group, chunk_tokens,
+                                               temperature)[mb.pred_rows]
             else:
                 rows = _mask_padded_vocab(flat.index_select(0, mb.pred_rows), vocab_size, tp_group)
-                logp = vocab_parallel_logprobs(rows, mb.targets, tp_group, chunk_tokens)
+                logp = vocab_parallel_logprobs(rows, mb.targets, tp_group, chunk_tokens, temperature)
             return on_logprobs(logp, mb)
 
         return output, loss_func

@@ -1,9 +1,12 @@
 """The whole main job on CPU (``launch.train experiment=smoke``) for each algorithm preset.
 
 Trainer and rollout worker run as separate processes over the real transport. Checked from the
-run's own outputs: versions move by one per step, arrival staleness <= eta, selected groups lie in
-the window K, the histograms count what was received/selected, every metric is finite, and the
-plot and ``summary.json`` exist. The warm-started policy is cached, so it is fitted once.
+run's own outputs: versions move by one per step, arrival staleness <= eta, the oldest selected
+behavior version lies in the window ``[t - K + 1, t]`` (``selected_version_oldest``), the
+histograms count what was received/selected, a straight run never falls back to nearest-version
+backfill, naive ``async`` runs no log-prob pass (no mismatch tokens), every step takes
+``ppo_minibatches x ppo_epochs`` optimizer steps, every metric is finite, and the plot and
+``summary.json`` exist. The warm-started policy is cached, so it is fitted once.
 """
 
 import json
@@ -15,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_darl.algorithms import VARIANTS, Variant
+from launch.config import load_run_config
+from megatron_darl.algorithms import Variant, needs_logprob_pass
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -33,21 +37,34 @@ def finite(value) -> bool:
     return all(isinstance(x, (int, float)) and math.isfinite(x) for x in values)
 
 
+PAPER = ("darl_paper", "async_paper")  # M = 4 mini-batches, eta 1, warmup 5, rollout IS
+
+
 @pytest.mark.parametrize("variant", [
     "darl", "sync",
-    *[pytest.param(v.value, marks=pytest.mark.slow) for v in Variant if v.value not in ("darl", "sync")],
+    *[pytest.param(v, marks=pytest.mark.slow)
+      for v in [*(v.value for v in Variant), *PAPER] if v not in ("darl", "sync")],
 ])
 def test_preset_runs_and_respects_versions(tmp_path, variant):
     proc = run_smoke(tmp_path, f"algorithm={variant}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    spec = VARIANTS[Variant(variant)]
+    cfg = load_run_config(["experiment=smoke", f"algorithm={variant}"])
+    k, eta = cfg.replay.k, cfg.algorithm.max_staleness
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert [r["version"] for r in rows] == [float(s + 1) for s in range(STEPS)]
     for r in rows:
+        t = r["version"] - 1  # the version trained from
         assert all(finite(v) for v in r.values()), r
-        assert sum(r["staleness_hist"][spec.eta + 1:]) == 0  # staleness <= eta at arrival
-        assert sum(r["selected_hist"][spec.k:]) == 0  # selected inside the window
+        assert sum(r["staleness_hist"][eta + 1:]) == 0  # staleness <= eta at arrival
+        if r["groups_selected"] > 0:  # the oldest selected group lies in the window K
+            assert t - k + 1 <= r["selected_version_oldest"] <= t, r
+        else:
+            assert r["selected_version_oldest"] == -1.0
+        assert r["backfill_nearest"] == 0.0  # snapshots cover the window in a straight run
+        assert r["optimizer_steps"] == cfg.algorithm.optimizer_steps
+        if not needs_logprob_pass(cfg.algorithm.spec()):
+            assert r["mismatch_tokens"] == 0.0  # no candidate log-prob pass
         assert sum(r["staleness_hist"]) + r["dropped_stale"] == r["groups_received"]
         assert sum(r["selected_hist"]) == r["groups_selected"] <= 2  # quota B
         assert r["groups_received"] >= 2  # B new groups per step
@@ -95,3 +112,19 @@ def test_sigterm_checkpoint_and_resume(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == total
     assert summary["samples_generated"] == sum(r["samples_received"] for r in rows)
+
+
+@pytest.mark.slow
+def test_darl_resume_restores_snapshots_and_backfills_exactly(tmp_path):
+    """The loop writes the window's parameter snapshots with its checkpoint and a resumed darl
+    run backfills from them: no nearest-version fallback in the steps after the restart."""
+    first = run_smoke(tmp_path, "algorithm=darl", steps=STEPS)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    snaps = sorted(p.name for p in (tmp_path / "checkpoints" / f"step_{STEPS:06d}" / "snapshots").iterdir())
+    assert snaps == [f"v{v:08d}" for v in range(STEPS)]  # K = 4: versions t-3..t-1 (t is the model)
+    again = run_smoke(tmp_path, "algorithm=darl", "loop.resume=true", steps=STEPS + 2)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "holds no parameter snapshots" not in again.stdout + again.stderr
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(STEPS + 2))
+    assert all(r["backfill_nearest"] == 0.0 for r in rows)

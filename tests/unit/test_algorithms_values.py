@@ -14,17 +14,20 @@ from megatron_darl.algorithms import (
     WeightRule,
     batch_behavior_weights,
     behavior_weights,
+    capped_tokens,
     ess_score,
     group_scores,
     grpo_advantages,
     kl_score,
     mixture_log_density,
+    needs_logprob_pass,
     policy_loss,
     score_samples,
     select_groups,
     variance_score,
     variant_spec,
     version_alpha,
+    with_rollout_is,
 )
 
 LN = math.log
@@ -132,6 +135,20 @@ def test_behavior_weights_clip_mask_and_no_grad():
         behavior_weights(lc, log_q, clip=0.0)
 
 
+def test_behavior_weights_mask_mode_drops_tokens_over_the_cap():
+    # ratios 1.6, 3.0, 0.5 (masked), 1.95 (under the cap: kept)
+    lc = torch.log(torch.tensor([[0.8, 0.9, 0.1, 0.39]]))
+    log_q = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.2]]))
+    mask = torch.tensor([[1, 1, 0, 1]])
+    w = behavior_weights(lc, log_q, clip=2.0, mask=mask, cap_mode="mask")
+    torch.testing.assert_close(w, torch.tensor([[1.6, 0.0, 0.0, 1.95]]))
+    assert capped_tokens(lc, log_q, 2.0, mask).tolist() == [[False, True, False, False]]
+    assert behavior_weights(torch.tensor([[90.0]]), torch.tensor([[0.0]]), 2.0, cap_mode="mask").item() == 0.0
+    torch.testing.assert_close(behavior_weights(lc, log_q, None, cap_mode="mask")[0, 1], torch.tensor(3.0))
+    with pytest.raises(ValueError, match="cap_mode"):
+        behavior_weights(lc, log_q, clip=2.0, cap_mode="cut")
+
+
 def _loss_batch():
     lp = torch.tensor([[LN(1.5), LN(0.5)], [LN(1.1), 0.0], [LN(0.5), 0.0]])
     logp_new = lp.clone().requires_grad_()
@@ -233,6 +250,32 @@ def test_batch_behavior_weights_per_variant():
     # naive async: the ratio base is each sample's own (engine) behavior row
     torch.testing.assert_close(naive.logp_base[0, 0], torch.tensor(LN(0.2)))
     torch.testing.assert_close(naive.logp_base[1], lpv[1, 1])
+
+
+def test_batch_behavior_weights_cap_mode_and_capped_tokens():
+    lc, lpv, versions, bv, mask = _batch()
+    masked = batch_behavior_weights("decoupled", lc, lpv, versions, bv, mask, clip=1.8, cap_mode="mask")
+    # own-behavior ratios: sample 0: 4.0; sample 1: 2.0, 0.4, 1.5 -> over the cap 1.8: masked
+    torch.testing.assert_close(masked.weights, torch.tensor([[0.0, 0, 0], [0.0, 0.4, 1.5]]))
+    assert masked.capped.tolist() == [[True, False, False], [True, False, False]]
+    clipped = batch_behavior_weights("decoupled", lc, lpv, versions, bv, mask, clip=1.8)
+    torch.testing.assert_close(clipped.weights, torch.tensor([[1.8, 0, 0], [1.8, 0.4, 1.5]]))
+    assert torch.equal(clipped.capped, masked.capped)
+    assert not batch_behavior_weights("async", lc, lpv, versions, bv, mask).capped.any()
+
+
+def test_rollout_is_and_logprob_pass_needs():
+    assert not needs_logprob_pass(variant_spec("async"))  # fifo, no weights, ratio vs mu
+    for name in ("sync", "decoupled", "darl", "darl_nofilter", "darl_nomis"):
+        assert needs_logprob_pass(variant_spec(name)), name
+    tis = with_rollout_is(variant_spec("async"))
+    assert needs_logprob_pass(tis) and tis.score is ScoreKind.FIFO and tis.max_replays == 1
+    lc, lpv, versions, bv, mask = _batch()
+    got = batch_behavior_weights(tis, lc, lpv, versions, bv, mask, clip=2.0)
+    ref = batch_behavior_weights("decoupled", lc, lpv, versions, bv, mask, clip=2.0)
+    assert torch.equal(got.weights, ref.weights) and torch.equal(got.logp_base, lc)
+    with pytest.raises(ValueError, match="mis.clip"):
+        with_rollout_is(variant_spec("darl"))
 
 
 def test_batch_behavior_weights_refuses_missing_mixture_rows():

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from launch.config import RunConfig, load_run_config, save_run_config
-from megatron_darl.algorithms import VARIANTS, Variant
-from megatron_darl.loop.config import AlgorithmConfig
+from megatron_darl.algorithms import VARIANTS, RatioBase, Variant, WeightRule
+from megatron_darl.loop.config import AlgorithmConfig, density_temperature
 
 
 @pytest.mark.parametrize("variant", [v.value for v in Variant])
@@ -44,6 +44,12 @@ def test_model_group_gives_random_init_shape():
     ("sampling.n=3", "sampling.n"),
     ("transport.control.num_hubs=2", "num_hubs"),
     ("algorithm.groups_per_step=3", "DP size"),
+    ("algorithm.ppo_minibatches=0", "algorithm.ppo_minibatches"),
+    ("algorithm.ppo_epochs=0", "algorithm.ppo_epochs"),
+    ("algorithm.mis.cap_mode=cut", "algorithm.mis.cap_mode"),
+    ("algorithm.rollout_is=2.0", "algorithm.rollout_is"),  # darl: its weight already is the IS
+    ("sampling.top_p=0.9", "sampling.top_p"),
+    ("sampling.top_k=20", "sampling.top_k"),
 ])
 def test_bad_values_name_the_field(override, field):
     extra = ["cluster.trainer_ranks=2", "transport.control.num_hubs=2"] if "DP" in field else []
@@ -68,3 +74,35 @@ def test_algorithm_config_score_override():
     cfg = AlgorithmConfig(variant="darl", score="kl")
     assert cfg.spec().score.value == "kl"
     assert dataclasses.replace(cfg.spec(), score=VARIANTS[Variant.DARL].score) == VARIANTS[Variant.DARL]
+
+
+@pytest.mark.parametrize("preset, variant", [
+    ("darl_paper", "darl"), ("async_paper", "async"), ("decoupled_paper", "decoupled")])
+def test_paper_presets_one_step_off_window_warmup_minibatches(preset, variant):
+    cfg = load_run_config([f"algorithm={preset}"])
+    a = cfg.algorithm
+    assert (a.variant, a.max_staleness, cfg.replay.k, cfg.replay.warmup) == (variant, 1, 4, 5)
+    assert (a.ppo_minibatches, a.ppo_epochs, a.optimizer_steps) == (4, 1, 4)
+    assert a.weight_cap == 2.0 and a.mis.cap_mode == "clip"
+    assert cfg.transport.channel.max_staleness == 1
+    assert cfg.replay.max_replays == (None if variant == "darl" else 1)
+    assert a.rollout_is == (2.0 if variant == "async" else None)
+
+
+def test_rollout_is_turns_async_into_ratio_against_pi_t_with_capped_weights():
+    cfg = load_run_config(["algorithm=async_paper"])
+    spec = cfg.algorithm.spec()
+    assert (spec.weight_rule, spec.ratio_base) == (WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL)
+    assert spec.score is VARIANTS[Variant.ASYNC].score and spec.k == VARIANTS[Variant.ASYNC].k
+    plain = load_run_config(["algorithm=async_paper", "algorithm.rollout_is=null"]).algorithm
+    assert plain.spec() == VARIANTS[Variant.ASYNC] and plain.weight_cap == plain.mis.clip
+    sync = AlgorithmConfig(variant="sync", max_staleness=0, rollout_is=3.0)
+    assert sync.spec().weight_rule is WeightRule.OWN_BEHAVIOR and sync.weight_cap == 3.0
+
+
+def test_density_temperature():
+    assert density_temperature(0.7, 1.0, -1) == 0.7
+    assert density_temperature(0.0, 1.0, -1) == 1.0  # greedy reports temperature-1 log-probs
+    assert density_temperature(1.0, 1.0, 0) == 1.0  # top_k 0 is "off" too
+    with pytest.raises(ValueError, match="sampling.temperature"):
+        density_temperature(-1.0, 1.0, -1)

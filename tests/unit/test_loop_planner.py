@@ -249,3 +249,79 @@ def test_state_roundtrip_and_shard_check():
     r = ShardPlanner(algo("darl"), ReplayConfig(), shard=1, num_shards=2)
     with pytest.raises(ValueError, match="cannot load"):
         r.load_state_dict(p.state_dict())
+
+
+@pytest.mark.parametrize("m, epochs", [(1, 1), (2, 1), (3, 2), (5, 1)])
+def test_minibatches_partition_the_selection(m, epochs):
+    p = ShardPlanner(algo("decoupled", b=2, ppo_minibatches=m, ppo_epochs=epochs), ReplayConfig(k=3))
+    _, _, sel, tb = run_step(p, [make_group(1, 0), make_group(2, 0)], 0, 0)
+    n = len(sel.samples)  # 8 samples
+    assert len(tb.minibatches) == m * epochs
+    parts = tb.minibatches[:m]
+    sizes = [b.num_sequences for b in parts]
+    assert sizes == [len(i) for i in torch.arange(n).tensor_split(m)]  # contiguous, +-1
+    for name in ("weights", "logp_base"):  # the same per-token values as the whole batch, in order
+        assert torch.equal(torch.cat([b.masked(name) for b in parts]), tb.batch.masked(name))
+    assert torch.equal(torch.cat([b.per_token("advantages") for b in parts]),
+                       tb.batch.per_token("advantages"))
+    for e in range(1, epochs):  # later epochs repeat the same mini-batches
+        assert all(a is b for a, b in zip(tb.minibatches[e * m:(e + 1) * m], parts))
+
+
+def test_minibatches_more_than_samples_and_empty_shard_get_zero_weight_fillers():
+    p = ShardPlanner(algo("sync", b=1, max_staleness=0, ppo_minibatches=4), ReplayConfig(k=1))
+    _, _, sel, tb = run_step(p, [make_group(1, 0, rewards=(1.0, 0.0))], 0, 0)
+    assert len(sel.samples) == 2 and len(tb.minibatches) == 4
+    assert [b.num_sequences for b in tb.minibatches] == [1, 1, 1, 1]
+    for filler in tb.minibatches[2:]:
+        assert float(filler.masked("weights").abs().sum()) == 0.0
+        assert float(filler.seq_fields["advantages"].abs().sum()) == 0.0
+    empty = ShardPlanner(algo("darl", b=2, ppo_minibatches=3), ReplayConfig(k=4), shard=0, num_shards=2)
+    _, _, _, tb = run_step(empty, [], 0, 0)
+    assert tb.filler and len(tb.minibatches) == 3
+    assert all(float(b.masked("weights").abs().sum()) == 0.0 for b in tb.minibatches)
+
+
+def test_naive_async_needs_no_logprob_pass():
+    p = ShardPlanner(algo("async", b=2), ReplayConfig(k=3, max_replays=1))
+    assert not p.needs_pass
+    p.receive([make_group(1, 0), make_group(2, 1)], 1, 1)
+    cand = p.candidate_batch()
+    sel = p.select(1, p.score(cand, 1), 1)  # no store_logprobs: fifo needs no pi_t
+    assert [e.group_id for e in sel.entries] == [2, 1]  # freshest first
+    tb = p.training_batch(sel, sel.version_tokens, 1)
+    assert torch.equal(tb.batch.masked("logp_base"), torch.cat([s.behavior_logprobs for s in sel.samples]))
+    assert torch.equal(tb.batch.masked("weights"), torch.ones(tb.batch.num_loss_tokens))
+    tis = ShardPlanner(algo("async", b=2, rollout_is=2.0), ReplayConfig(k=3, max_replays=1))
+    assert tis.needs_pass
+    tis.receive([make_group(1, 0)], 1, 1)
+    with pytest.raises(ValueError, match="no log-prob pass"):
+        tis.training_batch(tis.select(1, tis.score(tis.candidate_batch(), 1), 1),
+                           torch.tensor([1.0, 1.0, 1.0]), 1)
+
+
+def test_oldest_selected_and_cache_rows_by_source():
+    p = ShardPlanner(algo("darl", b=3), ReplayConfig(k=4))
+    _, _, sel, tb = run_step(p, [make_group(1, 1), make_group(2, 2), make_group(3, 3)], 3, 3)
+    assert p.selection_sums(sel, 3)["selected_staleness_max"] == 2.0  # version 1 at t = 3
+    q = ShardPlanner(algo("darl"), ReplayConfig())
+    assert q.selection_sums(q.select(3, {}, 3), 3)["selected_staleness_max"] == -1.0  # none
+    counts = p.evict(4)
+    n, fresh = len(sel.samples), len(p.buffer.entry(3).group.samples)
+    assert counts["cache_rows_engine"] == n and counts["cache_rows_snapshot"] > 0
+    # the pass at t = 3 adds a trainer row except where the engine row of version 3 is kept
+    assert counts["cache_rows_trainer"] == n - fresh and counts["cache_rows_nearest"] == 0
+    assert sum(counts[f"cache_rows_{s}"] for s in ("engine", "trainer", "snapshot", "nearest")) == len(p.cache)
+
+
+def test_capped_weights_counted_in_both_cap_modes():
+    for mode in ("clip", "mask"):
+        p = ShardPlanner(algo("decoupled", b=2, mis=MisConfig(clip=1.01, cap_mode=mode)), ReplayConfig(k=3))
+        p.receive([make_group(1, 0), make_group(2, 0)], 2, 2)
+        cand = p.candidate_batch()
+        p.store_logprobs(cand, fake_pass(cand.batch, cand.samples, 2), 2)
+        sel = p.select(2, p.score(cand, 2), 2)
+        tb = p.training_batch(sel, sel.version_tokens, 2)
+        w = tb.batch.masked("weights")
+        over = int((w >= 1.01).sum()) if mode == "clip" else int((w == 0).sum())
+        assert tb.sums["w_clipped"] == over > 0, mode

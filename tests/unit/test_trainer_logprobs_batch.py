@@ -28,6 +28,24 @@ def test_logprobs_match_log_softmax_and_grad():
     )
 
 
+def test_logprobs_at_a_temperature_match_scaled_log_softmax_and_grad():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(9, 7, generator=g, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, 7, (9,), generator=g)
+    out = vocab_parallel_logprobs(logits, targets, chunk_tokens=4, temperature=0.7)
+    ref = torch.log_softmax(logits / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    assert torch.autograd.gradcheck(
+        lambda x: vocab_parallel_logprobs(x, targets, chunk_tokens=5, temperature=0.7), (logits,))
+    one = vocab_parallel_logprobs(logits.float(), targets, temperature=1.0)  # scale 1 is exact
+    assert torch.equal(one, vocab_parallel_logprobs(logits.float(), targets))
+    padded = logits.detach().float().clone()
+    padded[:, -2:] = torch.finfo(torch.float32).min  # padded vocab columns: no NaN once scaled
+    assert torch.isfinite(vocab_parallel_logprobs(padded, targets.clamp(max=4), temperature=0.5)).all()
+    with pytest.raises(ValueError, match="temperature"):
+        vocab_parallel_logprobs(logits, targets, temperature=0.0)
+
+
 def test_plan_respects_budget_and_sorts():
     lens = [10, 100, 33, 64, 65, 7]
     plan = plan_microbatches(lens, token_budget=192, pad_multiple=32)
