@@ -96,9 +96,9 @@ class SandboxConfig:
         if not self.namespaces and not self.allow_degraded:
             raise ValueError("SandboxConfig.namespaces=False runs degraded: set allow_degraded=True")
         self.readonly_paths = tuple(self.readonly_paths)
-        bad = [p for p in self.readonly_paths if not os.path.isabs(p)]
+        bad = [p for p in self.readonly_paths if not os.path.isabs(p) or os.path.normpath(p) == "/"]
         if bad:
-            raise ValueError(f"SandboxConfig.readonly_paths must be absolute, got {bad}")
+            raise ValueError(f"SandboxConfig.readonly_paths must be absolute and not '/', got {bad}")
 
 
 @dataclass(frozen=True)
@@ -329,11 +329,12 @@ def _exited_by(pid: int, deadline: float) -> bool:
 def _supervise(proc: subprocess.Popen, cfg: SandboxConfig):
     """Collect output, enforce the deadline, and kill whatever is left.
 
-    The boot process is alive or an unreaped zombie when its group is killed, so the group id
-    cannot belong to a stranger. The group is the boot and the harness; killing the harness
-    (the PID namespace's init) makes the kernel kill every process of the namespace. In
-    degraded mode the program is a single process (its filter refuses fork) that dies with
-    the harness (PR_SET_PDEATHSIG).
+    A boot still running at the end gets SIGTERM: it SIGKILLs the harness, the PID namespace's
+    init, and waits until the kernel has killed and reaped the whole namespace, so that when
+    this returns no process of the run exists. If it does not exit within 2 s its group (the
+    boot and the harness) is SIGKILLed. The boot is alive or an unreaped zombie when the group
+    is signalled, so the group id cannot belong to a stranger. In degraded mode the program is
+    a single process (its filter refuses fork) that dies with the harness (PR_SET_PDEATHSIG).
     """
     deadline = time.monotonic() + cfg.wall_seconds
     try:
@@ -341,8 +342,11 @@ def _supervise(proc: subprocess.Popen, cfg: SandboxConfig):
         if not (timed_out or truncated) and not _exited_by(proc.pid, deadline):
             timed_out = True
     finally:
+        if not _exited_by(proc.pid, time.monotonic()):
+            proc.send_signal(signal.SIGTERM)  # the boot kills the harness and waits for it
+            _exited_by(proc.pid, time.monotonic() + 2.0)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever did not go
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait(timeout=30)

@@ -6,7 +6,9 @@ with the job (settings, program, its stdin; ``marshal``) on stdin. Three process
 1. **boot** (this process, in the worker's namespaces): dies with the worker
    (PR_SET_PDEATHSIG), creates the mount, network, PID, IPC, UTS and cgroup namespaces (as root;
    otherwise with a user namespace that maps root inside to the worker's uid), forks the harness
-   and waits for it. A refusal of the kernel is reported as a ``refused`` event.
+   and waits for it. A refusal of the kernel is reported as a ``refused`` event. SIGTERM (the
+   worker's deadline) makes it SIGKILL the harness and wait: when the boot exits, every process
+   of the sandbox is gone.
 2. **harness** (PID 1 of the new PID namespace): builds the private root
    (``sandbox_kernel.build_root``: read-only system dirs, a size-capped tmpfs ``/tmp``), sets
    the rlimits, drops to an unprivileged uid with no capabilities (as root: a uid of its own,
@@ -48,6 +50,7 @@ import sandbox_kernel as kernel  # noqa: E402
 import sandbox_seccomp as seccomp  # noqa: E402
 
 _PROGRAM = "main.py"
+_CHECK_GRACE = 0.5  # seconds the program gets to exit after the verdict (then it is killed)
 
 
 def _read_fd(fd: int) -> bytes:
@@ -212,8 +215,9 @@ def _harness(s: dict, job: dict, status_fd: int, check_fd: int, alive_fd: int, h
         os.close(calls_r)
         os.close(answers_w)
         passed, why = _judge(check_fd, calls_w, answers_r, deadline)
-    else:
-        code = _wait_program(pid, wake_r, alive_fd, deadline)
+        os.close(calls_w)  # EOF: the program stops serving and exits, flushing its output
+        deadline = min(deadline, time.monotonic() + _CHECK_GRACE)
+    code = _wait_program(pid, wake_r, alive_fd, deadline)
     _kill_all(info["own_uid"], pid)
     _send(status_fd, event="done", returncode=code, passed=passed, check_error=why)
     os._exit(0)
@@ -248,7 +252,9 @@ def main():
         os.close(alive_w)
         return _harness(settings, job, status_fd, check_fd, alive_r, host_uid)
     os.close(alive_r)
-    os.waitpid(pid, 0)
+    for sig in (signal.SIGTERM, signal.SIGALRM):  # the worker's "stop now", or our backstop:
+        signal.signal(sig, lambda *_: os.kill(pid, signal.SIGKILL))  # the harness's death
+    os.waitpid(pid, 0)  # returns once the kernel has killed and reaped its whole namespace
     os._exit(0)
 
 

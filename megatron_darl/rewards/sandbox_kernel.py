@@ -156,6 +156,9 @@ def build_root(readonly_paths, disk_bytes: int, inodes: int, uid: int, gid: int,
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing we do here reaches the host
     sources = _open_sources(readonly_paths)
     _mount("sandbox-root", staging, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    tmp = _mkdirs(staging, "/tmp")  # first, so that bound paths under /tmp stay visible in it
+    _mount("sandbox-tmp", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV,
+           f"size={disk_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
     for path, source in sources:
         if isinstance(source, str):
             os.symlink(source, os.path.join(staging, path.lstrip("/")))
@@ -171,9 +174,6 @@ def build_root(readonly_paths, disk_bytes: int, inodes: int, uid: int, gid: int,
     _populate_dev(staging)
     _mount_proc(_mkdirs(staging, "/proc"))
     _write_etc(staging, uid, gid)
-    tmp = _mkdirs(staging, "/tmp")
-    _mount("sandbox-tmp", tmp, "tmpfs", _MS_NOSUID | _MS_NODEV,
-           f"size={disk_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
     for name, data in files.items():
         path = os.path.join(tmp, name)
         with open(path, "wb") as f:
