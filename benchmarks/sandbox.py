@@ -10,6 +10,10 @@ rollout node. This script times, on CPU:
 - ``throughput``: ``--parallel`` threads scoring that record back to back (each run is its own
   process tree, so threads suffice), in executions per second.
 
+Each latency is reported twice: the median wall time and the CPU time per execution of all the
+sandbox's processes (user + system, from ``RUSAGE_CHILDREN``). On a shared machine the CPU time
+is the steadier of the two: wall time also counts waiting for a core.
+
     python benchmarks/sandbox.py                         # time this checkout
     python benchmarks/sandbox.py --code-root /tmp/base   # time another checkout's sandbox
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,13 +65,19 @@ def _commit_of(root: Path) -> str:
         return "unknown"
 
 
-def _median_ms(fn, runs: int) -> float:
-    times = []
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _median_ms(fn, runs: int) -> tuple[float, float]:
+    """(median wall ms, mean CPU ms of the sandbox's processes) per call of ``fn``."""
+    times, cpu0 = [], _children_cpu()
     for _ in range(runs):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+    return 1000 * statistics.median(times), 1000 * (_children_cpu() - cpu0) / runs
 
 
 def _throughput(fn, parallel: int, per_thread: int) -> float:
@@ -99,6 +110,8 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2, help="threads in the throughput run")
     parser.add_argument("--per-thread", type=int, default=15, help="executions per thread")
     parser.add_argument("--label", default="", help="free-form tag stored in the record")
+    parser.add_argument("--code-commit", default="",
+                        help="commit of --code-root when it is not a git checkout")
     args = parser.parse_args()
     code_root = args.code_root.resolve()
     sys.path.insert(0, str(code_root))
@@ -114,13 +127,16 @@ def main() -> None:
         raise SystemExit("the benchmark's wrong solution does not score 0.0")
     sandbox.run_sandboxed("pass")  # warm caches (interpreter files, probes)
 
-    trivial_ms = _median_ms(lambda: sandbox.run_sandboxed("pass"), args.runs)
-    humaneval_ms = _median_ms(lambda: code_exec.humaneval_reward(problem, solution), args.runs)
+    trivial_ms, trivial_cpu = _median_ms(lambda: sandbox.run_sandboxed("pass"), args.runs)
+    humaneval_ms, humaneval_cpu = _median_ms(
+        lambda: code_exec.humaneval_reward(problem, solution), args.runs)
     rate = _throughput(lambda: code_exec.humaneval_reward(problem, solution), args.parallel,
                        args.per_thread)
-    metrics = {"trivial_ms": trivial_ms, "humaneval_ms": humaneval_ms,
+    metrics = {"trivial_ms": trivial_ms, "trivial_cpu_ms": trivial_cpu,
+               "humaneval_ms": humaneval_ms, "humaneval_cpu_ms": humaneval_cpu,
                "throughput_exec_per_s": rate}
-    config = {"label": args.label, "code_commit": _commit_of(code_root), "runs": args.runs,
+    config = {"label": args.label, "code_commit": args.code_commit or _commit_of(code_root),
+              "runs": args.runs,
               "parallel": args.parallel, "per_thread": args.per_thread,
               "cpus": os.cpu_count(), "load_avg_1min": round(os.getloadavg()[0], 2)}
     print_table([{**config, **metrics}])

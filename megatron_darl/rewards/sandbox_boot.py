@@ -31,8 +31,9 @@ of its own when the worker is root, with the stricter seccomp variant (no socket
 processes, signals only to itself), and dies with the harness (PR_SET_PDEATHSIG).
 
 Start-up cost matters (one boot per reward), so this imports only C modules besides the
-three ``sandbox_*`` modules next to it (``ctypes`` is the one real cost); JSON is loaded only
-for function checks. Events are length-prefixed ``marshal`` dicts: only the trusted boot and
+three ``sandbox_*`` modules next to it (``ctypes`` is the one real cost); JSON (and
+``typing``, which the harness and the program of a HumanEval check both import) is loaded only
+for function checks, once, before the forks. Events are length-prefixed ``marshal`` dicts: only the trusted boot and
 harness ever write them.
 """
 
@@ -232,8 +233,12 @@ def main():
         os._exit(70)  # the worker died before we were told to follow it
     job = marshal.loads(_read_fd(0))
     settings = job["settings"]
-    if check_fd >= 0:
-        import sandbox_harness  # noqa: F401 - now, while this directory is still visible
+    if check_fd >= 0:  # load now, while this directory is still visible; typing too, since
+        import sandbox_harness  # noqa: F401 - nearly every HumanEval prompt imports it and both
+        import typing  # noqa: F401 - the harness and the program would load it after the fork
+    import gc
+
+    gc.freeze()  # what the forks inherit stays out of their collections (fewer copied pages)
     signal.alarm(int(settings["wall_seconds"]) + 5)  # backstop: the worker kills us sooner
     host_uid = settings["uid_base"] + os.getpid() if os.getuid() == 0 else os.getuid()
     try:
