@@ -28,11 +28,13 @@ kernel:
 - a wall-clock limit (the whole tree is killed) and a cap on stdout and stderr.
 
 Where the kernel refuses the namespaces (no root and no unprivileged user namespaces, or a
-container's own seccomp profile), the first run raises ``SandboxUnavailableError`` with what to
-change, unless the user set ``allow_degraded=True``: then runs keep the seccomp filter (stricter:
-no sockets, no setsid), the rlimits, the unprivileged uid where one can be used, the
-process-group kill and the check harness, and lose the private root, the disk cap and the
-network and PID isolation. ``SandboxResult.isolation`` says which mode ran.
+container's own seccomp profile), the first run (or ``sandbox_mode``, which the reward registry
+calls at start-up) raises ``SandboxUnavailableError`` saying what to change, unless the user
+set ``allow_degraded=True``: then runs keep the seccomp filter (stricter: no sockets, no new
+processes, signals only to itself), the rlimits, a uid of their own when the worker is root,
+the parent-death chain and the check harness, and lose the private root (host files are
+readable and world-writable places writable), the disk cap and the network and PID isolation.
+``SandboxResult.isolation`` says which mode ran; a warning is logged once.
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ for function checks, once, before the forks. Events are length-prefixed ``marsha
 harness ever write them.
 """
 
+from __future__ import annotations
+
 import _signal as signal
 import marshal
 import os
@@ -81,6 +83,8 @@ def _bind_paths(settings: dict) -> list[str]:
 
 
 def _set_limits(s: dict) -> None:
+    """Soft = hard = the configured value, or the inherited hard limit where that is lower
+    (raising it needs CAP_SYS_RESOURCE of the host, which a user namespace does not give)."""
     import resource
 
     for which, value in ((resource.RLIMIT_CPU, s["cpu_seconds"]),
@@ -89,6 +93,9 @@ def _set_limits(s: dict) -> None:
                          (resource.RLIMIT_NPROC, s["max_processes"]),
                          (resource.RLIMIT_NOFILE, s["max_open_files"]),
                          (resource.RLIMIT_CORE, 0)):
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
         resource.setrlimit(which, (value, value))
 
 
@@ -192,14 +199,14 @@ def _harness(s: dict, job: dict, status_fd: int, check_fd: int, alive_fd: int, h
         os._exit(0)  # the boot died before we could follow it
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     deadline = time.monotonic() + s["wall_seconds"] + 1.0
+    stdin_fd = os.memfd_create("stdin")  # before RLIMIT_FSIZE, which binds memfds too
+    os.write(stdin_fd, job["stdin"].encode())
+    os.lseek(stdin_fd, 0, os.SEEK_SET)
     try:
         info = _isolate(s, job["program"], host_uid)
     except OSError as exc:
         _send(status_fd, event="refused", stage="isolation", error=str(exc))
         os._exit(0)
-    stdin_fd = os.memfd_create("stdin")
-    os.write(stdin_fd, job["stdin"].encode())
-    os.lseek(stdin_fd, 0, os.SEEK_SET)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)

@@ -7,10 +7,11 @@ processes of the sandbox:
 
 - the **harness** (the sandbox's PID 1, ``run_check``) executes the record's trusted code (the
   prompt, whose helper functions tests may use, and the ``check`` function) and calls
-  ``check(candidate)`` with a *proxy*: each call is sent to the program's process as JSON and
-  the returned value comes back as JSON, decoded into plain Python values by the harness. The
-  verdict is "``check`` returned without raising", written by the harness on a pipe to the
-  parent that the program never holds;
+  ``check(candidate)`` with a *proxy*, also bound to the entry point's name (some tests call the
+  function by name): each call is sent to the program's process as JSON and the returned value
+  comes back as JSON, decoded into plain Python values by the harness. The verdict is
+  "``check`` returned without raising", written by the harness on a pipe to the parent that the
+  program never holds;
 - the **program** (``serve``) runs the model's code as ``__main__``, then answers calls to its
   entry point until the harness is done.
 
@@ -24,6 +25,9 @@ keys, bytes, complex; floats keep inf and nan. Anything else (a generator, an ob
 and fails the call. Stdlib only: imported inside the sandbox.
 """
 
+from __future__ import annotations
+
+import builtins
 import json
 import os
 import select
@@ -85,6 +89,7 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int, deadline: float) -> None:
         self.read_fd, self.write_fd, self.deadline = read_fd, write_fd, deadline
         self.buffer = bytearray()
+        os.set_blocking(write_fd, False)  # a full pipe must not outlast the deadline
 
     def send(self, message) -> None:
         data = memoryview(json.dumps(message).encode() + b"\n")
@@ -92,7 +97,10 @@ class Channel:
             _, ready, _ = select.select([], [self.write_fd], [], self._remaining())
             if not ready:
                 raise TimeoutError("the program stopped reading calls")
-            data = data[os.write(self.write_fd, data[: 1 << 16]):]
+            try:
+                data = data[os.write(self.write_fd, data[: 1 << 16]):]
+            except BlockingIOError:
+                continue
 
     def receive(self):
         while b"\n" not in self.buffer:
@@ -129,7 +137,7 @@ def _raise_from(error: dict) -> None:
 
 
 _BUILTIN_EXCEPTIONS = {
-    name: obj for name, obj in vars(__import__("builtins")).items()
+    name: obj for name, obj in vars(builtins).items()
     if isinstance(obj, type) and issubclass(obj, Exception)
 }
 
@@ -155,10 +163,10 @@ def run_check(setup: str, test: str, entry_point: str, channel: Channel) -> tupl
         if not callable(namespace.get("check")):
             return False, "the test code defines no check(candidate)"
         namespace["check"](candidate)
-    except Exception:  # noqa: BLE001 - any failure of the trusted check is a fail verdict
+    except BaseException:  # noqa: BLE001 - any failure of the trusted check is a fail verdict
         import traceback
 
-        return False, traceback.format_exc(limit=3)[-2000:]
+        return False, traceback.format_exc(limit=-3)[-2000:]
     return True, ""
 
 

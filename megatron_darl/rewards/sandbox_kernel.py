@@ -20,6 +20,8 @@ unless bound into it on purpose:
 - the tmpfs root itself is remounted read-only last.
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import os

@@ -22,6 +22,8 @@ namespace backs them up, also no sockets and no new processes).
 This module is imported by ``sandbox_boot`` inside the sandbox, so it uses the stdlib only.
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import os

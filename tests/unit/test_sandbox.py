@@ -183,3 +183,9 @@ def test_unprivileged_worker_gets_a_user_namespace():
 
 def test_sandbox_mode_is_the_full_isolation_here():
     assert sandbox_mode(SandboxConfig()) == ("root" if os.geteuid() == 0 else "userns")
+
+
+def test_stdin_larger_than_the_file_size_limit_still_arrives():
+    cfg = SandboxConfig(wall_seconds=5.0, file_size_bytes=1 << 20)
+    result = run_sandboxed("import sys\nprint(len(sys.stdin.read()))", "x" * (3 << 20), cfg)
+    assert result.ok and result.stdout == f"{3 << 20}\n"
