@@ -189,3 +189,26 @@ def test_stdin_larger_than_the_file_size_limit_still_arrives():
     cfg = SandboxConfig(wall_seconds=5.0, file_size_bytes=1 << 20)
     result = run_sandboxed("import sys\nprint(len(sys.stdin.read()))", "x" * (3 << 20), cfg)
     assert result.ok and result.stdout == f"{3 << 20}\n"
+
+
+ORDINARY = """
+import asyncio, multiprocessing as mp, socket, sqlite3, subprocess, tempfile, threading
+def square(x):
+    return x * x
+with mp.Pool(2) as pool:
+    print(pool.map(square, range(4)))
+print(subprocess.run(["echo", "hi"], capture_output=True, text=True).stdout.strip())
+with tempfile.NamedTemporaryFile() as f:
+    print(f.name.startswith("/tmp/"))
+print(asyncio.run(asyncio.sleep(0.01, result=7)))
+a, b = socket.socketpair()
+a.send(b"x")
+print(b.recv(1), sqlite3.connect(":memory:").execute("select 1").fetchone())
+"""
+
+
+def test_ordinary_programs_still_work():
+    """Processes, threads, pipes, semaphores, temp files, asyncio and sqlite pass the filter."""
+    result = run_sandboxed(ORDINARY, "", SandboxConfig(wall_seconds=20.0))
+    assert result.ok, result.stderr
+    assert result.stdout.split("\n")[:5] == ["[0, 1, 4, 9]", "hi", "True", "7", "b'x' (1,)"]
