@@ -110,6 +110,8 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2, help="threads in the throughput run")
     parser.add_argument("--per-thread", type=int, default=15, help="executions per thread")
     parser.add_argument("--label", default="", help="free-form tag stored in the record")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="where the JSON record goes (default: benchmarks/results)")
     parser.add_argument("--code-commit", default="",
                         help="commit of --code-root when it is not a git checkout")
     args = parser.parse_args()
@@ -140,7 +142,7 @@ def main() -> None:
               "parallel": args.parallel, "per_thread": args.per_thread,
               "cpus": os.cpu_count(), "load_avg_1min": round(os.getloadavg()[0], 2)}
     print_table([{**config, **metrics}])
-    print(f"wrote {write_result('sandbox', config, metrics)}")
+    print(f"wrote {write_result('sandbox', config, metrics, args.out_dir)}")
 
 
 if __name__ == "__main__":
