@@ -345,7 +345,7 @@ def _supervise(proc: subprocess.Popen, cfg: SandboxConfig):
             timed_out = True
     finally:
         if not _exited_by(proc.pid, time.monotonic()):
-            proc.send_signal(signal.SIGTERM)  # the boot kills the harness and waits for it
+            os.kill(proc.pid, signal.SIGTERM)  # the boot kills the harness and waits for it
             _exited_by(proc.pid, time.monotonic() + 2.0)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever did not go
