@@ -227,6 +227,8 @@ def test_host_secrets_are_not_readable(host, monkeypatch):
         attempt("harness root", lambda: os.listdir("/proc/1/root/"))
         attempt("env", lambda: os.environ["DARL_TEST_SECRET"])
         attempt("work tree", lambda: os.listdir({str(Path(__file__).parent)!r}))
+        attempt("block device", lambda: open("/dev/vda", "rb").read(512))
+        attempt("kernel log", lambda: open("/dev/kmsg", "rb").read(1))
     """)
     result = run_sandboxed(code, "", _cfg(host))
     out = _assert_all_refused(result, ["shadow", "secret file", "root home", "worker environ",
@@ -357,6 +359,27 @@ def test_program_has_no_privileges():
     for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status[key], 16) == 0, key
     assert status["NoNewPrivs"].strip() == "1" and status["Seccomp_filters"].strip() == "2"
+
+
+@hostile("setuid binaries")
+def test_setuid_binaries_grant_nothing():
+    """The setuid-root mount and su are visible but run without privileges (no_new_privs,
+    nosuid mounts): mounting fails and the tmpfs mount table is unchanged."""
+    code = textwrap.dedent("""
+        import os, subprocess
+        os.mkdir("m")
+        before = open("/proc/self/mounts").read()
+        for argv in (["mount", "-t", "tmpfs", "none", "/tmp/m"], ["su", "-c", "id -u"]):
+            out = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            print(argv[0], out.returncode != 0, out.stdout.strip() or "-")
+        print("mounts unchanged", open("/proc/self/mounts").read() == before)
+        print("setuid bit visible", bool(os.stat("/usr/bin/mount").st_mode & 0o4000))
+    """)
+    if not Path("/usr/bin/mount").is_file() or not Path("/usr/bin/su").is_file():
+        pytest.skip("needs the setuid-root /usr/bin/mount and /usr/bin/su")
+    result = run_sandboxed(code, "", _cfg())
+    assert result.stdout.splitlines() == ["mount True -", "su True -", "mounts unchanged True",
+                                          "setuid bit visible True"], (result.stdout, result.stderr)
 
 
 @hostile("subinterpreter bypass")
