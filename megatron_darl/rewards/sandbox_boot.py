@@ -31,10 +31,10 @@ of its own when the worker is root, with the stricter seccomp variant (no socket
 processes, signals only to itself), and dies with the harness (PR_SET_PDEATHSIG).
 
 Start-up cost matters (one boot per reward), so this imports only C modules besides the
-three ``sandbox_*`` modules next to it (``ctypes`` is the one real cost); JSON (and
-``typing``, which the harness and the program of a HumanEval check both import) is loaded only
-for function checks, once, before the forks. Events are length-prefixed ``marshal`` dicts: only the trusted boot and
-harness ever write them.
+``sandbox_*`` modules next to it (``ctypes`` is the one real cost); JSON (and ``typing``, which
+the harness and the program of a HumanEval check both import) is loaded only for function
+checks, once, before the forks. Events are length-prefixed ``marshal`` dicts: only the trusted
+boot and harness ever write them.
 """
 
 from __future__ import annotations
@@ -127,8 +127,6 @@ def _isolate(s: dict, program: str, host_uid: int) -> dict:
         kernel.drop_privileges(0, 0, switch_uid=False)
     kernel.die_with_parent()  # a uid change clears it
     kernel.set_dumpable(False)
-    if mode == "degraded":
-        kernel.become_subreaper()
     seccomp.install(seccomp.base_filter(degraded=mode == "degraded"))
     return {"isolation": "degraded" if mode == "degraded" else "namespaces", "uid": host_uid,
             "cap_eff": kernel.effective_caps(), "own_uid": mode != "degraded" or switch}
@@ -217,18 +215,20 @@ def _harness(s: dict, job: dict, status_fd: int, check_fd: int, alive_fd: int, h
     if pid == 0:
         _program_side(s, stdin_fd, (calls_r, answers_w) if checking else ())
         return job["entry_point"], calls_r, answers_w
-    _send(status_fd, event="started", pid=pid, **info)
-    passed, why, code = None, "", None
-    if checking:
-        os.close(calls_r)
-        os.close(answers_w)
-        passed, why = _judge(check_fd, calls_w, answers_r, deadline)
-        os.close(calls_w)  # EOF: the program stops serving and exits, flushing its output
-        deadline = min(deadline, time.monotonic() + _CHECK_GRACE)
-    code = _wait_program(pid, wake_r, alive_fd, deadline)
-    _kill_all(info["own_uid"], pid)
-    _send(status_fd, event="done", returncode=code, passed=passed, check_error=why)
-    os._exit(0)
+    try:
+        _send(status_fd, event="started", pid=pid, **info)
+        passed, why = None, ""
+        if checking:
+            os.close(calls_r)
+            os.close(answers_w)
+            passed, why = _judge(check_fd, calls_w, answers_r, deadline)
+            os.close(calls_w)  # EOF: the program stops serving and exits, flushing its output
+            deadline = min(deadline, time.monotonic() + _CHECK_GRACE)
+        code = _wait_program(pid, wake_r, alive_fd, deadline)
+        _kill_all(info["own_uid"], pid)
+        _send(status_fd, event="done", returncode=code, passed=passed, check_error=why)
+    finally:
+        os._exit(0)  # never unwind into the program's path, whatever happened
 
 
 def main():

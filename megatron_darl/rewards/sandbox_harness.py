@@ -101,6 +101,8 @@ class Channel:
                 data = data[os.write(self.write_fd, data[: 1 << 16]):]
             except BlockingIOError:
                 continue
+            except BrokenPipeError:
+                raise CandidateError("the program exited before answering") from None
 
     def receive(self):
         while b"\n" not in self.buffer:

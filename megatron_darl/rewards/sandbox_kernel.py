@@ -34,7 +34,7 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MNT_DETACH = 2
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS = 1, 4, 24, 28
-_PR_SET_CHILD_SUBREAPER, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 36, 47, 4
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _SECUREBITS_LOCKED_DOWN = 0xE3  # NOROOT(+locked), KEEP_CAPS locked off, no ambient raise(+locked)
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
@@ -70,11 +70,6 @@ def die_with_parent() -> None:
 def set_dumpable(on: bool) -> None:
     """Off: other processes of the same uid can neither ptrace nor open our /proc files."""
     prctl(_PR_SET_DUMPABLE, int(on), "prctl(PR_SET_DUMPABLE)")
-
-
-def become_subreaper() -> None:
-    """Orphaned descendants are reparented to us (degraded mode's stand-in for a PID ns)."""
-    prctl(_PR_SET_CHILD_SUBREAPER, 1, "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
 def map_own_ids(uid: int, gid: int) -> None:
