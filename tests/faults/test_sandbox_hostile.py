@@ -25,7 +25,6 @@ from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_w
 from megatron_darl.rewards.sandbox import SandboxConfig, run_sandboxed
 from megatron_darl.rewards.sandbox_seccomp import _ARCHES, _SYSCALLS
 
-KIND = "hostile code"
 COL = _ARCHES.get(os.uname().machine, (0, 0))[0]
 NR = {name: nums[COL] for name, nums in _SYSCALLS.items() if nums[COL] is not None}
 
@@ -46,10 +45,6 @@ def sys_call(nr, *args):
         raise OSError(ctypes.get_errno(), "")
     return ret
 """
-
-
-def hostile(name: str):
-    return pytest.mark.fault(kind=KIND, name=name)
 
 
 def _outcomes(result) -> dict[str, str]:
@@ -143,7 +138,7 @@ def listener():
         s.close()
 
 
-@hostile("remount / read-write and write host files (ctypes mount)")
+@pytest.mark.fault(kind="hostile code", name="remount / read-write (ctypes mount)")
 def test_remount_and_write_host_files_is_refused(host):
     """mount(MS_REMOUNT) of / and of a read-only host dir fails; the host canary is unchanged."""
     code = PRELUDE + textwrap.dedent(f"""
@@ -161,7 +156,7 @@ def test_remount_and_write_host_files_is_refused(host):
     _host_untouched(host)
 
 
-@hostile("write outside the sandbox directory")
+@pytest.mark.fault(kind="hostile code", name="write outside the sandbox directory")
 def test_writes_outside_are_refused(host):
     """open/os.open/pathlib/shutil/rename/link/chmod on host paths fail; host dir unchanged."""
     c, h = str(host / "canary.txt"), str(host)
@@ -186,7 +181,7 @@ def test_writes_outside_are_refused(host):
     _host_untouched(host)
 
 
-@hostile("dir_fd tricks")
+@pytest.mark.fault(kind="hostile code", name="dir_fd tricks")
 def test_dir_fd_tricks_are_refused(host):
     """os calls relative to a directory fd of a host dir (dir_fd=, O_PATH, openat) all fail."""
     h = str(host)
@@ -211,7 +206,7 @@ def test_dir_fd_tricks_are_refused(host):
     assert (host / "canary.txt").stat().st_mtime > 0
 
 
-@hostile("read /etc/shadow and host secrets")
+@pytest.mark.fault(kind="hostile code", name="read /etc/shadow and host secrets")
 def test_host_secrets_are_not_readable(host, monkeypatch):
     """/etc/shadow, a 0600 host file, /root, the worker's /proc and environment stay unread."""
     secret = (host / "secret.txt").read_text()
@@ -238,7 +233,7 @@ def test_host_secrets_are_not_readable(host, monkeypatch):
     assert secret not in result.stdout + result.stderr
 
 
-@hostile("network connect to a local listener")
+@pytest.mark.fault(kind="hostile code", name="network connect to a local listener")
 def test_network_connect_to_host_listener_fails(listener):
     """TCP to every host address and to a host abstract unix socket gets no connection."""
     port, unix_name, addrs = listener
@@ -258,7 +253,7 @@ def test_network_connect_to_host_listener_fails(listener):
     assert "interfaces: ['lo']" in result.stdout
 
 
-@hostile("join the host network namespace (setns, unshare)")
+@pytest.mark.fault(kind="hostile code", name="join the host netns (setns, unshare)")
 def test_setns_and_unshare_cannot_reach_the_host_network(listener):
     """setns on every visible netns and unshare of new namespaces fail; no connection made."""
     port, _, _ = listener
@@ -281,7 +276,7 @@ def test_setns_and_unshare_cannot_reach_the_host_network(listener):
     assert out["clone3"] == "refused ENOSYS"
 
 
-@hostile("setsid daemon that outlives the run")
+@pytest.mark.fault(kind="hostile code", name="setsid daemon that outlives the run")
 def test_setsid_daemon_dies_with_the_run():
     """A double-forked setsid daemon is killed when the program exits; the run ends at once."""
     code = textwrap.dedent("""
@@ -303,7 +298,7 @@ def test_setsid_daemon_dies_with_the_run():
     assert _survivors(result, wait=0.0) == []
 
 
-@hostile("kill the worker or the harness (kill, pidfd_send_signal, tgkill)")
+@pytest.mark.fault(kind="hostile code", name="kill the worker or harness (kill, pidfd)")
 def test_signals_cannot_reach_worker_or_harness(victim):
     """kill/killpg/tgkill/pidfd on the worker, a worker-owned process and the harness fail."""
     worker = os.getpid()
@@ -326,7 +321,7 @@ def test_signals_cannot_reach_worker_or_harness(victim):
     assert psutil.pid_exists(victim) and psutil.Process(victim).status() != psutil.STATUS_ZOMBIE
 
 
-@hostile("dangerous syscalls through ctypes")
+@pytest.mark.fault(kind="hostile code", name="dangerous syscalls through ctypes")
 def test_dangerous_syscalls_are_refused_by_seccomp():
     """Each denied syscall returns EPERM (ENOSYS for clone3) from the filter, whatever its args."""
     names = ["mount", "umount2", "pivot_root", "chroot", "setns", "unshare", "ptrace", "bpf",
@@ -347,7 +342,7 @@ def test_dangerous_syscalls_are_refused_by_seccomp():
     assert out["beyond reviewed"] == "refused ENOSYS"
 
 
-@hostile("run as root or keep capabilities")
+@pytest.mark.fault(kind="hostile code", name="run as root or keep capabilities")
 def test_program_has_no_privileges():
     """The program's uid is not root on the host, every capability set is empty, no_new_privs
     and two seccomp filters are on."""
@@ -361,7 +356,7 @@ def test_program_has_no_privileges():
     assert status["NoNewPrivs"].strip() == "1" and status["Seccomp_filters"].strip() == "2"
 
 
-@hostile("setuid binaries")
+@pytest.mark.fault(kind="hostile code", name="setuid binaries")
 def test_setuid_binaries_grant_nothing():
     """The setuid-root mount and su are visible but run without privileges (no_new_privs,
     nosuid mounts): mounting fails and the tmpfs mount table is unchanged."""
@@ -382,7 +377,7 @@ def test_setuid_binaries_grant_nothing():
                                           "setuid bit visible True"], (result.stdout, result.stderr)
 
 
-@hostile("subinterpreter bypass")
+@pytest.mark.fault(kind="hostile code", name="subinterpreter bypass")
 def test_subinterpreter_gets_no_more_than_the_program(host, victim, listener):
     """Code run in a subinterpreter (which once skipped the audit-hook guard) can neither write
     host files, signal the victim nor connect out."""
@@ -405,7 +400,7 @@ def test_subinterpreter_gets_no_more_than_the_program(host, victim, listener):
     assert psutil.Process(victim).status() != psutil.STATUS_ZOMBIE
 
 
-@hostile("fork bomb")
+@pytest.mark.fault(kind="hostile code", name="fork bomb")
 def test_fork_bomb_is_bounded_and_reaped():
     """Forks stop at RLIMIT_NPROC (the harness counts as one), the run ends, nothing survives."""
     code = textwrap.dedent("""
@@ -429,7 +424,7 @@ def test_fork_bomb_is_bounded_and_reaped():
     assert probe.returncode == 0
 
 
-@hostile("memory bomb")
+@pytest.mark.fault(kind="hostile code", name="memory bomb")
 def test_memory_bomb_fails_inside_the_sandbox():
     """A huge allocation and a growing list both hit RLIMIT_AS in the program, not the worker."""
     before = psutil.Process().memory_info().rss
@@ -448,7 +443,7 @@ def test_memory_bomb_fails_inside_the_sandbox():
     assert psutil.Process().memory_info().rss - before < 64 << 20
 
 
-@hostile("disk filler")
+@pytest.mark.fault(kind="hostile code", name="disk filler")
 def test_disk_filler_stops_at_the_tmpfs_size():
     """Writing many files stops at disk_bytes in total (ENOSPC), each file at file_size_bytes."""
     code = textwrap.dedent("""
@@ -472,7 +467,7 @@ def test_disk_filler_stops_at_the_tmpfs_size():
     assert not big.ok  # SIGXFSZ is ignored by Python: the write fails with EFBIG
 
 
-@hostile("inode filler")
+@pytest.mark.fault(kind="hostile code", name="inode filler")
 def test_inode_filler_stops_at_the_inode_cap():
     """Creating empty files stops at disk_inodes with ENOSPC."""
     code = textwrap.dedent("""
@@ -490,7 +485,7 @@ def test_inode_filler_stops_at_the_inode_cap():
     assert err == "ENOSPC" and int(n) < 500
 
 
-@hostile("huge output")
+@pytest.mark.fault(kind="hostile code", name="huge output")
 def test_huge_output_is_capped_and_the_run_killed():
     """Past max_output_bytes the run is killed; the worker holds at most the cap."""
     start = time.monotonic()
@@ -502,7 +497,7 @@ def test_huge_output_is_capped_and_the_run_killed():
     assert _survivors(result) == []
 
 
-@hostile("sleep forever")
+@pytest.mark.fault(kind="hostile code", name="sleep forever")
 def test_sleeping_forever_is_killed_at_the_wall_clock():
     """A program (and a child) sleeping forever is killed at wall_seconds; nothing survives."""
     code = "import os, time\nos.fork()\ntime.sleep(3600)\n"
@@ -513,7 +508,7 @@ def test_sleeping_forever_is_killed_at_the_wall_clock():
     assert _survivors(result, wait=0.0) == []
 
 
-@hostile("ignore every signal")
+@pytest.mark.fault(kind="hostile code", name="ignore every signal")
 def test_signal_ignoring_program_is_still_killed():
     """Ignoring or blocking every catchable signal does not outlive the wall clock."""
     code = textwrap.dedent("""
@@ -532,7 +527,7 @@ def test_signal_ignoring_program_is_still_killed():
     assert _survivors(result, wait=0.0) == []
 
 
-@hostile("busy loop")
+@pytest.mark.fault(kind="hostile code", name="busy loop")
 def test_busy_loop_hits_the_cpu_limit():
     """A spinning program is stopped by RLIMIT_CPU before the wall clock."""
     result = run_sandboxed("while True:\n    pass\n", "", _cfg(cpu_seconds=1, wall_seconds=30.0))
@@ -577,8 +572,9 @@ CHEATS = {  # appended to a wrong body; each tries to make the check look passed
 }
 
 
-@pytest.mark.parametrize("cheat", [pytest.param(c, marks=hostile(f"early exit / fake verdict: {c}"),
-                                                 id=c) for c in CHEATS])
+@pytest.mark.parametrize("cheat", [
+    pytest.param(c, id=c, marks=pytest.mark.fault(kind="hostile code", name=f"early exit: {c}"))
+    for c in CHEATS])
 def test_humaneval_cheats_score_zero(cheat):
     """A wrong HumanEval solution with the cheat scores 0; the same cheat cannot fail a correct
     solution's harness either (the verdict is the harness's, not the exit code)."""
@@ -590,7 +586,7 @@ def test_humaneval_cheats_score_zero(cheat):
 _HIDE = bytes.maketrans(b"0123456789abcdefghijklmnopqrstuv", b"ghijklmnopqrstuvGHIJKLMNOPQRSTUV")
 
 
-@hostile("read the hidden test")
+@pytest.mark.fault(kind="hostile code", name="read the hidden test")
 def test_program_cannot_find_the_test_code():
     """The test's source (with a nonce) is nowhere the program can look: its whole memory, its
     files, the harness's cmdline, environment, descriptors and memory."""
@@ -634,7 +630,7 @@ def test_program_cannot_find_the_test_code():
     assert NONCE.encode().translate(_HIDE) == needle != NONCE.encode()
 
 
-@hostile("slow stdio program over many cases")
+@pytest.mark.fault(kind="hostile code", name="slow stdio program over many cases")
 def test_stdio_cases_share_one_time_budget():
     """20 cases of a program that sleeps end after stdio_total_seconds, not 20 x wall."""
     cases = [{"input": str(i), "output": str(i)} for i in range(20)]
@@ -683,7 +679,7 @@ def _kill_worker_mid_run(extra: dict, program: str, processes: int) -> list[psut
         worker.wait(timeout=10)
 
 
-@hostile("worker SIGKILLed mid-run")
+@pytest.mark.fault(kind="hostile code", name="worker SIGKILLed mid-run")
 def test_a_killed_worker_takes_its_sandbox_with_it():
     """SIGKILL of the worker kills the boot, the harness, the program and its setsid daemon
     within seconds; nothing is left on the host's disk."""
@@ -700,7 +696,7 @@ def test_a_killed_worker_takes_its_sandbox_with_it():
 
 
 @pytest.mark.skipif(not Path(SYSTEM_PYTHON).is_file(), reason="needs /usr/bin/python3")
-@hostile("worker SIGKILLed mid-run (degraded mode)")
+@pytest.mark.fault(kind="hostile code", name="worker SIGKILLed mid-run (degraded mode)")
 def test_a_killed_worker_takes_its_degraded_sandbox_with_it():
     """Without namespaces the chain of parent-death signals still kills everything; the host
     directory left behind is swept by the next run."""
@@ -718,7 +714,7 @@ def test_a_killed_worker_takes_its_degraded_sandbox_with_it():
 
 
 @pytest.mark.skipif(not Path(SYSTEM_PYTHON).is_file(), reason="needs /usr/bin/python3")
-@hostile("degraded mode: processes, sockets, signals, early exit")
+@pytest.mark.fault(kind="hostile code", name="degraded mode: fork, socket, kill, early exit")
 def test_degraded_mode_keeps_its_kernel_walls(victim, listener):
     """With namespaces off, the program still runs as a uid of its own with seccomp: no fork,
     no socket, no signal to others, and an early exit still scores 0."""
