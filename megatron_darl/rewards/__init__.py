@@ -19,16 +19,25 @@ from megatron_darl.rewards.registry import (
     get_reward_fn,
     score,
 )
-from megatron_darl.rewards.sandbox import SandboxConfig, SandboxResult, run_sandboxed
+from megatron_darl.rewards.sandbox import (
+    FunctionCheck,
+    SandboxConfig,
+    SandboxResult,
+    SandboxUnavailableError,
+    run_sandboxed,
+    sandbox_mode,
+)
 
 __all__ = [
     "CodeRewardConfig",
+    "FunctionCheck",
     "MathRewardConfig",
     "REWARDS",
     "RewardConfig",
     "RewardFn",
     "SandboxConfig",
     "SandboxResult",
+    "SandboxUnavailableError",
     "Task",
     "extract_answer",
     "extract_code",
@@ -36,6 +45,7 @@ __all__ = [
     "humaneval_reward",
     "math_reward",
     "run_sandboxed",
+    "sandbox_mode",
     "score",
     "stdio_reward",
 ]

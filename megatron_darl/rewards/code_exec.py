@@ -2,20 +2,26 @@
 
 Two formats cover the code benchmarks we train and evaluate on:
 
-- HumanEval: a function completion, checked by the record's ``check(candidate)`` test code;
+- HumanEval: a function completion, checked by the record's ``check(candidate)`` test code.
+  The test runs in the sandbox's harness process and calls the program's function across a
+  pipe (``sandbox.FunctionCheck``), so the reward is the harness's verdict: a wrong solution
+  that exits early with status 0, registers atexit hooks or prints "passed" scores 0;
 - stdin/stdout cases (LiveCodeBench, Codeforces style): a full program fed each case's input,
   its output compared to the expected one token by token (whitespace-tolerant), scored as the
-  fraction of cases passed or all-or-nothing.
+  fraction of cases passed or all-or-nothing. All cases of one answer share a time budget
+  (``stdio_total_seconds``) on top of the per-run wall-clock limit.
 
 Models often wrap code in a markdown fence; the last fenced block is taken when there is one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from dataclasses import dataclass, field
 
-from megatron_darl.rewards.sandbox import SandboxConfig, run_sandboxed
+from megatron_darl.rewards.sandbox import FunctionCheck, SandboxConfig, run_sandboxed
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
@@ -26,10 +32,13 @@ class CodeRewardConfig:
 
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of each run
     stdio_scoring: str = "all"  # "all": 1.0 only when every case passes; "fraction": share passed
+    stdio_total_seconds: float = 30.0  # wall-clock budget of all cases of one answer together
 
     def __post_init__(self) -> None:
         if self.stdio_scoring not in ("all", "fraction"):
             raise ValueError(f"CodeRewardConfig.stdio_scoring={self.stdio_scoring!r}: use 'all' or 'fraction'")
+        if not self.stdio_total_seconds > 0:
+            raise ValueError(f"CodeRewardConfig.stdio_total_seconds={self.stdio_total_seconds!r}: must be > 0")
 
 
 def extract_code(text: str) -> tuple[str, bool]:
@@ -40,28 +49,45 @@ def extract_code(text: str) -> tuple[str, bool]:
     return text, False
 
 
-def humaneval_program(problem: dict, completion: str) -> str:
-    """The program that checks ``completion`` against a HumanEval record's tests.
+def _humaneval_fields(problem: dict) -> None:
+    for key in ("prompt", "test", "entry_point"):
+        if key not in problem:
+            raise ValueError(f"HumanEval problem {problem.get('task_id', '?')} has no field {key!r}")
+
+
+def humaneval_solution(problem: dict, completion: str) -> str:
+    """The program defining the completed function (what the sandbox runs as ``__main__``).
 
     An unfenced completion continues the prompt (the benchmark's own convention: the body of
     the prompted function); a fenced one is a whole definition appended after the prompt, so
     it replaces the prompted stub while keeping the prompt's imports.
     """
-    for key in ("prompt", "test", "entry_point"):
-        if key not in problem:
-            raise ValueError(f"HumanEval problem {problem.get('task_id', '?')} has no field {key!r}")
+    _humaneval_fields(problem)
     code, fenced = extract_code(completion)
-    body = problem["prompt"] + ("\n" + code if fenced else code)
-    return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+    return problem["prompt"] + ("\n" + code if fenced else code) + "\n"
+
+
+def humaneval_program(problem: dict, completion: str) -> str:
+    """The completed function and the record's tests as one program (for reading and
+    debugging; rewards run the tests in the harness instead, see ``humaneval_reward``)."""
+    body = humaneval_solution(problem, completion)
+    return f"{body}\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
 def humaneval_reward_with(problem: dict, completion: str, cfg: CodeRewardConfig) -> float:
     """``humaneval_reward`` under explicit limits."""
-    return 1.0 if run_sandboxed(humaneval_program(problem, completion), "", cfg.sandbox).ok else 0.0
+    program = humaneval_solution(problem, completion)
+    check = FunctionCheck(setup=problem["prompt"], test=problem["test"],
+                          entry_point=problem["entry_point"])
+    return 1.0 if run_sandboxed(program, "", cfg.sandbox, check).ok else 0.0
 
 
 def humaneval_reward(problem: dict, completion: str) -> float:
     """1.0 when ``completion`` passes the HumanEval record's ``check`` in the sandbox, else 0.0.
+
+    The record's prompt and ``check`` run in the sandbox's harness (trusted code); ``check``
+    gets a proxy that calls the completed function in the program's process, so only the
+    values it returns count, never its exit status or output.
 
     Args:
         problem: a HumanEval-format record with ``prompt``, ``test`` and ``entry_point``.
@@ -76,20 +102,33 @@ def outputs_match(actual: str, expected: str) -> bool:
 
 
 def stdio_reward_with(code: str, cases: list[dict], cfg: CodeRewardConfig) -> float:
-    """``stdio_reward`` under explicit limits and scoring."""
+    """``stdio_reward`` under explicit limits and scoring.
+
+    Cases run one after another, each under ``cfg.sandbox.wall_seconds`` and all together
+    under ``cfg.stdio_total_seconds``: a case that would start past that budget, or gets cut
+    by it, fails.
+    """
     if not cases:
         raise ValueError("stdio_reward: no test cases given")
-    program, _ = extract_code(code)
-    passed = 0
     for i, case in enumerate(cases):
         if "input" not in case or "output" not in case:
             raise ValueError(f"stdio_reward: case {i} needs 'input' and 'output', got {sorted(case)}")
-        result = run_sandboxed(program, case["input"], cfg.sandbox)
-        if result.ok and outputs_match(result.stdout, case["output"]):
-            passed += 1
-        elif cfg.stdio_scoring == "all":
-            return 0.0  # no need to run the rest
-    return passed / len(cases) if cfg.stdio_scoring == "fraction" else 1.0
+    program, _ = extract_code(code)
+    deadline = time.monotonic() + cfg.stdio_total_seconds
+    passed = 0
+    for case in cases:
+        left = deadline - time.monotonic()
+        if left > 0:
+            limits = dataclasses.replace(cfg.sandbox, wall_seconds=min(cfg.sandbox.wall_seconds, left))
+            result = run_sandboxed(program, case["input"], limits)
+            if result.ok and outputs_match(result.stdout, case["output"]):
+                passed += 1
+                continue
+        if cfg.stdio_scoring == "all" or left <= 0:
+            break  # no need to run the rest (or no time left for them)
+    if cfg.stdio_scoring == "fraction":
+        return passed / len(cases)
+    return 1.0 if passed == len(cases) else 0.0
 
 
 def stdio_reward(code: str, cases: list[dict]) -> float:

@@ -15,6 +15,7 @@ from megatron_darl.data.builtin import builtin_reward
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with, stdio_reward_with
 from megatron_darl.rewards.math_answer import MathRewardConfig, math_reward_with
+from megatron_darl.rewards.sandbox import sandbox_mode
 
 RewardFn = Callable[[PromptRecord, str], float]
 
@@ -72,12 +73,18 @@ THREAD_SAFE_TASKS = frozenset({Task.HUMANEVAL, Task.STDIO, Task.BUILTIN})
 
 
 def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:
-    """``reward_fn(record, response_text) -> float`` of ``task`` (a ``Task`` value)."""
+    """``reward_fn(record, response_text) -> float`` of ``task`` (a ``Task`` value).
+
+    For code tasks this probes the sandbox once and raises ``SandboxUnavailableError`` when the
+    kernel refuses its isolation (and degraded mode is not allowed), so a worker fails at start.
+    """
     try:
         entry = REWARDS[Task(task)]
     except ValueError:
         raise ValueError(f"unknown reward task {task!r}; known: {[t.value for t in Task]}") from None
     cfg = cfg or RewardConfig()
+    if Task(task) in (Task.HUMANEVAL, Task.STDIO):
+        sandbox_mode(cfg.code.sandbox)  # a kernel that refuses isolation fails here, not mid-run
 
     def reward_fn(record: PromptRecord, response: str) -> float:
         return entry(record, response, cfg)

@@ -1,194 +1,339 @@
-"""Child side of the code sandbox: isolate this process, then run the untrusted program in it.
+"""Child side of the code sandbox: build the isolation, then run the untrusted program in it.
 
-Run by ``sandbox.run_sandboxed`` as ``python -I -S sandbox_boot.py SETTINGS_JSON STATUS_FD`` in a
-new session, with an empty environment and a fresh temporary directory as cwd and HOME. It uses
-the standard library only (``-S``: no site-packages) and imports nothing of ours, so it can be
-started before anything else is trusted. In order it:
+``sandbox.run_sandboxed`` starts ``python -I -S sandbox_boot.py STATUS_FD CHECK_FD PARENT_PID``
+with the job (settings, program, its stdin; ``marshal``) on stdin. Three processes follow:
 
-1. leaves the network: ``unshare(CLONE_NEWNET)`` through libc (Python 3.11 has no
-   ``os.unshare``), so only an unconfigured loopback exists; needs CAP_SYS_ADMIN (root here);
-   then makes the filesystem read-only except its temporary directory: a private mount
-   namespace (``CLONE_NEWNS``, propagation private first so nothing reaches the host) in which
-   the temporary directory is bind-mounted onto itself and every other mount is remounted
-   read-only (device files such as /dev/null stay writable);
-2. sets rlimits: CPU seconds, address space, file size, process count, open files, no core;
-3. drops to an unprivileged uid (``nobody``) when root and told to (RLIMIT_NPROC is not
-   enforced for uid 0);
-4. reports what it achieved as one JSON line on STATUS_FD and closes it;
-5. installs the Python guard (an audit hook) unless disabled: blocks socket creation (the
-   network fallback when step 1 failed), process creation (fork/exec/spawn/system), loading
-   ``ctypes``/``_posixsubprocess``, writes outside the temporary directory and reading other
-   processes' ``/proc/PID`` files (their environment). The guard is defence in depth at the
-   Python level; the kernel limits above and the parent's wall-clock kill are the hard walls;
-6. runs ``main.py`` from the temporary directory as ``__main__``.
+1. **boot** (this process, in the worker's namespaces): dies with the worker
+   (PR_SET_PDEATHSIG), creates the mount, network, PID, IPC, UTS and cgroup namespaces (as root;
+   otherwise with a user namespace that maps root inside to the worker's uid), forks the harness
+   and waits for it. A refusal of the kernel is reported as a ``refused`` event. SIGTERM (the
+   worker's deadline) makes it SIGKILL the harness and wait: when the boot exits, every process
+   of the sandbox is gone.
+2. **harness** (PID 1 of the new PID namespace): builds the private root
+   (``sandbox_kernel.build_root``: read-only system dirs, a size-capped tmpfs ``/tmp``), sets
+   the rlimits, drops to an unprivileged uid with no capabilities (as root: a uid of its own,
+   ``uid_base`` + the boot's pid, so RLIMIT_NPROC and kill(-1) cover this sandbox only), turns
+   non-dumpable (the program can neither ptrace it nor open its /proc files), installs the base
+   seccomp filter and forks the program. It then waits for the program to exit or, for a
+   function check, runs the trusted test against it (``sandbox_harness``; the test is read from
+   CHECK_FD only after the fork, so the program's memory never held it). Last it kills every
+   other process of the namespace and reports a ``done`` event on STATUS_FD, a pipe the
+   program never holds. As the namespace's init it cannot be signalled by the program (the
+   kernel drops such signals and the program's filter refuses them), and when it exits the
+   kernel kills whatever is left in the namespace, setsid daemons included.
+3. **program**: its own session, stdin from a memfd, every other descriptor closed, a seccomp
+   filter of its own (signals only to its own processes), then ``main.py`` as ``__main__`` in
+   this same interpreter (forked: no second interpreter start-up).
+
+Degraded mode (``"mode": "degraded"``, only when the user allowed it): no namespaces; the
+harness works in a host directory the parent made, the program runs under an unprivileged uid
+of its own when the worker is root, with the stricter seccomp variant (no sockets, no new
+processes, signals only to itself), and dies with the harness (PR_SET_PDEATHSIG).
+
+Start-up cost matters (one boot per reward), so this imports only C modules besides the
+``sandbox_*`` modules next to it (``ctypes`` is the one real cost); JSON (and ``typing``, which
+the harness and the program of a HumanEval check both import) is loaded only for function
+checks, once, before the forks. Events are length-prefixed ``marshal`` dicts: only the trusted
+boot and harness ever write them.
 """
 
-import json
+from __future__ import annotations
+
+import _signal as signal
+import marshal
 import os
-import resource
+import select
+import struct
 import sys
+import time
 
-_CLONE_NEWNET = 0x40000000
-_CLONE_NEWNS = 0x00020000
-_MS = {"rdonly": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "remount": 32, "bind": 4096,
-       "rec": 16384, "private": 1 << 18}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_BLOCKED_EVENTS = frozenset(
-    {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-     "subprocess.Popen", "os.kill", "os.killpg", "socket.__new__", "ctypes.dlopen",
-     "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.call_function", "ctypes.cdata",
-     "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
-)
-_BLOCKED_IMPORTS = frozenset({"ctypes", "_ctypes", "_posixsubprocess"})
-_PATH_EVENTS = frozenset(
-    {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.symlink", "os.link", "os.chmod",
-     "os.chown", "os.truncate", "os.utime", "os.chdir", "shutil.rmtree", "os.mkfifo", "os.mknod"}
-)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sandbox_kernel as kernel  # noqa: E402
+import sandbox_seccomp as seccomp  # noqa: E402
+
+_PROGRAM = "main.py"
+_CHECK_GRACE = 0.5  # seconds the program gets to exit after the verdict (then it is killed)
 
 
-def _libc():
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
-    return libc
-
-
-def _unshare_network() -> bool:
-    try:
-        return _libc().unshare(_CLONE_NEWNET) == 0
-    except (OSError, AttributeError):
-        return False
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-def _mount_points() -> list[tuple[bytes, int]]:
-    """(mount point, flags to keep) of every mount, from /proc/self/mountinfo."""
-    points = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[4].encode().decode("unicode_escape").encode("latin-1")  # \040 etc.
-            keep = sum(_MS[o] for o in ("nosuid", "nodev", "noexec") if o in fields[5].split(","))
-            points.append((point, keep))
-    return points
+def _send(fd: int, **event) -> None:
+    """One event on the status pipe: 4-byte length, then a marshal'd dict of plain values."""
+    data = marshal.dumps(event, 4)
+    os.write(fd, struct.pack("<I", len(data)) + data)
 
 
-def _readonly_filesystem(root: str) -> bool:
-    """Everything but ``root`` read-only, in a private mount namespace. False when refused."""
-    try:
-        libc = _libc()
-        if libc.unshare(_CLONE_NEWNS) != 0:
-            return False
-        if libc.mount(None, b"/", None, _MS["rec"] | _MS["private"], None) != 0:
-            return False  # without private propagation a remount could reach the host: stop
-        work = os.fsencode(root)
-        if libc.mount(work, work, None, _MS["bind"], None) != 0:
-            return False
-        flags = _MS["remount"] | _MS["bind"] | _MS["rdonly"]
-        ok = True
-        for point, keep in _mount_points():
-            if point != work and libc.mount(None, point, None, flags | keep, None) != 0:
-                ok = ok and point.startswith((b"/proc", b"/sys"))  # pseudo-fs may refuse: fine
-        os.chdir(root)  # the cwd must be the new writable mount, not the directory under it
-        return ok
-    except (OSError, AttributeError):
-        return False
+def _bind_paths(settings: dict) -> list[str]:
+    """Read-only binds: the configured system paths plus this interpreter's prefixes, minus
+    any path already inside another bound directory."""
+    paths = list(settings["readonly_paths"])
+    for prefix in (sys.base_prefix, sys.base_exec_prefix):
+        real = os.path.realpath(prefix)
+        if real not in paths:
+            paths.append(real)
+    dirs = [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]
+    return [p for p in paths
+            if not any(p != d and p.startswith(d.rstrip("/") + "/") for d in dirs)]
 
 
 def _set_limits(s: dict) -> None:
-    limits = [
-        (resource.RLIMIT_CPU, s["cpu_seconds"]),
-        (resource.RLIMIT_AS, s["memory_bytes"]),
-        (resource.RLIMIT_FSIZE, s["file_size_bytes"]),
-        (resource.RLIMIT_NPROC, s["max_processes"]),
-        (resource.RLIMIT_NOFILE, s["max_open_files"]),
-        (resource.RLIMIT_CORE, 0),
-    ]
-    for which, value in limits:
+    """Soft = hard = the configured value, or the inherited hard limit where that is lower
+    (raising it needs CAP_SYS_RESOURCE of the host, which a user namespace does not give)."""
+    import resource
+
+    for which, value in ((resource.RLIMIT_CPU, s["cpu_seconds"]),
+                         (resource.RLIMIT_AS, s["memory_bytes"]),
+                         (resource.RLIMIT_FSIZE, s["file_size_bytes"]),
+                         (resource.RLIMIT_NPROC, s["max_processes"]),
+                         (resource.RLIMIT_NOFILE, s["max_open_files"]),
+                         (resource.RLIMIT_CORE, 0)):
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
         resource.setrlimit(which, (value, value))
 
 
-def _drop_privileges(s: dict) -> bool:
-    if os.getuid() != 0 or s["uid"] < 0:
-        return False
-    os.setgroups([])
-    os.setgid(s["gid"])
-    os.setuid(s["uid"])
-    return True
+def _workdir(s: dict, files: dict, uid: int) -> None:
+    """Degraded mode: the parent's host directory, handed to the sandbox uid."""
+    os.chdir(s["workdir"])
+    for name, data in files.items():
+        with open(name, "wb") as f:
+            f.write(data)
+        if os.getuid() == 0:
+            os.chown(name, uid, uid)
+    if os.getuid() == 0:
+        os.chown(".", uid, uid)
 
 
-def _make_guard(root: str, own_pid: int):
-    """The audit hook. Everything it uses is bound here, so user code that rebinds module
-    globals or patches ``os.path`` cannot loosen it."""
-    own_proc = (f"/proc/{own_pid}/", "/proc/self/", "/proc/thread-self/")
-    blocked, blocked_imports, path_events = _BLOCKED_EVENTS, _BLOCKED_IMPORTS, _PATH_EVENTS
-    realpath, fsdecode, write_flags, sep = os.path.realpath, os.fsdecode, _WRITE_FLAGS, os.sep
-
-    def inside(path) -> bool:
-        if isinstance(path, int):
-            return True  # an already-open descriptor was vetted when it was opened
-        try:
-            full = realpath(fsdecode(path))
-        except (TypeError, ValueError):
-            return False
-        return full == root or full.startswith(root + sep) or full == "/dev/null"
-
-    def guard(event, args):
-        if event in blocked:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args[0].split(".")[0] in blocked_imports:
-            raise PermissionError(f"sandbox: import {args[0]} is not allowed")
-        if event == "open":
-            path, mode, flags = args
-            text = realpath(fsdecode(path)) if isinstance(path, (str, bytes)) else ""
-            if text.startswith("/proc/") and not (text + "/").startswith(own_proc):
-                raise PermissionError(f"sandbox: reading {text} is not allowed")
-            writes = (mode is not None and any(c in mode for c in "wax+")) or (
-                mode is None and isinstance(flags, int) and flags & write_flags
-            )
-            if writes and not inside(path):
-                raise PermissionError(f"sandbox: writing {path!r} outside the sandbox directory")
-        elif event in path_events:
-            for path in args:
-                if isinstance(path, (str, bytes)) and not inside(path):
-                    raise PermissionError(f"sandbox: {event} on {path!r} is not allowed")
-
-    return guard
+def _isolate(s: dict, program: str, host_uid: int) -> dict:
+    """Harness, before the program exists: root, limits, uid, seccomp. Raises OSError."""
+    mode, files = s["mode"], {_PROGRAM: program.encode()}
+    if mode == "degraded":
+        _workdir(s, files, host_uid)
+    else:
+        inner = host_uid if mode == "root" else 0  # userns: root inside is the worker outside
+        kernel.build_root(_bind_paths(s), s["disk_bytes"], s["disk_inodes"], inner, inner, files)
+    _set_limits(s)
+    switch = mode == "root" or (mode == "degraded" and os.getuid() == 0)
+    if switch:
+        kernel.drop_privileges(host_uid, host_uid, switch_uid=True)
+    elif mode == "userns":
+        kernel.drop_privileges(0, 0, switch_uid=False)
+    kernel.die_with_parent()  # a uid change clears it
+    kernel.set_dumpable(False)
+    seccomp.install(seccomp.base_filter(degraded=mode == "degraded"))
+    return {"isolation": "degraded" if mode == "degraded" else "namespaces", "uid": host_uid,
+            "cap_eff": kernel.effective_caps(), "own_uid": mode != "degraded" or switch}
 
 
-def main() -> None:
-    settings = json.loads(sys.argv[1])
-    status_fd = int(sys.argv[2])
-    netns = settings["network_namespace"] and _unshare_network()
-    readonly = settings["readonly_filesystem"] and _readonly_filesystem(os.path.realpath(os.getcwd()))
-    _set_limits(settings)
-    dropped = _drop_privileges(settings)
-    status = {"netns": netns, "readonly_fs": readonly, "uid": os.getuid(),
-              "dropped_privileges": dropped, "guard": settings["python_guard"]}
-    with os.fdopen(status_fd, "w") as f:
-        f.write(json.dumps(status) + "\n")
-    _run_program(os.path.realpath(os.getcwd()), settings["python_guard"])
+def _program_side(s: dict, stdin_fd: int, keep: tuple[int, ...]) -> None:
+    """In the forked program process: its own session, clean descriptors, its own filter."""
+    os.setsid()
+    kernel.set_dumpable(True)
+    kernel.die_with_parent()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGALRM, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.dup2(stdin_fd, 0)
+    low = 3
+    for fd in sorted(keep) + [1 << 16]:
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    seccomp.install(seccomp.program_filter(os.getpid(), degraded=s["mode"] == "degraded"))
 
 
-def _run_program(root: str, guard: bool) -> None:
-    """Execute ``main.py`` as a fresh ``__main__`` module (this boot module leaves sys.modules)."""
+def _wait_program(pid: int, wakeup_fd: int, alive_fd: int, deadline: float) -> int | None:
+    """Harness: the program's exit status (negative: killed by that signal), or None at the
+    deadline or when the boot process died. The program stays unreaped (WNOWAIT), so its pid
+    and process group id cannot be reused before ``_kill_all``."""
+    while True:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([wakeup_fd, alive_fd], [], [], left)
+        if alive_fd in ready:
+            return None
+        if wakeup_fd in ready:
+            os.read(wakeup_fd, 4096)
+
+
+def _kill_all(own_uid: bool, pid: int) -> None:
+    """Harness: kill what is left of the program. As a PID namespace's init, or under a uid
+    no other process has, kill(-1) reaches exactly the sandbox's processes; otherwise (degraded
+    mode under the worker's uid) the program's group, which its filter keeps everyone in."""
+    try:
+        if own_uid:
+            os.kill(-1, signal.SIGKILL)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _judge(check_fd: int, calls_w: int, answers_r: int, deadline: float) -> tuple[bool, str]:
+    """Harness: run the trusted check (read only now, after the fork) against the program."""
+    import sandbox_harness
+
+    check = marshal.loads(_read_fd(check_fd))
+    channel = sandbox_harness.Channel(answers_r, calls_w, deadline)
+    return sandbox_harness.run_check(check["setup"], check["test"], check["entry_point"], channel)
+
+
+def _harness(s: dict, job: dict, status_fd: int, check_fd: int, alive_fd: int, host_uid: int):
+    """PID 1 of the sandbox. Returns only in the forked program process."""
+    kernel.die_with_parent()
+    if select.select([alive_fd], [], [], 0)[0]:
+        os._exit(0)  # the boot died before we could follow it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    deadline = time.monotonic() + s["wall_seconds"] + 1.0
+    stdin_fd = os.memfd_create("stdin")  # before RLIMIT_FSIZE, which binds memfds too
+    os.write(stdin_fd, job["stdin"].encode())
+    os.lseek(stdin_fd, 0, os.SEEK_SET)
+    try:
+        info = _isolate(s, job["program"], host_uid)
+    except OSError as exc:
+        _send(status_fd, event="refused", stage="isolation", error=str(exc))
+        os._exit(0)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    checking = check_fd >= 0
+    calls_r, calls_w = os.pipe() if checking else (-1, -1)
+    answers_r, answers_w = os.pipe() if checking else (-1, -1)
+    pid = os.fork()
+    if pid == 0:
+        _program_side(s, stdin_fd, (calls_r, answers_w) if checking else ())
+        return job["entry_point"], calls_r, answers_w
+    try:
+        _send(status_fd, event="started", pid=pid, **info)
+        passed, why = None, ""
+        if checking:
+            os.close(calls_r)
+            os.close(answers_w)
+            passed, why = _judge(check_fd, calls_w, answers_r, deadline)
+            os.close(calls_w)  # EOF: the program stops serving and exits, flushing its output
+            deadline = min(deadline, time.monotonic() + _CHECK_GRACE)
+        code = _wait_program(pid, wake_r, alive_fd, deadline)
+        _kill_all(info["own_uid"], pid)
+        _send(status_fd, event="done", returncode=code, passed=passed, check_error=why)
+    finally:
+        os._exit(0)  # never unwind into the program's path, whatever happened
+
+
+def main():
+    """Boot process. Returns only in the program process: (entry point, calls fd, answers fd)
+    of a function check, ("", -1, -1) for a plain run."""
+    status_fd, check_fd, parent = (int(a) for a in sys.argv[1:4])
+    kernel.die_with_parent()
+    if os.getppid() != parent:
+        os._exit(70)  # the worker died before we were told to follow it
+    job = marshal.loads(_read_fd(0))
+    settings = job["settings"]
+    if check_fd >= 0:  # load now, while this directory is still visible; typing too, since
+        import sandbox_harness  # noqa: F401 - nearly every HumanEval prompt imports it and both
+        import typing  # noqa: F401 - the harness and the program would load it after the fork
+    import gc
+
+    gc.freeze()  # what the forks inherit stays out of their collections (fewer copied pages)
+    signal.alarm(int(settings["wall_seconds"]) + 5)  # backstop: the worker kills us sooner
+    host_uid = settings["uid_base"] + os.getpid() if os.getuid() == 0 else os.getuid()
+    try:
+        if settings["mode"] == "root":
+            kernel.unshare(kernel.NAMESPACES)
+        elif settings["mode"] == "userns":
+            uid, gid = os.getuid(), os.getgid()
+            kernel.unshare(kernel.NAMESPACES | kernel.CLONE_NEWUSER)
+            kernel.map_own_ids(uid, gid)
+    except OSError as exc:
+        _send(status_fd, event="refused", stage="namespaces", error=str(exc))
+        os._exit(0)
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(alive_w)
+        return _harness(settings, job, status_fd, check_fd, alive_r, host_uid)
+    os.close(alive_r)
+    for sig in (signal.SIGTERM, signal.SIGALRM):  # the worker's "stop now", or our backstop:
+        signal.signal(sig, lambda *_: os.kill(pid, signal.SIGKILL))  # the harness's death
+    os.waitpid(pid, 0)  # returns once the kernel has killed and reaped its whole namespace
+    os._exit(0)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """What the interpreter would exit with for this SystemExit."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _run_program(entry_point: str, calls_fd: int, answers_fd: int) -> None:
+    """Execute ``main.py`` as a fresh ``__main__``; for a check, then answer the harness.
+
+    Ends like the interpreter would (non-daemon threads joined, atexit hooks run, stdio
+    flushed, SystemExit's status) but skips module teardown: a forked interpreter full of
+    the boot's modules has nothing to tear down that matters, and it is the slow part."""
+    import _sitebuiltins
+    import builtins
     import types
 
-    path = os.path.join(root, "main.py")
-    with open(path, encoding="utf-8") as f:
-        code = compile(f.read(), path, "exec")
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    path = os.path.join(os.getcwd(), _PROGRAM)
     module = types.ModuleType("__main__")
     module.__file__ = path
-    module.__builtins__ = __builtins__
+    module.__builtins__ = builtins
     sys.modules["__main__"] = module
     sys.argv = [path]
-    sys.path[0] = root
-    for name in [m for m in sys.modules if m.split(".")[0] in _BLOCKED_IMPORTS]:
-        del sys.modules[name]  # imported by the isolation steps; the program must re-import
-    if guard:
-        sys.addaudithook(_make_guard(root, os.getpid()))
-    exec(code, module.__dict__)
+    sys.path[0] = os.getcwd()
+    try:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec")
+        exec(code, module.__dict__)
+        if entry_point:
+            sys.modules["sandbox_harness"].serve(module.__dict__, entry_point, calls_fd, answers_fd)
+        status = 0
+    except SystemExit as exc:
+        status = _exit_code(exc)
+    except BaseException:  # noqa: BLE001 - the program's own error: report it like Python does
+        kind, value, tb = sys.exc_info()
+        tb = tb.tb_next or tb  # start at the program, not at this function
+        sys.excepthook(kind, value.with_traceback(tb), tb)
+        status = 1
+    _finish(status)
+
+
+def _finish(status: int) -> None:
+    try:
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        status = _exit_code(exc)
+    except BaseException:  # noqa: BLE001
+        sys.excepthook(*sys.exc_info())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stdout: nothing left to say
+            pass
+    os._exit(status)
 
 
 if __name__ == "__main__":
-    main()
+    _run_program(*main())
