@@ -56,6 +56,7 @@ class AsyncEngineArgs:
     worker_extension_cls: str = ""
     disable_log_stats: bool = False
     enable_log_requests: bool = False
+    load_format: str = "auto"
 
 
 class RequestOutputKind(enum.Enum):
