@@ -35,7 +35,7 @@ pytestmark = [
 
 PROMPTS = [[1, 5, 9, 13, 17], [1, 30, 31, 32], [1, 60, 7, 8, 9, 10, 11]]
 MEAN_TOL, MAX_TOL = 0.04, 0.3
-LONG = 3000  # tokens of a response that must still be generating seconds later (eager, tiny model)
+LONG = 2000  # tokens of a response that must still be generating seconds later (eager, tiny model)
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,7 @@ class AsyncLLM:
         self.paused = False
         self.calls: list[str] = []  # pause / resume / reset / rpc, in order
         self.steps = 0
+        self.register_delay_s = 0.0  # > 0: a request reaches the engine this long after generate() starts
         self.generator = torch.Generator().manual_seed(args.seed)
         self._task = None
         AsyncLLM.instances.append(self)
@@ -145,6 +146,7 @@ class AsyncLLM:
         assert self.args.logprobs_mode == "processed_logprobs"
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
+        await asyncio.sleep(self.register_delay_s)
         req = _Request(request_id, list(prompt["prompt_token_ids"]), params, asyncio.Queue())
         self.requests[request_id] = req
         yield await req.queue.get()

@@ -165,9 +165,11 @@ class VLLMEngine:
                                "drain them first (mode 'finish')")
         self._resumed.clear()
         if self._running:
-            await self.llm.abort(list(self._running))
-            deadline = self._loop.time() + _ABORT_WAIT_S
+            deadline, last = self._loop.time() + _ABORT_WAIT_S, float("-inf")
             while self._running and self._loop.time() < deadline:
+                if self._loop.time() - last > 0.05:  # again: a request added after the last abort
+                    await self.llm.abort(list(self._running))
+                    last = self._loop.time()
                 await asyncio.sleep(0.005)
             if self._running:
                 log.warning("vLLM: %d aborted requests gave no final output in %.0f s; their segments "
@@ -177,8 +179,13 @@ class VLLMEngine:
                 while self._running:
                     await asyncio.sleep(0.005)
         if self._pause_kwargs is not None:
-            await self.llm.pause_generation(**self._pause_kwargs)  # engine idle, caches cleared
-            self._engine_paused = True
+            try:
+                await self.llm.pause_generation(**self._pause_kwargs)  # engine idle, caches cleared
+                self._engine_paused = True
+            except (TypeError, ValueError, NotImplementedError) as exc:  # a release whose pause differs
+                log.warning("vLLM pause_generation(%s) failed (%r); relying on our own abort/drain from "
+                            "now on", self._pause_kwargs, exc)
+                self._pause_kwargs = None
 
     async def _resume(self, version: int) -> None:
         for _ in range(50):  # False while a request still holds cached blocks: cannot be, we paused
