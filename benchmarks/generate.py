@@ -118,13 +118,18 @@ def update_seconds(engine, named: list[tuple[str, torch.Tensor]], repeats: int =
     return best
 
 
-def run_vllm(a, work: Path, hf_model) -> tuple[dict, dict]:
-    """Throughput cases and the 1.7B weight update on one engine, then the 4B update."""
+def run_vllm(a, work: Path, make_model) -> tuple[dict, dict]:
+    """Throughput cases and the 1.7B weight update on one engine, then the 4B update.
+
+    The engine starts before this process touches CUDA (``make_model`` builds the HF model
+    after), so vLLM can fork its engine process instead of spawning it.
+    """
     max_len = a.prompt_tokens + max(a.new_tokens)
     engine = vllm_engine(write_model_dir(work / a.model, a.model, max_len), max(a.concurrency), max_len,
                          a.gpu_memory_utilization, compile_=True)
     tput, updates = {}, {}
     try:
+        hf_model = make_model()
         timed(engine, prompts_for(8, a.prompt_tokens, seed=99), min(16, max(a.new_tokens)))  # warm-up
         for new in a.new_tokens:
             for conc in a.concurrency:
@@ -206,8 +211,14 @@ def main() -> None:
     start = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = build_model(a.model, device, dtype)
-    model.config.eos_token_id = None  # fixed-length generations: tokens/s is well defined
+    built = []
+
+    def make_model():
+        if not built:
+            built.append(build_model(a.model, device, dtype))
+            built[0].config.eos_token_id = None  # fixed-length generations: tokens/s is well defined
+        return built[0]
+
     cases: dict[str, dict] = {}
     updates: dict[str, dict] = {}
     skipped: list[str] = []
@@ -218,13 +229,13 @@ def main() -> None:
         from launch.engine_env import apply_engine_env
 
         apply_engine_env(EngineConfig(backend="vllm", model_path=str(a.work_dir)))
-        tput, updates = run_vllm(a, a.work_dir, model)
+        tput, updates = run_vllm(a, a.work_dir, make_model)
         for k, v in tput.items():
             cases.setdefault(k, {}).update(v)
         if a.partial is not None:
             a.partial.write_text(json.dumps(tput))
     if "hf" in a.engines:
-        tput, skipped = run_hf(a, model, device, start + a.budget_s)
+        tput, skipped = run_hf(a, make_model(), device, start + a.budget_s)
         for k, v in tput.items():
             cases.setdefault(k, {}).update(v)
     for v in cases.values():
