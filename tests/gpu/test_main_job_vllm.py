@@ -39,8 +39,8 @@ def checkpoint(tmp_path_factory):
 
 
 def _run(run_dir: Path, checkpoint: Path, *overrides: str, timeout: int = 480) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "launch.train", "experiment=vllm_smoke", "engine.backend=vllm", f"model.path={checkpoint}",
-           f"loop.run_dir={run_dir}", f"loop.steps={STEPS}", "transport.control.port=0",
+    cmd = [sys.executable, "-m", "launch.train", "experiment=vllm_smoke", "engine.backend=vllm",
+           f"model.path={checkpoint}", f"loop.run_dir={run_dir}", f"loop.steps={STEPS}", "transport.control.port=0",
            "cluster.master_port=0", *overrides]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
