@@ -29,7 +29,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
-        "vllm": ["vllm>=0.10,<0.12"],
+        "vllm": ["vllm>=0.20,<0.27"],  # the releases that pin torch 2.11 (our GPU torch)
         "te": ["transformer_engine[pytorch]>=2.4"],
         "wandb": ["wandb>=0.18"],
     },

@@ -55,6 +55,7 @@ def run_worker(cfg: RunConfig, worker_id: int) -> int:
     """Build the worker's parts and serve; returns the worker's exit code."""
     from transformers import AutoTokenizer
 
+    from launch.engine_env import apply_engine_env
     from megatron_darl.rewards.registry import get_reward_fn
     from megatron_darl.rollout.engines import build_engine
     from megatron_darl.rollout.worker import RolloutWorker
@@ -63,6 +64,9 @@ def run_worker(cfg: RunConfig, worker_id: int) -> int:
         raise ValueError("model.path is empty: start workers through launch.train (it resolves the "
                          "warm-started policy) or pass model.path=<HF checkpoint dir>")
     engine_cfg = cfg.engine if cfg.engine.model_path else dataclasses.replace(cfg.engine, model_path=cfg.model.path)
+    env = apply_engine_env(engine_cfg)  # before the engine (and its processes) start
+    if env:
+        logging.getLogger("launch.rollout").info("engine environment: %s", env)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     source, num_prompts = build_prompt_source(cfg, tokenizer, worker_id)
     engine = build_engine(engine_cfg)

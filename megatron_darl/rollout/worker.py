@@ -1,12 +1,22 @@
 """The rollout worker: prompts in, sampled groups out to the trainer hubs, weights in between.
 
-One process per engine (a Slurm job step of its own). Its loop, with a safe point between
-engine calls:
+One process per engine (a Slurm job step of its own). It drives its engine through the streaming
+contract (``engines.base.StreamingEngine``; a batch engine such as ``hf`` is wrapped by
+``engines.stream.BatchStream``), so ``hf`` and ``vllm`` share this one loop:
 
-    safe point: stop flag? weight sync offered? (load, ack)  -> engine holds >= published version?
-    reserve group starts against the staleness bound (global store counter)
-    generate a batch of groups (every token tagged with the engine's version)
-    hand rewards to a thread pool (off the engine's critical path); post finished groups
+    safe point: stop flag? weight sync offered? (pause, load, ack, resume)
+    admit: while fewer than ``max_inflight`` groups are in flight, reserve a start against the
+           staleness bound (global store counter) and submit the next prompt group
+    poll: take the groups whose n responses are done (a batch engine generates here), hand
+          their rewards to a thread pool (off the engine's critical path); post finished groups
+
+A group is posted the moment it finishes, whatever the others in flight are doing. At a weight
+sync, ``update_mode`` decides what happens to groups in flight: ``finish`` stops admitting,
+lets them complete on the old weights (a sample's tokens keep one version), then loads;
+``interrupt`` loads at once and they continue on the new weights, every token tagged with the
+version that produced it (``Sample.token_versions``; DESIGN.md section 3). In ``finish`` mode the
+trainer's sender waits for the drain: ``transport.weight_sync.join_timeout_s`` must exceed the
+longest generation, or the worker misses that sync (it is named, and catches up at the next).
 
 The behavior log-probs are the engine's own and are never recomputed. If the trainer goes away
 (store unreachable or trainer rank 0 silent for the heartbeat timeout) the worker exits with
@@ -26,7 +36,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from megatron_darl.rollout.engines.base import Engine, Generation, SamplingConfig
+from megatron_darl.rollout.engines.base import Engine, Generation, SamplingConfig, StreamingEngine
+from megatron_darl.rollout.engines.stream import as_stream
 from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import (
@@ -44,12 +55,18 @@ EXIT_LOAD_FAILED = 4  # the engine could not load the weights the trainer sent
 RewardFn = Callable[[Any, str], float]
 
 
+UPDATE_MODES = ("finish", "interrupt")
+
+
 @dataclass
 class RolloutWorkerConfig:
     """One rollout worker."""
 
     worker_id: int = 0  # rank among rollout workers (0..num_workers-1)
-    groups_per_batch: int = 8  # prompt groups generated in one engine call (n sequences each)
+    groups_per_batch: int = 8  # prompt groups per engine call of a batch engine (hf); see max_inflight
+    max_inflight: int = 0  # groups submitted and not yet finished at once; 0 = groups_per_batch
+    update_mode: str = "finish"  # groups in flight at a weight sync: "finish" on the old weights, or "interrupt"
+    chunk_tokens: int = 0  # batch engines: new tokens per engine call (a safe point between); 0 = whole responses
     reward_threads: int = 4  # threads computing rewards off the engine's critical path
     idle_sleep_s: float = 0.01  # sleep when the staleness bound or a sync blocks generation
     initial_version: int = 0  # version of the engine's starting weights (-1: wait for a sync)
@@ -59,6 +76,16 @@ class RolloutWorkerConfig:
             raise ValueError(f"RolloutWorkerConfig.worker_id must be >= 0, got {self.worker_id}")
         if self.groups_per_batch < 1 or self.reward_threads < 1:
             raise ValueError("RolloutWorkerConfig.groups_per_batch and reward_threads must be >= 1")
+        if self.max_inflight < 0 or self.chunk_tokens < 0:
+            raise ValueError("RolloutWorkerConfig.max_inflight and chunk_tokens must be >= 0")
+        if self.update_mode not in UPDATE_MODES:
+            raise ValueError(f"RolloutWorkerConfig.update_mode must be one of {UPDATE_MODES}, "
+                             f"got {self.update_mode!r}")
+
+    @property
+    def inflight_limit(self) -> int:
+        """Groups the engine works on at once (the batch of a batch engine)."""
+        return self.max_inflight or self.groups_per_batch
 
 
 @dataclass
@@ -79,7 +106,7 @@ class RolloutWorker:
     """
 
     def __init__(
-        self, cfg: RolloutWorkerConfig, transport: TransportConfig, engine: Engine,
+        self, cfg: RolloutWorkerConfig, transport: TransportConfig, engine: Engine | StreamingEngine,
         prompts: PromptSource, sampling: SamplingConfig, reward_fn: RewardFn,
         decode: Callable[[list[int]], str],
     ) -> None:
@@ -94,7 +121,11 @@ class RolloutWorker:
         self.groups_sent = 0  # groups posted to hubs by this process
         self.weights_version = cfg.initial_version  # version the engine holds (-1: none valid)
         self.exit_reason = ""  # one line on why ``run`` returned non-zero
-        self.engine_seconds = 0.0  # wall seconds inside ``engine.generate`` (posted for the trainer)
+        self.engine_seconds = 0.0  # wall seconds polling the engine while it had work (for the trainer)
+        self._engine_posted = 0.0  # when engine_seconds was last posted to the store
+        self._store: dist.Store | None = None  # the control store while serving
+        self._started: dict[int, tuple[StartTicket, PromptRecord]] = {}  # group id -> its start, in flight
+        self._ready: list[_Pending] = []  # finished groups not yet handed to the sender
 
     def state_dict(self) -> dict[str, Any]:
         """Resumable position: prompt source and group counter."""
@@ -139,80 +170,119 @@ class RolloutWorker:
         os._exit(EXIT_TRAINER_LOST)
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
+        self._store = store
         sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id)
         gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
         engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
         receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.cfg.worker_id,
                                   self.engine.load_weights, initial_version=self.cfg.initial_version,
                                   gpu=device_uuid(engine_device) if isinstance(engine_device, torch.device) else None)
+        stream = as_stream(self.engine, self.cfg.chunk_tokens)
+        stream.resume(receiver.version)
         pending: list[_Pending] = []
 
         def safe_point() -> None:
-            hb.step = receiver.maybe_sync() or hb.step
-            self.weights_version = receiver.version
+            self._collect(stream, pool, 0.0)
+            self._sync_if_offered(stream, receiver, hb)
 
         while not stop_requested(store):
-            pending = self._flush(sender, gate, pending, safe_point, lambda: stop_requested(store),
-                                  wait=False)
+            pending = self._flush(sender, gate, pending + self._take_ready(), safe_point,
+                                  lambda: stop_requested(store), wait=False)
             safe_point()
-            if not receiver.can_generate():
+            admitted = self._admit(gate, stream, receiver)
+            got = self._collect(stream, pool, self.cfg.idle_sleep_s if stream.inflight() else 0.0)
+            if not admitted and not got and not stream.inflight():
                 time.sleep(self.cfg.idle_sleep_s)
-                continue
-            tickets = self._reserve(gate)
-            if not tickets:
-                time.sleep(self.cfg.idle_sleep_s)
-                continue
-            pending += self._generate(store, tickets, receiver.version, pool)
         # Drain what was generated, but only while the hub still takes groups: a trainer that
         # stopped receiving would leave us waiting on back-pressure until the store closes, so
         # give up after half the heartbeat timeout (the trainer waits a full one for our exit).
         # Unsent groups are not lost: a resumed run restarts this worker's prompts after the
-        # groups the trainer checkpointed as received (loop/resume.py).
+        # groups the trainer checkpointed as received (loop/resume.py). Groups still generating
+        # are dropped with the engine.
         deadline = time.monotonic() + self.transport.heartbeat.timeout_s / 2
         before = self.groups_sent
-        left = self._flush(sender, gate, pending, safe_point, lambda: time.monotonic() > deadline, wait=True)
-        log.info("%s: stop flag seen; drained %d groups (%d sent in all), %d left unsent",
-                 self.me.describe(), self.groups_sent - before, self.groups_sent, len(left))
+        left = self._flush(sender, gate, pending + self._take_ready(), safe_point,
+                           lambda: time.monotonic() > deadline, wait=True)
+        log.info("%s: stop flag seen; drained %d groups (%d sent in all), %d left unsent, %d still generating",
+                 self.me.describe(), self.groups_sent - before, self.groups_sent, len(left), stream.inflight())
         return EXIT_OK
 
-    def _reserve(self, gate: StalenessGate) -> list[StartTicket]:
-        tickets = []
-        while len(tickets) < self.cfg.groups_per_batch:
+    def _sync_if_offered(self, stream: StreamingEngine, receiver: WeightReceiver, hb: Heartbeat) -> None:
+        """Take part in an offered weight sync at this safe point, as ``update_mode`` says.
+
+        ``finish``: only once no group is in flight (admission is closed meanwhile, see
+        ``_admit``). ``interrupt``: at once; the engine stops in-flight responses where they are
+        and continues them on the new weights after ``resume``. An exception from loading
+        propagates: the engine's weights are then unknown and the worker must not generate.
+        """
+        if receiver.pending() is None:
+            return
+        interrupt = self.cfg.update_mode == "interrupt"
+        if not interrupt and stream.inflight():
+            return
+        stream.pause(interrupt)
+        hb.step = receiver.maybe_sync() or hb.step
+        stream.resume(receiver.version)
+        self.weights_version = receiver.version
+
+    def _admit(self, gate: StalenessGate, stream: StreamingEngine, receiver: WeightReceiver) -> int:
+        """Submit groups while fewer than ``inflight_limit`` are in flight and the bound allows."""
+        if self.cfg.update_mode == "finish" and receiver.pending() is not None:
+            return 0  # draining for a weight sync
+        if not receiver.can_generate():
+            return 0
+        admitted = 0
+        while stream.inflight() < self.cfg.inflight_limit:
             ticket = gate.try_start()
             if ticket is None:
                 break
-            tickets.append(ticket)
-        return tickets
+            record = self.prompts.next()
+            group_id = self.groups_made * self.transport.control.num_workers + self.cfg.worker_id
+            self.groups_made += 1
+            self._started[group_id] = (ticket, record)
+            stream.submit(group_id, list(record.token_ids), self.sampling)
+            admitted += 1
+        return admitted
 
-    def _generate(self, store: dist.Store, tickets: list[StartTicket], version: int,
-                  pool: ThreadPoolExecutor) -> list[_Pending]:
-        records = [self.prompts.next() for _ in tickets]
-        start = time.monotonic()
-        outputs = self.engine.generate([list(r.token_ids) for r in records], self.sampling)
-        self.engine_seconds += time.monotonic() - start
-        store.set(Keys.engine_seconds(self.cfg.worker_id), repr(self.engine_seconds))
-        out = []
-        for ticket, record, gens in zip(tickets, records, outputs):
-            group = self._group(record, gens, version)
-            texts = [self.decode(g.token_ids.tolist()) for g in gens]
-            out.append(_Pending(group, ticket, pool.submit(self._rewards, record.record, texts)))
-        return out
+    def _collect(self, stream: StreamingEngine, pool: ThreadPoolExecutor, timeout_s: float) -> int:
+        """Finished groups of the engine -> rewards in the pool, groups into ``_ready``."""
+        busy, start = stream.inflight() > 0, time.monotonic()
+        finished = stream.poll(timeout_s)
+        if busy:
+            self._count_engine_time(time.monotonic() - start)
+        for done in finished:
+            ticket, record = self._started.pop(done.key)
+            group = self._group(done.key, record, done.generations)
+            texts = [self.decode(g.token_ids.tolist()) for g in done.generations]
+            self._ready.append(_Pending(group, ticket, pool.submit(self._rewards, record.record, texts)))
+        return len(finished)
+
+    def _count_engine_time(self, seconds: float) -> None:
+        """Add to ``engine_seconds`` and post it (at most twice a second) for the trainer's metrics."""
+        self.engine_seconds += seconds
+        now = time.monotonic()
+        if now - self._engine_posted > 0.5 and self._store is not None:
+            self._store.set(Keys.engine_seconds(self.cfg.worker_id), repr(self.engine_seconds))
+            self._engine_posted = now
+
+    def _take_ready(self) -> list[_Pending]:
+        ready, self._ready = self._ready, []
+        return ready
 
     def _rewards(self, record: Any, texts: list[str]) -> list[float]:
         return [float(self.reward_fn(record, text)) for text in texts]
 
-    def _group(self, record: PromptRecord, gens: list[Generation], version: int) -> SampleGroup:
-        num = self.transport.control.num_workers
-        group_id = self.groups_made * num + self.cfg.worker_id
-        self.groups_made += 1
+    def _group(self, group_id: int, record: PromptRecord, gens: list[Generation]) -> SampleGroup:
         prompt = torch.tensor(record.token_ids, dtype=torch.int64)
-        samples = [
-            Sample(sample_id=group_id * len(gens) + i, prompt_ids=prompt, response_ids=g.token_ids.to(torch.int64),
-                   behavior_logprobs=g.logprobs.to(torch.float32),
-                   token_versions=torch.full_like(g.token_ids, version, dtype=torch.int64),
-                   truncated=g.finish_reason == "length")
-            for i, g in enumerate(gens)
-        ]
+        samples = []
+        for i, g in enumerate(gens):
+            versions = g.token_versions
+            if versions is None:
+                versions = torch.full_like(g.token_ids, self.weights_version, dtype=torch.int64)
+            samples.append(Sample(
+                sample_id=group_id * len(gens) + i, prompt_ids=prompt, response_ids=g.token_ids.to(torch.int64),
+                behavior_logprobs=g.logprobs.to(torch.float32), token_versions=versions.to(torch.int64),
+                truncated=g.finish_reason == "length"))
         return SampleGroup(group_id=group_id, prompt_id=record.prompt_id, samples=samples, worker_id=self.cfg.worker_id)
 
     def _flush(self, sender: SampleSender, gate: StalenessGate, pending: list[_Pending],

@@ -1,16 +1,32 @@
-"""The engine contract shared by every rollout backend (``hf``, ``vllm``) and their users.
+"""The engine contracts shared by every rollout backend (``hf``, ``vllm``) and their users.
 
 The rollout worker, the evaluation harness and the weight-sync receiver only ever talk to an
-``Engine``: prompts in as token ids, ``n`` sampled responses out with the engine's own
-sampled-token log-probs (the behavior density; never recomputed), and HF-named weights in.
+engine: prompts in as token ids, ``n`` sampled responses out with the engine's own sampled-token
+log-probs (the behavior density; never recomputed), and HF-named weights in.
+
+Two shapes of the same contract:
+
+- ``Engine`` (batch): ``generate(prompts)`` returns when every response is done. The ``hf``
+  backend is one; the evaluation harness needs nothing more.
+- ``StreamingEngine``: the rollout worker's view. ``submit`` one prompt group, ``poll`` for the
+  groups that finished (a group comes back the moment its ``n`` responses are done, in any
+  order), and ``pause`` / ``load_weights`` / ``resume`` at a weight sync. ``vllm`` implements it
+  natively (continuous batching); any batch engine gets it from ``engines.stream.BatchStream``,
+  so the worker has one code path for both.
+
+Every generated token carries the weight version that produced it (``Generation.token_versions``):
+``resume(version)`` names the version of the weights loaded, and a sample interrupted by a weight
+load (``pause(interrupt=True)``) continues on the new weights with its later tokens tagged so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Any, Hashable, Iterable, Protocol
 
 import torch
+
+WEIGHT_TRANSFERS = ("ipc", "copy")
 
 
 @dataclass
@@ -24,6 +40,7 @@ class SamplingConfig:
     top_k: int = -1  # -1 disables top-k
     seed: int = 0  # base seed; engines derive per-request seeds from it
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop tokens besides EOS
+    ignore_eos: bool = False  # benchmarks: EOS does not stop a response (fixed-length generations)
 
 
 @dataclass
@@ -32,12 +49,29 @@ class EngineConfig:
 
     backend: str = "hf"  # "hf" (transformers generate) or "vllm"
     model_path: str = ""  # Hugging Face checkpoint directory
-    dtype: str = "auto"  # "auto" (bf16 on GPU, fp32 on CPU), "bf16", "fp16", "fp32"
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
-    max_batch_size: int = 64  # sequences generated together
-    compile: bool = True  # hf: static cache + torch.compile on GPU (ignored on CPU)
+    dtype: str = "auto"  # "auto" (hf: bf16 on GPU, fp32 on CPU; vllm: the checkpoint's), "bf16", "fp16", "fp32"
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N" (vllm: the visible GPUs, set by launch)
+    max_batch_size: int = 64  # sequences generated together (vllm: max_num_seqs)
+    compile: bool = True  # hf: static cache + torch.compile on GPU; vllm: False = enforce_eager
     tensor_parallel_size: int = 1  # vllm: engine TP size
     gpu_memory_utilization: float = 0.85  # vllm: fraction of GPU memory for weights + KV cache
+    max_model_len: int = 0  # vllm: longest prompt + response; 0 = the checkpoint's limit
+    weight_transfer: str = "ipc"  # vllm: weights into the engine process by "ipc" (CUDA IPC) or "copy"
+    timeout_s: float = 600.0  # vllm: longest wait on one engine operation (start, pause, weight load)
+    vllm_args: dict[str, Any] = field(default_factory=dict)  # vllm: extra AsyncEngineArgs fields
+
+    def __post_init__(self) -> None:
+        if self.weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(f"EngineConfig.weight_transfer must be one of {WEIGHT_TRANSFERS}, "
+                             f"got {self.weight_transfer!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
+        if self.max_batch_size < 1 or self.tensor_parallel_size < 1 or self.max_model_len < 0:
+            raise ValueError("EngineConfig.max_batch_size and tensor_parallel_size must be >= 1, "
+                             "max_model_len >= 0")
+        if self.timeout_s <= 0:
+            raise ValueError(f"EngineConfig.timeout_s must be > 0, got {self.timeout_s}")
 
 
 @dataclass
@@ -47,10 +81,19 @@ class Generation:
     token_ids: torch.Tensor  # (T,) int64 generated ids, EOS included when generated
     logprobs: torch.Tensor  # (T,) float32 engine log-prob of each sampled token
     finish_reason: str  # "stop" (EOS or stop token) or "length"
+    token_versions: torch.Tensor | None = None  # (T,) int64 weight version per token; None: untracked
+
+
+@dataclass
+class FinishedGroup:
+    """A submitted prompt group whose ``n`` responses are all done."""
+
+    key: Hashable  # what the caller passed to ``submit``
+    generations: list[Generation]  # the n responses, each with ``token_versions`` set
 
 
 class Engine(Protocol):
-    """What every backend implements."""
+    """What every backend implements (batch generation)."""
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingConfig
@@ -60,6 +103,42 @@ class Engine(Protocol):
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named full tensors into the engine's weights in place."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's memory and processes."""
+        ...
+
+
+class StreamingEngine(Protocol):
+    """The rollout worker's engine: groups in and out one at a time, weights loaded in between."""
+
+    def submit(self, key: Hashable, prompt: list[int], sampling: SamplingConfig) -> None:
+        """Start ``sampling.n`` responses to ``prompt``; returns at once."""
+        ...
+
+    def poll(self, timeout_s: float) -> list[FinishedGroup]:
+        """Groups finished since the last call; waits up to ``timeout_s`` for one while any is in
+        flight (a batch engine generates here). Raises ``RuntimeError`` if the engine failed."""
+        ...
+
+    def inflight(self) -> int:
+        """Groups submitted and not yet returned by ``poll``."""
+        ...
+
+    def pause(self, interrupt: bool) -> None:
+        """Stop generating before a weight load. ``interrupt=False`` (mode ``finish``) requires no
+        group in flight; ``interrupt=True`` stops in-flight responses where they are, keeping
+        their tokens, to continue after ``resume``."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named full tensors into the engine's weights in place (between pause and resume)."""
+        ...
+
+    def resume(self, version: int) -> None:
+        """The engine holds weights ``version`` (-1: none valid): drop cached KV of older weights,
+        continue interrupted responses and tag every token generated from now on with it."""
         ...
 
     def close(self) -> None:

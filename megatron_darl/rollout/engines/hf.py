@@ -122,7 +122,7 @@ class HFEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p) :] = 1
-        stops = self.eos_ids + list(sampling.stop_token_ids)
+        stops = ([] if sampling.ignore_eos else self.eos_ids) + list(sampling.stop_token_ids)
         recorder = _WarpAndRecord(sampling, sampling.max_new_tokens)
         gen_cfg = GenerationConfig(
             do_sample=sampling.temperature > 0, temperature=1.0, top_k=0, top_p=1.0,

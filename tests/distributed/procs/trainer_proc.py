@@ -108,7 +108,7 @@ def _record(a: argparse.Namespace, hub: SampleHub, got, step: int) -> None:
         "group_id": g.group_id, "worker": g.worker_id, "seq": got.meta.seq, "step": step,
         "start_version": got.meta.start_version, "started_index": got.meta.started_index,
         "min_token_version": min(int(s.token_versions.min()) for s in g.samples if s.num_tokens),
-        "time": time.time(),
+        "token_versions": [s.token_versions.tolist() for s in g.samples], "time": time.time(),
     })
 
 

@@ -2,7 +2,8 @@
 
 Started as its own process tree (like the rollout Slurm job step). ``--stall-at k --stall-s s``
 makes the k-th engine call sleep (a stalled worker), ``--die-at-load k`` kills it in the middle
-of a weight sync; at exit the engine's state dict and version
+of a weight sync; ``--chunk-tokens``, ``--max-inflight`` and ``--update-mode`` are the worker's
+streaming knobs (``RolloutWorkerConfig``); at exit the engine's state dict and version
 are saved under ``--out`` so a test can compare them bitwise with the trainer's export.
 """
 
@@ -60,7 +61,8 @@ def parse() -> argparse.Namespace:
         ("gps", int, 1), ("eta", int, 0), ("batch", int, 4), ("n", int, 2), ("max-new", int, 4),
         ("hb-interval", float, 0.25), ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0),
         ("timeout", float, 60.0), ("stall-at", int, 0), ("stall-s", float, 0.0), ("out", str, ""),
-        ("model-dir", str, ""), ("die-at-load", int, 0),
+        ("model-dir", str, ""), ("die-at-load", int, 0), ("chunk-tokens", int, 0), ("max-inflight", int, 0),
+        ("update-mode", str, "finish"),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
     return p.parse_args()
@@ -84,7 +86,8 @@ def main() -> int:
         engine = FaultyEngine(engine, a.stall_at, a.stall_s, a.die_at_load, a.out, a.worker)
     records = [PromptRecord(prompt_id=i, token_ids=(1 + i % 200, 2, 3), record=i) for i in range(64)]
     worker = RolloutWorker(
-        RolloutWorkerConfig(worker_id=a.worker, groups_per_batch=a.batch, reward_threads=2),
+        RolloutWorkerConfig(worker_id=a.worker, groups_per_batch=a.batch, reward_threads=2,
+                            chunk_tokens=a.chunk_tokens, max_inflight=a.max_inflight, update_mode=a.update_mode),
         transport, engine, PromptSource(records, a.worker, a.workers, seed=0),
         SamplingConfig(n=a.n, max_new_tokens=a.max_new, temperature=1.0, seed=a.worker),
         reward_fn=lambda record, text: float(len(text) % 3), decode=lambda ids: " ".join(map(str, ids)),
