@@ -52,7 +52,7 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" (hf: bf16 on GPU, fp32 on CPU; vllm: the checkpoint's), "bf16", "fp16", "fp32"
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N" (vllm: the visible GPUs, set by launch)
     max_batch_size: int = 64  # sequences generated together (vllm: max_num_seqs)
-    compile: bool = True  # hf: static cache + torch.compile on GPU (models >= 50M); vllm: False = enforce_eager
+    compile: bool = True  # hf: static cache + torch.compile on GPU; vllm: False = enforce_eager
     tensor_parallel_size: int = 1  # vllm: engine TP size
     gpu_memory_utilization: float = 0.85  # vllm: fraction of GPU memory for weights + KV cache
     max_model_len: int = 0  # vllm: longest prompt + response; 0 = the checkpoint's limit

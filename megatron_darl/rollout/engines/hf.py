@@ -12,9 +12,7 @@ processor (generate's own warpers are switched off) because transformers runs cu
 before its warpers, and the recorder must see the final distribution.
 
 On GPU with ``EngineConfig.compile`` the static KV cache is used, which makes transformers compile
-the decoding forward with torch.compile; on CPU the dynamic cache runs eagerly. Models under
-``COMPILE_MIN_PARAMS`` run eagerly on GPU too: their decoding step is launch-bound, so the compile
-(12 s of the embedded default's first step on an H100) costs more than it can save.
+the decoding forward with torch.compile; on CPU the dynamic cache runs eagerly.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor
 from megatron_darl.rollout.engines.base import EngineConfig, Generation, SamplingConfig
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-COMPILE_MIN_PARAMS = 50_000_000  # smaller models decode eagerly even with EngineConfig.compile
 
 
 def resolve_device(device: str) -> torch.device:
@@ -98,8 +95,6 @@ class HFEngine:
             model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
         self.model = model.to(device=self.device, dtype=dtype).eval()
         self._tensors = self.model.state_dict()
-        params = sum(p.numel() for p in self.model.parameters())
-        self.compiled = self.device.type == "cuda" and cfg.compile and params >= COMPILE_MIN_PARAMS
         self._calls = 0
         cfg_eos = self.model.config.eos_token_id
         self.eos_ids = [cfg_eos] if isinstance(cfg_eos, int) else list(cfg_eos or [])
@@ -134,7 +129,7 @@ class HFEngine:
             max_new_tokens=sampling.max_new_tokens, eos_token_id=stops or None, pad_token_id=self.pad_id,
             return_dict_in_generate=True,
         )
-        if self.compiled:
+        if self.device.type == "cuda" and self.cfg.compile:
             gen_cfg.cache_implementation = "static"
         torch.manual_seed(sampling.seed + self._calls)
         self._calls += 1
