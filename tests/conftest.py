@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = {"unit", "distributed", "slurm", "gpu"}
+_TIERS = {"unit", "distributed", "slurm", "gpu", "faults"}
 
 
 def pytest_collection_modifyitems(config, items):

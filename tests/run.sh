@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 source launch/venv.sh
 darl_venv "[test]"
 if [ "$#" -eq 0 ]; then
-  set -- tests/unit tests/distributed tests/slurm
+  set -- tests/unit tests/distributed tests/slurm tests/faults
 fi
 # The slurm tier runs against a real local Slurm: install its Debian packages when missing.
 if [[ " $* " == *" tests/slurm"* ]] && ! PATH="$PATH:/usr/sbin" command -v slurmctld >/dev/null; then

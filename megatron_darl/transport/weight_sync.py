@@ -36,7 +36,7 @@ from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.heartbeat import Heartbeat
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
-    WORKER, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
+    WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
 )
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class WeightSender:
     """
 
     def __init__(
-        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, stage: int,
+        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, stage: int,
         heartbeat: Heartbeat, device: torch.device | None = None,
     ) -> None:
         if not 0 <= stage < control.num_stages:
@@ -350,7 +350,7 @@ class WeightReceiver:
     """
 
     def __init__(
-        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
+        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
         load: Callable[[Iterable[tuple[str, torch.Tensor]]], None], initial_version: int = 0,
         device: torch.device | None = None,
     ) -> None:
