@@ -43,7 +43,7 @@ class ClusterConfig:
     trainer_devices: Optional[list[int]] = None  # CUDA ordinals of trainer ranks; [] = CPU
     rollout_devices: Optional[list[int]] = None  # CUDA ordinals of rollout workers; [] = CPU
     master_addr: str = "127.0.0.1"  # torch.distributed rendezvous host of the trainer ranks
-    master_port: int = 29500  # torch.distributed rendezvous port (the store uses transport's)
+    master_port: int = 0  # torch.distributed rendezvous port; 0 = a free one (the store: transport's)
     threads_per_process: int = 0  # OMP/torch threads per child; 0 = cores / processes
     rollout_failure: str = "continue"  # a dead worker: "continue" with the others, or "abort"
     grace_s: float = 30.0  # after SIGTERM, seconds before children are killed
@@ -156,8 +156,11 @@ def load_run_config(overrides: Sequence[str] = (), config_file: str | Path | Non
 
 
 def save_run_config(cfg: RunConfig, path: str | Path) -> Path:
-    """Write the resolved config (what every child process loads)."""
+    """Write the resolved config (what every child process loads), without the run's secret:
+    that travels in the children's environment only (``launch.lifeline``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    node = OmegaConf.structured(cfg)
+    node.transport.control.secret = ""
+    path.write_text(OmegaConf.to_yaml(node))
     return path
