@@ -65,9 +65,7 @@ def validate_hf_dir(hf_dir: str | Path, tp: int, pp: int) -> dict:
 
 def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
     """Check ``megatron_darl.json``, the layout and that every shard file is present/complete."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, read_metadata
+    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, check_shards, read_metadata
 
     meta = read_metadata(ckpt_dir)
     source = str(Path(ckpt_dir) / METADATA_NAME)
@@ -76,20 +74,7 @@ def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
     if meta.padded_vocab_size % tp:
         raise ValueError(f"tp={tp} does not divide padded_vocab_size={meta.padded_vocab_size} "
                          f"({source})")
-    try:
-        storage = FileSystemReader(str(ckpt_dir)).read_metadata().storage_data
-    except Exception as exc:  # noqa: BLE001 - corrupt pickle, missing .metadata ...
-        raise ValueError(f"{Path(ckpt_dir) / '.metadata'}: unreadable ({exc})") from None
-    needed: dict[str, int] = {}
-    for info in storage.values():
-        end = info.offset + info.length
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for rel, end in sorted(needed.items()):
-        path = Path(ckpt_dir) / rel
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: checkpoint shard missing")
-        if path.stat().st_size < end:
-            raise ValueError(f"{path}: checkpoint shard truncated ({path.stat().st_size} < {end})")
+    check_shards(ckpt_dir)
     return meta
 
 
