@@ -250,6 +250,7 @@ class TrainerLoop:
             "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
             "receive_wait_seconds": receive_s,
             "version": float(self.trainer.version),
+            **self.ep.heartbeat.peer_counters(),  # rollout-side events, e.g. reward_errors
             **{k: v for k, v in result.stats.items()},
         }
         self.logger.log(step, step_metrics(reduced, trainer))

@@ -10,7 +10,8 @@ exits non-zero). The store host itself (trainer rank 0) is watched through the t
 calls: each gets what is left of ``timeout_s`` since the last call that succeeded as its deadline
 (``ControlStore``), so a frozen or unreachable rank 0 is reported within ``timeout_s`` even though
 the store client itself would wait forever. Beats and rendezvous records are signed: a foreign
-process cannot keep a dead peer "alive" or pose as a member.
+process cannot keep a dead peer "alive" or pose as a member. Each beat also carries the
+process's event counters (``megatron_darl.counters``), which the trainer sums into its metrics.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from megatron_darl import counters
 from megatron_darl.transport.config import ControlPlaneConfig, HeartbeatConfig
 from megatron_darl.transport.store import ControlStore, Keys, MemberInfo, TransportTimeout, connect_store
 
@@ -70,6 +72,7 @@ class Heartbeat:
         self._store_peer = store_is_peer
         self._seen: dict[tuple[str, int], tuple[str, float, str]] = {}  # value, when, describe
         self._lost: dict[tuple[str, int], PeerLoss] = {}
+        self._counters: dict[tuple[str, int], dict[str, int]] = {}  # latest counters per peer
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._store: ControlStore | None = None
@@ -101,6 +104,17 @@ class Heartbeat:
         """Look at every watched peer now, from the caller's thread and store connection."""
         self._check_peers(store)
 
+    def peer_counters(self) -> dict[str, float]:
+        """Sum over watched peers of their latest event counters (lost peers' last ones included);
+        the known counters are always present."""
+        with self._lock:
+            latest = list(self._counters.values())
+        total = {counters.REWARD_ERRORS: 0.0, counters.REWARD_TIMEOUTS: 0.0}
+        for peer in latest:
+            for name, value in peer.items():
+                total[name] = total.get(name, 0.0) + float(value)
+        return total
+
     def is_alive(self, role: str, rank: int) -> bool:
         """Seen beating and not currently lost."""
         with self._lock:
@@ -112,7 +126,7 @@ class Heartbeat:
             self._thread.join(timeout=5 * self.cfg.interval_s + 1)
 
     def _beat(self, n: int, deadline: float | None = None) -> None:
-        payload = json.dumps({"beat": n, "member": self.me.to_json()})
+        payload = json.dumps({"beat": n, "member": self.me.to_json(), "counters": counters.snapshot()})
         key = Keys.heartbeat(self.me.role, self.me.rank)
         self._store.set(key, payload, timeout_s=_left(deadline))
         # A set is not answered (it returns even with the host frozen); one round trip per beat
@@ -150,9 +164,11 @@ class Heartbeat:
             with self._lock:
                 prev = self._seen.get((role, rank))
             if prev is None or prev[0] != raw:
-                member = MemberInfo.from_json(json.loads(raw)["member"])
+                beat = json.loads(raw)
+                member = MemberInfo.from_json(beat["member"])
                 with self._lock:
                     self._seen[(role, rank)] = (raw, now, member.describe())
+                    self._counters[(role, rank)] = dict(beat.get("counters", {}))
                     back = self._lost.pop((role, rank), None)
                 if back is not None:
                     log.warning("%s is beating again (step %d)", member.describe(), self.step)
