@@ -106,6 +106,7 @@ def check_consistent(cfg: RunConfig) -> None:
     for a, va, b, vb in pairs:
         if va != vb:
             raise ValueError(f"{a}={va} must equal {b}={vb}")
+    _check_sampling(cfg.sampling)
     mp = cfg.parallel.tp * cfg.parallel.pp
     if cfg.cluster.trainer_ranks % mp:
         raise ValueError(f"cluster.trainer_ranks={cfg.cluster.trainer_ranks} is not a multiple of "
@@ -117,6 +118,16 @@ def check_consistent(cfg: RunConfig) -> None:
     if cfg.algorithm.groups_per_step % dp:
         raise ValueError(f"algorithm.groups_per_step={cfg.algorithm.groups_per_step} must be a "
                          f"multiple of the DP size {dp}")
+
+
+def _check_sampling(s) -> None:
+    """Values the engines would only reject in a child process (or silently misuse)."""
+    for name, ok, rule in (("max_new_tokens", s.max_new_tokens >= 1, ">= 1"), ("n", s.n >= 1, ">= 1"),
+                           ("temperature", s.temperature >= 0, ">= 0 (0: greedy)"),
+                           ("top_p", 0 < s.top_p <= 1, "in (0, 1]"),
+                           ("top_k", s.top_k == -1 or s.top_k >= 1, ">= 1, or -1 (off)")):
+        if not ok:
+            raise ValueError(f"sampling.{name}={getattr(s, name)} must be {rule}")
 
 
 def register_schema() -> None:

@@ -203,9 +203,12 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
         init_ckpt = str(cached_conversion(Path(knobs.model_path), knobs.tp, knobs.pp, knobs.convert_dtype,
                                           Path(knobs.convert_cache), log=log))
     from launch.config import load_run_config, save_run_config
+    from launch.preflight import preflight
     from launch.train import prepare
 
-    cfg = prepare(load_run_config(compose_overrides(knobs, layout, user, env, init_ckpt)), log_fn=log)
+    cfg = load_run_config(compose_overrides(knobs, layout, user, env, init_ckpt))
+    preflight(cfg)
+    cfg = prepare(cfg, log_fn=log)
     run_dir = Path(cfg.loop.run_dir)
     start = _latest_step(run_dir)
     if not cfg.loop.resume and start:

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
 from launch.lifeline import RUN_SECRET, new_run_secret
+from launch.preflight import preflight
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec
 from megatron_darl.transport.store import free_port
 
@@ -166,11 +167,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.remove("--print-config")
         print(OmegaConf.to_yaml(OmegaConf.structured(_load(args))))
         return 0
-    cfg = prepare(_load(args))
+    cfg = _load(args)
     run_dir = Path(cfg.loop.run_dir)
-    if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
-        raise ValueError(f"loop.run_dir={run_dir} holds checkpoints of an earlier run: pass "
-                         "loop.resume=true to continue it, or another loop.run_dir")
+    try:
+        if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
+            raise ValueError(f"loop.run_dir={run_dir} holds checkpoints of an earlier run: pass "
+                             "loop.resume=true to continue it, or another loop.run_dir")
+        preflight(cfg)
+    except ValueError as err:
+        print(f"launch.train: {err}", file=sys.stderr)
+        return 2
+    cfg = prepare(cfg)
     config_path = save_run_config(cfg, run_dir / "run_config.yaml")
     secret = cfg.transport.control.secret or new_run_secret()  # per run, never written to disk
     specs = process_specs(cfg, config_path, _num_gpus(), secret=secret)
