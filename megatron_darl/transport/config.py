@@ -20,7 +20,7 @@ class ControlPlaneConfig:
     num_hubs: int = 1  # trainer DP hub ranks (one per DP replica: TP0, first PP stage)
     num_stages: int = 1  # trainer PP stages, each with one weight-sync leader
     store_timeout_s: float = 300.0  # how long a process waits for the store to come up
-    call_timeout_s: float = 10.0  # deadline of one store request (a frozen or unreachable host)
+    call_timeout_s: float = 30.0  # deadline of one store request (frozen or unreachable host)
     poll_interval_s: float = 0.005  # sleep between non-blocking store polls
     secret: str = field(default="", repr=False)  # per-run HMAC key; from the launcher, never saved
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 _RESULTS: dict[str, dict] = {}  # nodeid -> record, in run order
 _OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2}
+_TMP = re.compile(r"/\S*?pytest-of-[^/]+/pytest-\d+/[^/\s'\"]+")  # a test's tmp_path, in messages
 
 
 def report_path(config: pytest.Config) -> Path:
@@ -81,6 +83,7 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 (pytest hook sign
     path = report_path(session.config)
     path.parent.mkdir(parents=True, exist_ok=True)
     for record in _RESULTS.values():
+        record["observed"] = _TMP.sub("<tmp>", record["observed"])
         if not record["lost"]:
             record["lost"] = "nothing" if record["outcome"] == "passed" else "unknown (test did not pass)"
     payload = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "records": list(_RESULTS.values())}

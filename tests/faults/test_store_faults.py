@@ -92,7 +92,8 @@ def test_every_store_call_has_a_deadline_when_the_store_host_is_frozen(fault_rec
         server.wait()
     fault_record["observed"] = ("6 call types each raised TransportTimeout naming trainer 0 (host, pid) after "
                                 f"{min(waited.values()):.1f}-{max(waited.values()):.1f} s (deadline "
-                                f"{cfg.call_timeout_s:.0f} s); served again after SIGCONT")
+                                f"{cfg.call_timeout_s:.0f} s per request, a wait slice on top); served again "
+                                "after SIGCONT")
 
 
 def _answers(store) -> bool:
@@ -135,7 +136,7 @@ def test_frozen_rank0_is_reported_by_every_peer_within_the_heartbeat_timeout(tmp
     fault_record["observed"] = (f"workers exited {EXIT_TRAINER_LOST} after {exits['worker0_s']:.1f} s and "
                                 f"{exits['worker1_s']:.1f} s, trainer 1 reported after {reported_s:.1f} s "
                                 f"(heartbeat timeout {HB_TIMEOUT:.0f} s), all naming trainer 0 (host, pid)")
-    fault_record["lost"] = "nothing beyond the current step (the job stops; resume from its last checkpoint)"
+    fault_record["lost"] = "the trainer's work since its last checkpoint (a frozen rank 0 writes none; the job stops)"
 
 
 def _kill(pid: int, sig: int) -> None:
