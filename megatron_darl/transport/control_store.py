@@ -202,14 +202,16 @@ class ControlStore:
     def data_plane(self) -> dist.Store:
         """A raw ``dist.Store`` for data-plane process groups (gloo/NCCL rendezvous keys)."""
         if self._data_plane is None:
-            box: dict[str, Any] = {}
-            opener = threading.Thread(target=lambda: box.update(store=self._open(self.cfg.call_timeout_s, threading.Event())),
-                                      name="control-store-data-plane", daemon=True)
-            opener.start()
-            opener.join(self.cfg.call_timeout_s + 1.0)
-            if "store" not in box:
-                raise self._timeout("connect (data plane)", self.cfg.call_timeout_s)
-            self._data_plane = box["store"]
+            budget = self.cfg.call_timeout_s
+            conn = _Connection(lambda listening: self._open(budget, listening), name="control-store-data-plane")
+            job = _Job(lambda store: store)  # the connection's own store object, once opened
+            conn.submit(job)
+            if not job.done.wait(budget + 1.0):
+                raise self._timeout("connect (data plane)", budget)
+            conn.close()  # its thread ends; the store object lives on here
+            if job.error is not None:
+                raise job.error
+            self._data_plane = job.result
         return self._data_plane
 
     def close(self) -> None:

@@ -221,7 +221,8 @@ def _remove_previous(out: Path, files: list[str]) -> None:
 def write_manifest(out_dir: Path, tool: str, source: str) -> None:
     """List every file under ``out_dir`` (what a later ``--force`` may remove)."""
     files = sorted(_files(out_dir) - {MANIFEST_NAME})
-    (out_dir / MANIFEST_NAME).write_text(json.dumps({"tool": tool, "source": source, "files": files}, indent=1) + "\n")
+    manifest = {"tool": tool, "source": source, "files": files}
+    (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 @contextlib.contextmanager
