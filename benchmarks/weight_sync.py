@@ -205,7 +205,7 @@ def worker(a: argparse.Namespace) -> None:
     nbytes = sum(t.numel() * t.element_size() for _, t in export(model))
     if not a.colocated:
         _bound(store, 1 + a.index, a.workers + 1, nbytes, sync.backend, device, a.repeats)
-    store.wait(["bench/done"])
+    store.wait(["bench/done"], 3600.0, "the benchmark trainer to finish")
     hb.close()
 
 

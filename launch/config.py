@@ -45,7 +45,7 @@ class ClusterConfig:
     trainer_devices: Optional[list[int]] = None  # CUDA ordinals of trainer ranks; [] = CPU
     rollout_devices: Optional[list[int]] = None  # CUDA ordinals of rollout workers; [] = CPU
     master_addr: str = "127.0.0.1"  # torch.distributed rendezvous host of the trainer ranks
-    master_port: int = 29500  # torch.distributed rendezvous port (the store uses transport's)
+    master_port: int = 0  # torch.distributed rendezvous port; 0 = a free one (the store: transport's)
     threads_per_process: int = 0  # OMP/torch threads per child; 0 = cores / processes
     rollout_failure: str = "continue"  # a dead worker: "continue" with the others, or "abort"
     grace_s: float = 30.0  # after SIGTERM, seconds before children are killed
@@ -108,6 +108,7 @@ def check_consistent(cfg: RunConfig) -> None:
     for a, va, b, vb in pairs:
         if va != vb:
             raise ValueError(f"{a}={va} must equal {b}={vb}")
+    _check_sampling(cfg.sampling)
     mp = cfg.parallel.tp * cfg.parallel.pp
     if cfg.cluster.trainer_ranks % mp:
         raise ValueError(f"cluster.trainer_ranks={cfg.cluster.trainer_ranks} is not a multiple of "
@@ -121,6 +122,16 @@ def check_consistent(cfg: RunConfig) -> None:
                          f"multiple of the DP size {dp}")
     # the trainer scores the sampler's density: refuses truncated sampling (names the fields)
     density_temperature(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k)
+
+
+def _check_sampling(s) -> None:
+    """Values the engines would only reject in a child process (or silently misuse)."""
+    for name, ok, rule in (("max_new_tokens", s.max_new_tokens >= 1, ">= 1"), ("n", s.n >= 1, ">= 1"),
+                           ("temperature", s.temperature >= 0, ">= 0 (0: greedy)"),
+                           ("top_p", 0 < s.top_p <= 1, "in (0, 1]"),
+                           ("top_k", s.top_k == -1 or s.top_k >= 1, ">= 1, or -1 (off)")):
+        if not ok:
+            raise ValueError(f"sampling.{name}={getattr(s, name)} must be {rule}")
 
 
 def register_schema() -> None:
@@ -160,8 +171,11 @@ def load_run_config(overrides: Sequence[str] = (), config_file: str | Path | Non
 
 
 def save_run_config(cfg: RunConfig, path: str | Path) -> Path:
-    """Write the resolved config (what every child process loads)."""
+    """Write the resolved config (what every child process loads), without the run's secret:
+    that travels in the children's environment only (``launch.lifeline``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    node = OmegaConf.structured(cfg)
+    node.transport.control.secret = ""
+    path.write_text(OmegaConf.to_yaml(node))
     return path

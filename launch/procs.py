@@ -15,6 +15,9 @@ whole tree, reward sandboxes included). The launcher:
 
 A child that gives up on purpose writes one line saying why to its ``reason_path``
 (``write_exit_reason``); the launcher puts that line into the failure it reports.
+
+If the launcher itself is killed (SIGKILL leaves it no say), its children notice and leave on
+their own: each gets the launcher's pid and ``grace_s`` in its environment (``launch.lifeline``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Sequence
+
+from launch.lifeline import LAUNCHER_GRACE, LAUNCHER_PID
 
 log = logging.getLogger(__name__)
 TRAINER, ROLLOUT = "trainer", "rollout"
@@ -130,7 +135,8 @@ class Launcher:
         if spec.log_path is not None:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = spec.log_path.open("ab")
-        proc = subprocess.Popen(spec.argv, env=spec.env, stdout=out, stderr=subprocess.STDOUT if out else None,
+        env = {**spec.env, LAUNCHER_PID: str(os.getpid()), LAUNCHER_GRACE: str(self.grace_s)}
+        proc = subprocess.Popen(spec.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                                 start_new_session=True)
         log.info("started %s (pid %d): %s", spec.name, proc.pid, " ".join(spec.argv))
         return _Child(spec, proc, out)

@@ -22,6 +22,7 @@ import sys
 from typing import Sequence
 
 from launch.config import RunConfig, load_run_config
+from launch.lifeline import exit_with_launcher, with_run_secret
 from launch.procs import ROLLOUT, exit_reason_path, write_exit_reason
 
 
@@ -108,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--defer-signals", action="store_true",
                         help="SIGTERM/SIGUSR1 do not stop the worker; the trainer's stop flag does (Slurm)")
     args, overrides = parser.parse_known_args(argv)
+    exit_with_launcher(os.environ)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s rollout{args.worker_id} %(levelname)s %(message)s")
     if args.defer_signals:
@@ -117,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    cfg = load_run_config(overrides, config_file=args.config)
+    cfg = with_run_secret(load_run_config(overrides, config_file=args.config), os.environ)
     return run_worker(cfg, args.worker_id)
 
 

@@ -35,6 +35,19 @@ RESERVED = {
     "loop.run_dir": "OUTPUT_DIR", "parallel.tp": "TP", "parallel.pp": "PP",
 }
 REPO = Path(__file__).resolve().parents[1]
+JOB_PORT_BASE, JOB_PORT_SLOTS = 20000, 5000  # derived ports: 20000..29999, below the ephemeral range
+
+
+def job_ports(job_id: str) -> tuple[int, int]:
+    """(trainer rendezvous port, control-store port) of a Slurm job, derived from its id.
+
+    Why not a free port: ``prepare`` runs on the batch host, where a free port says nothing about
+    the first trainer node; two jobs on one node get different ports unless their ids are equal
+    modulo 5000, and a requeued job keeps its ports. ``TRAINER_PORT``/``STORE_PORT`` override.
+    """
+    digits = re.sub(r"\D", "", job_id)
+    slot = int(digits) % JOB_PORT_SLOTS if digits else 0
+    return JOB_PORT_BASE + 2 * slot, JOB_PORT_BASE + 2 * slot + 1
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -140,10 +153,12 @@ def compose_overrides(knobs: Knobs, layout: Layout, user: Sequence[str], env: Ma
     out.append(f"engine.tensor_parallel_size={knobs.rollout_tp}")
     out += list(user)
     addr = node_addr(layout.train_nodes[0])
+    master_port, control_port = job_ports(env.get("SLURM_JOB_ID", ""))
     out += [
         f"cluster.trainer_ranks={layout.trainer_ranks}", f"cluster.rollout_workers={layout.workers}",
         f"cluster.master_addr={_q(addr)}", f"transport.control.host={_q(addr)}",
-        f"cluster.master_port={knobs.master_port}", f"transport.control.port={knobs.control_port}",
+        f"cluster.master_port={knobs.master_port or master_port}",
+        f"transport.control.port={knobs.control_port or control_port}",
         f"cluster.threads_per_process={layout.threads}", f"loop.run_dir={_q(knobs.output_dir)}",
         f"loop.resume={str(knobs.resume).lower()}", f"parallel.tp={knobs.tp}", f"parallel.pp={knobs.pp}",
     ]
@@ -188,9 +203,12 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
         init_ckpt = str(cached_conversion(Path(knobs.model_path), knobs.tp, knobs.pp, knobs.convert_dtype,
                                           Path(knobs.convert_cache), log=log))
     from launch.config import load_run_config, save_run_config
+    from launch.preflight import preflight
     from launch.train import prepare
 
-    cfg = prepare(load_run_config(compose_overrides(knobs, layout, user, env, init_ckpt)), log_fn=log)
+    cfg = load_run_config(compose_overrides(knobs, layout, user, env, init_ckpt))
+    preflight(cfg)
+    cfg = prepare(cfg, log_fn=log)
     run_dir = Path(cfg.loop.run_dir)
     start = _latest_step(run_dir)
     if not cfg.loop.resume and start:

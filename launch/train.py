@@ -4,7 +4,8 @@ Composes ``configs/config.yaml`` once, fits (or reuses) the embedded default's w
 policy when no model is given, writes the resolved config to ``<run_dir>/run_config.yaml``, and
 starts the same processes Slurm job steps would: ``cluster.trainer_ranks`` x ``launch.trainer``
 (torchrun-style environment) and ``cluster.rollout_workers`` x ``launch.rollout``, which meet
-only over the transport. Devices come from the cluster preset (``cluster=cpu|gpu1|gpu2``, or
+only over the transport, with free ports and a fresh per-run secret (``launch.lifeline``) that
+only they know. Devices come from the cluster preset (``cluster=cpu|gpu1|gpu2``, or
 ``local``: whatever this machine has). ``--print-config`` shows the composed config and exits.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
+from launch.lifeline import RUN_SECRET, new_run_secret
+from launch.preflight import preflight
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
 from megatron_darl.transport.store import free_port
 
@@ -68,9 +71,12 @@ def _visible(devices: list[int]) -> str:
 
 
 def process_specs(cfg: RunConfig, config_path: Path, num_gpus: int,
-                  base_env: dict[str, str] | None = None) -> list[ProcSpec]:
-    """The trainer ranks and rollout workers of this run, with their environments and logs."""
+                  base_env: dict[str, str] | None = None, secret: str = "") -> list[ProcSpec]:
+    """The trainer ranks and rollout workers of this run, with their environments and logs;
+    ``secret`` (the run's control-store secret) reaches every child through its environment."""
     env0 = dict(os.environ if base_env is None else base_env)
+    if secret:
+        env0[RUN_SECRET] = secret
     c = cfg.cluster
     trainer_devs, rollout_devs = resolve_devices(c, num_gpus)
     nprocs = c.trainer_ranks + c.rollout_workers
@@ -163,13 +169,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.remove("--print-config")
         print(OmegaConf.to_yaml(OmegaConf.structured(_load(args))))
         return 0
-    cfg = prepare(_load(args))
+    cfg = _load(args)
     run_dir = Path(cfg.loop.run_dir)
-    if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
-        raise ValueError(f"loop.run_dir={run_dir} holds checkpoints of an earlier run: pass "
-                         "loop.resume=true to continue it, or another loop.run_dir")
+    try:
+        if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
+            raise ValueError(f"loop.run_dir={run_dir} holds checkpoints of an earlier run: pass "
+                             "loop.resume=true to continue it, or another loop.run_dir")
+        preflight(cfg)
+    except ValueError as err:
+        print(f"launch.train: {err}", file=sys.stderr)
+        return 2
+    cfg = prepare(cfg)
     config_path = save_run_config(cfg, run_dir / "run_config.yaml")
-    specs = process_specs(cfg, config_path, _num_gpus())
+    secret = cfg.transport.control.secret or new_run_secret()  # per run, never written to disk
+    specs = process_specs(cfg, config_path, _num_gpus(), secret=secret)
     log.info("run dir %s: %d trainer rank(s), %d rollout worker(s)", run_dir,
              cfg.cluster.trainer_ranks, cfg.cluster.rollout_workers)
     result = Launcher(specs, grace_s=cfg.cluster.grace_s,

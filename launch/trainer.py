@@ -2,9 +2,10 @@
 
 Started by ``launch.train`` with torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), or by ``srun`` with SLURM_PROCID/SLURM_NTASKS; only this entry point reads them.
-It loads the run's resolved config and runs the trainer-side loop. When the loop gives up
-(``RunAborted``, after its checkpoint) the rank logs the one line and writes it where the
-launcher reads it, and exits 1.
+It loads the run's resolved config, adds the run's secret (``DARL_RUN_SECRET``, never saved in
+the config file) and runs the trainer-side loop; it leaves when ``launch.train`` disappears. When
+the loop gives up (``RunAborted``, after its checkpoint) the rank logs the one line and writes it
+where the launcher reads it, and exits 1.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from typing import Mapping, Sequence
 
 from launch.config import load_run_config
+from launch.lifeline import exit_with_launcher, with_run_secret
 from launch.procs import TRAINER, exit_reason_path, write_exit_reason
 from megatron_darl.loop.trainer_loop import DistEnv, RunAborted, run_trainer
 
@@ -40,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
     args, overrides = parser.parse_known_args(argv)
+    exit_with_launcher(os.environ)
     env = dist_env(os.environ)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{env.rank} %(levelname)s %(message)s")
     threads = int(os.environ.get("DARL_THREADS", "0"))
@@ -47,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(threads)
-    cfg = load_run_config(overrides, config_file=args.config)
+    cfg = with_run_secret(load_run_config(overrides, config_file=args.config), os.environ)
     try:
         return run_trainer(cfg, env)
     except RunAborted as exc:

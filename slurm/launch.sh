@@ -29,7 +29,10 @@
 #   REQUEUE=0      1: on the warning signal (#SBATCH --signal=B:USR1@<s>) checkpoint, then
 #                  scontrol requeue; the requeued job resumes in the same OUTPUT_DIR
 #   GRACE_S=60     seconds rollout steps may take to leave after the trainer step ended
-#   TRAINER_PORT, STORE_PORT  fixed ports (default 0: free ports picked on the first node)
+#   TRAINER_PORT, STORE_PORT  fixed ports (default 0: derived from the job id, 20000 + 2 * (id % 5000)
+#                  and the next one; see launch/slurm.py job_ports)
+#   DARL_RUN_SECRET  the run's control-store secret (default: 32 fresh random bytes); every job
+#                  step inherits it, nothing writes it to disk
 #   NET_IFNAME     network interface for NCCL/gloo (see slurm/env.sh, the NCCL settings)
 #   STEP_MEM       --mem of each job step (clusters that track memory; default: none)
 #   DARL_PYTHON    python with megatron_darl installed (default: python on PATH, i.e. the venv
@@ -57,6 +60,10 @@ LOG_DIR=$OUTPUT_DIR/logs/job${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}
 mkdir -p "$LOG_DIR" || die "cannot create $LOG_DIR"
 # shellcheck source=slurm/env.sh
 source "$DARL_ROOT/slurm/env.sh"
+# Only the run's own processes may act on its control store (launch/lifeline.py, docs/reliability.md).
+DARL_RUN_SECRET=${DARL_RUN_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+[ -n "$DARL_RUN_SECRET" ] || die "could not read /dev/urandom for the run secret"
+export DARL_RUN_SECRET
 
 STOP_SIGNAL=""
 TRAINER_PID=""

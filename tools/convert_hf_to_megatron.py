@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     code = run_conversion(PROG, args, args.hf_dir, validate_hf_dir, hf_to_megatron_worker,
-                          dtype=args.dtype)
+                          src_flag="--hf-dir", dtype=args.dtype)
     if code == 0:
         print(f"wrote {args.out_dir} (tp={args.tp}, pp={args.pp}, dtype={args.dtype})")
     return code

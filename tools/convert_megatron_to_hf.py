@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     code = run_conversion(PROG, args, args.megatron_dir, validate_megatron_dir,
-                          megatron_to_hf_worker, max_shard_bytes=int(args.max_shard_gb * 1024**3))
+                          megatron_to_hf_worker, src_flag="--megatron-dir",
+                          max_shard_bytes=int(args.max_shard_gb * 1024**3))
     if code == 0:
         print(f"wrote {args.out_dir}")
     return code

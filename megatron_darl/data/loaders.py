@@ -1,7 +1,8 @@
 """Load a prompt dataset (jsonl, jsonl.gz or parquet) into ``PromptRecord``s.
 
 Each dataset's columns are mapped through its ``FieldMapConfig``. A malformed row (bad JSON,
-not an object, a mapped column missing or empty, undecodable tests) raises ``ValueError``
+not an object, a mapped column missing or empty, undecodable tests, a math reference the
+verifier cannot use) raises ``ValueError``
 naming the file, the line (jsonl) or row (parquet, 1-based) and the field, unless the config
 says ``skip_malformed: true``, in which case it is skipped and counted in ``LoadResult``.
 """
@@ -21,6 +22,7 @@ from megatron_darl.data.records import PromptRecord
 from megatron_darl.data.testcases import decode_cases
 
 logger = logging.getLogger(__name__)
+MATH_TASKS = ("math", "gsm8k")  # tasks scored by math_answer: their references are checked at load
 
 
 class MalformedRowError(ValueError):
@@ -103,6 +105,12 @@ def row_to_record(row: object, index: int, cfg: DataConfig, where: str) -> Promp
             raise MalformedRowError(f"{where}: field {column!r}: {exc}") from exc
     if fm.tests and not tests:
         raise MalformedRowError(f"{where}: field {fm.tests!r} has no stdin/stdout test cases")
+    if cfg.task in MATH_TASKS and fm.reference:
+        from megatron_darl.rewards.math_answer import reference_problem  # lazy: math-verify, sympy
+
+        problem = reference_problem(reference)
+        if problem is not None:
+            raise MalformedRowError(f"{where}: field {fm.reference!r}: math reference {problem}")
     metadata = {name: row.get(name) for name in fm.metadata}
     metadata["source_id"] = row.get(fm.id, index) if fm.id else index
     try:

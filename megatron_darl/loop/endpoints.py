@@ -16,6 +16,7 @@ bug, DESIGN.md section 3).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -32,13 +33,14 @@ from megatron_darl.transport.store import Keys, describe_peer, get_int, publishe
 from megatron_darl.transport.weight_sync import SyncKeys
 
 log = logging.getLogger(__name__)
+EXIT_RANK0_LOST = 3  # a trainer rank whose rank 0 (the store host) is frozen or gone
 
 
 @dataclass
 class TrainerEndpoints:
     """What one trainer rank holds of the transport."""
 
-    store: Any  # torch.distributed.TCPStore (served by rank 0)
+    store: Any  # transport.ControlStore (the store is served by rank 0)
     heartbeat: Heartbeat  # this rank's beat and the watch on rollout workers
     hub: SampleHub | None  # this replica's shard of the sample channel (hub ranks only)
     sender: WeightSender | None  # this PP stage's weight broadcast (stage leaders only)
@@ -63,6 +65,15 @@ def _release_on_loss(transport: TransportConfig):
     return on_loss
 
 
+def _exit_on_rank0_loss(loss: PeerLoss) -> None:
+    """Heartbeat callback of ranks > 0: rank 0 frozen or gone means the job cannot go on."""
+    if (loss.role, loss.rank) == (TRAINER, 0):
+        log.error("lost %s (silent %.1f s at step %d); exiting %d", loss.peer, loss.silent_s,
+                  loss.step, EXIT_RANK0_LOST)
+        logging.shutdown()
+        os._exit(EXIT_RANK0_LOST)
+
+
 def open_endpoints(transport: TransportConfig, ps) -> TrainerEndpoints:
     """Serve or join the store, start the heartbeat, and open this rank's hub/sender."""
     control = transport.control
@@ -70,7 +81,7 @@ def open_endpoints(transport: TransportConfig, ps) -> TrainerEndpoints:
     store = serve_store(control) if ps.rank == 0 else connect_store(control, who=f"trainer {ps.rank}")
     me = MemberInfo.here(TRAINER, ps.rank)
     register(store, me)
-    on_loss = _release_on_loss(transport) if ps.rank == 0 else None
+    on_loss = _release_on_loss(transport) if ps.rank == 0 else _exit_on_rank0_loss
     hb = Heartbeat(control, transport.heartbeat, me, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
     hub = SampleHub(store, control, ps.dp_rank) if is_hub else None

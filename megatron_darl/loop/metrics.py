@@ -144,7 +144,7 @@ class MetricsLogger:
         """Records of earlier steps (a resumed run); later ones are dropped and rewritten."""
         if not self.path.exists():
             return []
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        rows = read_metrics(self.path)
         rows = [r for r in rows if int(r["step"]) < start_step]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         return rows
@@ -167,7 +167,7 @@ class MetricsLogger:
             return None
         return wandb.init(project=wb.project, entity=wb.entity or None,
                           name=wb.name or self.run_dir.name, mode=wb.mode, dir=str(self.run_dir),
-                          config=dict(run_config), resume="allow")
+                          config=without_secret(run_config), resume="allow")
 
     def _open_bar(self, start_step: int):
         from tqdm import tqdm
@@ -227,6 +227,38 @@ class MetricsLogger:
         summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``, tolerating a cut-off last line.
+
+    A kill in the middle of a write leaves a partial last line: it is dropped with a warning (its
+    step is re-run and rewritten on resume). A bad line anywhere else is damage, not a kill:
+    ``ValueError`` naming the file and line.
+    """
+    lines = path.read_text(errors="replace").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if any(rest.strip() for rest in lines[number:]):
+                raise ValueError(f"{path}:{number}: not a JSON record ({exc.msg}); the file is damaged "
+                                 "(only a cut-off last line is repaired)") from None
+            log.warning("%s:%d: dropping a cut-off last record (%d bytes, a kill mid-write)",
+                        path, number, len(line))
+    return rows
+
+
+def without_secret(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_config`` without the run's control-store secret (it never leaves the processes)."""
+    out = json.loads(json.dumps(dict(run_config), default=str))
+    control = out.get("transport", {}).get("control", {})
+    if isinstance(control, dict) and "secret" in control:
+        control["secret"] = ""
+    return out
 
 
 def summarize(history: list[Mapping[str, Any]], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

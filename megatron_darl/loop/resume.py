@@ -25,7 +25,7 @@ def worker_key(worker_id: int) -> str:
 
 def seed_store(store, groups_received: int, worker_groups: Sequence[int]) -> None:
     """Trainer rank 0, on resume: restore the staleness counter and each worker's position."""
-    store.set(Keys.STARTED, str(int(groups_received)))
+    store.add(Keys.STARTED, int(groups_received) - store.add(Keys.STARTED, 0))  # a counter: add only
     for w, made in enumerate(worker_groups):
         store.set(worker_key(w), str(int(made)))
 

@@ -269,6 +269,7 @@ class TrainerLoop:
             # oldest behavior version trained on at version t (-1: nothing selected)
             "selected_version_oldest": (float(t - reduced["selected_staleness_max"])
                                         if reduced["selected_staleness_max"] >= 0 else -1.0),
+            **self.ep.heartbeat.peer_counters(),  # rollout-side events, e.g. reward_errors
             **{k: v for k, v in result.stats.items()},
         }
         self.logger.log(step, step_metrics(reduced, trainer))

@@ -25,6 +25,8 @@ import sys
 import threading
 from pathlib import Path
 
+from megatron_darl import counters
+
 logger = logging.getLogger(__name__)
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # so helpers import this checkout
@@ -97,7 +99,9 @@ def verify_in_helper(request: dict, hard_timeout: float, max_helpers: int) -> fl
     except (BrokenPipeError, OSError):
         line = None
     if line is None:
-        logger.warning("math verification gave no answer within %.1fs; replacing its helper", hard_timeout)
+        total = counters.count(counters.REWARD_TIMEOUTS)
+        logger.warning("math verification gave no answer within %.1fs (timeout %d, scored 0.0); replacing its "
+                       "helper", hard_timeout, total)
         _discard(helper)
         return 0.0
     _idle.put(helper)

@@ -17,7 +17,10 @@ A checkpoint directory holds one dist_checkpointing checkpoint with:
 plus ``extra/dp<rank>.pt``, written by each DP replica's hub rank (TP 0, PP 0): the loop's own
 state (replay buffer, log-prob cache), which is per DP shard (DESIGN 3); and, with
 ``with_snapshots``, the trainer's parameter snapshots of older versions under ``snapshots/``
-(``snapshots.save_snapshots``: exact log-prob backfill continues across a resume). ``megatron_darl.json``
+(``snapshots.save_snapshots``: exact log-prob backfill continues across a resume). The extra
+state holds tensors and plain types only (checked at save) and is read with
+``torch.load(weights_only=True)``: a checkpoint is data, and a crafted pickle there must not run
+code on resume. ``megatron_darl.json``
 (``checkpoint_io.CheckpointMetadata``, the same file the converters write, with the trainer's
 step/version/layout under ``extra["trainer"]``) is written last; a directory without it is
 incomplete. Everything is written under ``<dir>.tmp`` and renamed to ``<dir>`` only when all
@@ -41,6 +44,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from megatron_darl.trainer.checkpoint_io import check_shards, damaged
 
 OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
 
@@ -115,8 +120,9 @@ def save_checkpoint(
     Args:
         trainer: the ``PolicyTrainer``.
         ckpt_dir: final directory (must not exist yet).
-        extra_state: this DP replica's loop state (any picklable object); taken from the
-            replica's hub rank (TP 0, PP 0).
+        extra_state: this DP replica's loop state: tensors, numbers, strings, None and
+            lists/tuples/dicts of them (``weights_only`` loadable); taken from the replica's hub
+            rank (TP 0, PP 0).
         optim_sharding: ``dp_reshardable`` (fast, same TP/PP on resume) or
             ``fully_reshardable`` (resume at any TP/PP; gathers optimizer state on DP rank 0).
         with_snapshots: also write the parameter snapshots of older versions.
@@ -129,6 +135,7 @@ def save_checkpoint(
         raise ValueError(f"optim_sharding={optim_sharding!r}; choose one of {OPTIM_SHARDINGS}")
     if final.exists():
         raise ValueError(f"checkpoint directory {final} already exists")
+    check_plain(extra_state, "extra_state")
     if ps.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)  # empty: dist_checkpointing warns of a "corrupted checkpoint" otherwise
@@ -211,7 +218,12 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
             f"optim_sharding='fully_reshardable' at save (or load_model_weights for weights only)"
         )
     _init_empty_adam_state(trainer.optimizer)  # a fresh process has not stepped yet
-    state = dist_checkpointing.load(_sharded_state(trainer, True, same_mp, sharding), str(path))
+    check_shards_or_offer_previous(path)
+    try:
+        state = dist_checkpointing.load(_sharded_state(trainer, True, same_mp, sharding), str(path))
+    except Exception as exc:  # noqa: BLE001 - torch.distributed.checkpoint raises many types
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        raise damaged(path, f"loading failed ({type(exc).__name__}: {last})") from exc
     for i, chunk in enumerate(trainer.model_chunks):
         chunk.load_state_dict(state[f"model{i}"])
     # no_grad: in fp32 runs the main params are views of the (grad-requiring) params
@@ -226,10 +238,60 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
         from megatron_darl.trainer.snapshots import load_snapshots
 
         load_snapshots(trainer, path)
-    extras = [
-        torch.load(path / "extra" / f"dp{r:05d}.pt", weights_only=False) for r in range(meta["dp"])
-    ]
+    extras = load_extra_states(path, int(meta["dp"]))
     return Resumed(trainer.step, trainer.version, int(meta["dp"]), extras)
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None), torch.Tensor)
+
+
+def check_plain(obj: Any, where: str) -> None:
+    """Raise ``TypeError`` naming the first value that ``weights_only`` loading would refuse."""
+    if isinstance(obj, _PLAIN):
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            check_plain(item, f"{where}[{i}]")
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            check_plain(key, f"{where} key {key!r}")
+            check_plain(item, f"{where}[{key!r}]")
+    else:
+        raise TypeError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}: checkpoint extra "
+                        "state holds only tensors, numbers, strings, None, lists, tuples and dicts")
+
+
+def load_extra_states(ckpt_dir: str | os.PathLike, dp: int) -> list[Any]:
+    """``extra/dp<rank>.pt`` of every DP rank, loaded as data only (``weights_only=True``).
+
+    Raises:
+        ValueError: naming the file, when it is damaged or holds anything but tensors and plain
+            types (a crafted pickle is refused before any of its code runs).
+    """
+    import pickle
+
+    path, out = Path(ckpt_dir), []
+    for r in range(dp):
+        file = path / "extra" / f"dp{r:05d}.pt"
+        if not file.is_file():
+            raise damaged(path, f"{file} is missing")
+        try:
+            out.append(torch.load(file, weights_only=True, map_location="cpu"))
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"{file}: refused: it holds objects other than tensors and plain types "
+                             f"(weights_only load: {first}); a checkpoint is data, not code") from None
+        except (EOFError, RuntimeError, OSError) as exc:
+            raise damaged(path, f"{file} cannot be read ({type(exc).__name__}: {exc})") from None
+    return out
+
+
+def check_shards_or_offer_previous(ckpt_dir: Path) -> None:
+    """``checkpoint_io.check_shards`` with the previous checkpoint offered in the error."""
+    try:
+        check_shards(ckpt_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise damaged(ckpt_dir, str(exc)) from None
 
 
 @contextlib.contextmanager

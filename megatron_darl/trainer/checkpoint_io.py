@@ -72,6 +72,49 @@ def read_metadata(ckpt_dir: str | Path) -> CheckpointMetadata:
     return meta
 
 
+def check_shards(ckpt_dir: str | Path) -> None:
+    """Every shard file the dist checkpoint's ``.metadata`` names is there and long enough.
+
+    Raises ``FileNotFoundError``/``ValueError`` naming the file: a truncated ``.distcp`` would
+    otherwise surface as a bare ``EOFError`` from deep inside the loader.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(ckpt_dir)).read_metadata().storage_data
+    except Exception as exc:  # noqa: BLE001 - corrupt pickle, missing .metadata ...
+        raise ValueError(f"{Path(ckpt_dir) / '.metadata'}: unreadable ({exc})") from None
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for rel, end in sorted(needed.items()):
+        path = Path(ckpt_dir) / rel
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: checkpoint shard missing")
+        if path.stat().st_size < end:
+            raise ValueError(f"{path}: checkpoint shard truncated ({path.stat().st_size} < {end})")
+
+
+def previous_checkpoint(ckpt_dir: str | Path) -> Path | None:
+    """The newest complete sibling checkpoint older than ``ckpt_dir`` (``step_*`` naming), if any."""
+    path = Path(ckpt_dir)
+    older = [p for p in path.parent.glob("step_*") if p.is_dir() and p.name < path.name
+             and not p.name.endswith(".tmp") and (p / METADATA_NAME).is_file()]
+    return max(older, default=None)
+
+
+def damaged(ckpt_dir: str | Path, problem: str) -> ValueError:
+    """A one-line error for a checkpoint that cannot be loaded, offering the previous one."""
+    path = Path(ckpt_dir)
+    prev = previous_checkpoint(path)
+    aside = path.parent / f"damaged-{path.name}"  # not a step_* name: resume skips it
+    offer = (f"the previous checkpoint is {prev}: move the damaged one aside (mv {path} {aside}) "
+             "and resume again (loop.resume=true takes the newest step_*)" if prev is not None
+             else f"there is no earlier checkpoint in {path.parent}")
+    return ValueError(f"checkpoint {path} is damaged: {problem}; {offer}")
+
+
 def sharded_model_state_dict(model_chunks) -> dict:
     """The model's ``sharded_state_dict()`` (Megatron's own checkpoint keys)."""
     assert len(model_chunks) == 1, "virtual pipeline chunks are not supported yet"

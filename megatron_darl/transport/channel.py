@@ -19,20 +19,20 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import torch.distributed as dist
-
 from megatron_darl.replay import shard_of  # the replay buffer's owner function: hub == DP shard
 from megatron_darl.samples import SampleGroup
 from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
 from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
 from megatron_darl.transport.staleness import StartTicket
-from megatron_darl.transport.store import TRAINER, WORKER, Keys, TransportTimeout, describe_peer, get_int
+from megatron_darl.transport.store import (
+    TRAINER, WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int,
+)
 
 class SampleSender:
     """Worker side of the channel."""
 
     def __init__(
-        self, store: dist.Store, control: ControlPlaneConfig, cfg: ChannelConfig, worker_id: int
+        self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, worker_id: int
     ) -> None:
         self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
         self._next = [self._resume_seq(h) for h in range(control.num_hubs)]
@@ -85,7 +85,7 @@ class SampleHub:
         hub: this hub's index (its DP replica), the shard it owns.
     """
 
-    def __init__(self, store: dist.Store, control: ControlPlaneConfig, hub: int) -> None:
+    def __init__(self, store: ControlStore, control: ControlPlaneConfig, hub: int) -> None:
         self._store, self._control, self.hub = store, control, hub
         n = control.num_workers
         self._next = [get_int(store, Keys.sample_ack(hub, w), -1) + 1 for w in range(n)]
@@ -118,9 +118,10 @@ class SampleHub:
 
     def _take(self, worker: int) -> ReceivedGroup | None:
         key = Keys.sample(self.hub, worker, self._next[worker])
-        if not self._store.check([key]):
+        data = self._store.read(key)  # None: not posted yet (or not signed by the run: ignored)
+        if data is None:
             return None
-        got = unframe_group(GroupFrame.from_bytes(self._store.get(key)))
+        got = unframe_group(GroupFrame.from_bytes(data))
         if got.meta.seq != self._next[worker] or got.group.worker_id != worker:
             raise ValueError(
                 f"hub {self.hub}: key {key} holds seq {got.meta.seq} of worker {got.group.worker_id}"

@@ -15,12 +15,14 @@ class ControlPlaneConfig:
     """Where the TCPStore served by trainer rank 0 lives and who is expected to meet there."""
 
     host: str = "127.0.0.1"  # host of trainer rank 0 (first trainer node under Slurm)
-    port: int = 29600  # TCPStore port on that host
+    port: int = 0  # TCPStore port on that host; 0 = the launcher picks a free one
     num_workers: int = 1  # rollout workers expected (worker ids 0..num_workers-1)
     num_hubs: int = 1  # trainer DP hub ranks (one per DP replica: TP0, first PP stage)
     num_stages: int = 1  # trainer PP stages, each with one weight-sync leader
-    store_timeout_s: float = 300.0  # connect/wait timeout of every store operation
+    store_timeout_s: float = 300.0  # how long a process waits for the store to come up
+    call_timeout_s: float = 30.0  # deadline of one store request (frozen or unreachable host)
     poll_interval_s: float = 0.005  # sleep between non-blocking store polls
+    secret: str = field(default="", repr=False)  # per-run HMAC key; from the launcher, never saved
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "num_hubs", "num_stages"):
@@ -28,8 +30,9 @@ class ControlPlaneConfig:
                 raise ValueError(f"ControlPlaneConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"ControlPlaneConfig.port must be in [0, 65535], got {self.port}")
-        if self.store_timeout_s <= 0:
-            raise ValueError(f"ControlPlaneConfig.store_timeout_s must be > 0, got {self.store_timeout_s}")
+        for name in ("store_timeout_s", "call_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ControlPlaneConfig.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass

@@ -6,7 +6,12 @@ clock, how long a peer's beat has not changed. One background thread per process
 own beat and watches its peers, on its own store connection (a blocked main thread, e.g. in a
 long generate or collective, does not stop the beat). A peer silent for ``timeout_s`` is reported
 once, by role, rank and host; the owner decides what that means (the trainer goes on, a worker
-exits non-zero).
+exits non-zero). The store host itself (trainer rank 0) is watched through the thread's own store
+calls: each gets what is left of ``timeout_s`` since the last call that succeeded as its deadline
+(``ControlStore``), so a frozen or unreachable rank 0 is reported within ``timeout_s`` even though
+the store client itself would wait forever. Beats and rendezvous records are signed: a foreign
+process cannot keep a dead peer "alive" or pose as a member. Each beat also carries the
+process's event counters (``megatron_darl.counters``), which the trainer sums into its metrics.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from megatron_darl import counters
 from megatron_darl.transport.config import ControlPlaneConfig, HeartbeatConfig
-from megatron_darl.transport.store import Keys, MemberInfo, connect_store
+from megatron_darl.transport.store import ControlStore, Keys, MemberInfo, TransportTimeout, connect_store
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +36,7 @@ log = logging.getLogger(__name__)
 class PeerLoss:
     """One report of a silent peer (or of the store itself going away)."""
 
-    peer: str  # MemberInfo.describe() of the peer, or "trainer 0 (store ...)"
+    peer: str  # MemberInfo.describe() of the peer (for rank 0: "... serving the control store at ...")
     role: str  # role of the lost peer
     rank: int  # rank of the lost peer
     silent_s: float  # seconds since its last observed beat
@@ -66,9 +72,10 @@ class Heartbeat:
         self._store_peer = store_is_peer
         self._seen: dict[tuple[str, int], tuple[str, float, str]] = {}  # value, when, describe
         self._lost: dict[tuple[str, int], PeerLoss] = {}
+        self._counters: dict[tuple[str, int], dict[str, int]] = {}  # latest counters per peer
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._store: dist.TCPStore | None = None
+        self._store: ControlStore | None = None
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{me.role}-{me.rank}", daemon=True)
 
     def start(self) -> "Heartbeat":
@@ -93,9 +100,20 @@ class Heartbeat:
         with self._lock:
             return (role, rank) in self._lost
 
-    def refresh(self, store: dist.Store) -> None:
+    def refresh(self, store: ControlStore) -> None:
         """Look at every watched peer now, from the caller's thread and store connection."""
         self._check_peers(store)
+
+    def peer_counters(self) -> dict[str, float]:
+        """Sum over watched peers of their latest event counters (lost peers' last ones included);
+        the known counters are always present."""
+        with self._lock:
+            latest = list(self._counters.values())
+        total = {counters.REWARD_ERRORS: 0.0, counters.REWARD_TIMEOUTS: 0.0}
+        for peer in latest:
+            for name, value in peer.items():
+                total[name] = total.get(name, 0.0) + float(value)
+        return total
 
     def is_alive(self, role: str, rank: int) -> bool:
         """Seen beating and not currently lost."""
@@ -107,41 +125,50 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=5 * self.cfg.interval_s + 1)
 
-    def _beat(self, n: int) -> None:
-        payload = json.dumps({"beat": n, "member": self.me.to_json()})
-        self._store.set(Keys.heartbeat(self.me.role, self.me.rank), payload)
+    def _beat(self, n: int, deadline: float | None = None) -> None:
+        payload = json.dumps({"beat": n, "member": self.me.to_json(), "counters": counters.snapshot()})
+        key = Keys.heartbeat(self.me.role, self.me.rank)
+        self._store.set(key, payload, timeout_s=_left(deadline))
+        # A set is not answered (it returns even with the host frozen); one round trip per beat
+        # is what proves the store host alive, also for a process that watches no peer.
+        self._store.check([key], timeout_s=_left(deadline))
 
     def _run(self) -> None:
         n, store_ok_at = 0, time.monotonic()
         while not self._stop.wait(self.cfg.interval_s):
             n += 1
+            deadline = store_ok_at + self.cfg.timeout_s  # every call below ends by then
             try:
-                self._beat(n)
-                self._check_peers(self._store)
+                self._beat(n, deadline)
+                self._check_peers(self._store, deadline)
                 store_ok_at = time.monotonic()
-            except (RuntimeError, dist.DistError, OSError) as exc:
+            except (RuntimeError, dist.DistError, OSError) as exc:  # TransportTimeout included
                 silent = time.monotonic() - store_ok_at
-                if self._store_peer is not None and silent > self.cfg.timeout_s:
+                if self._store_peer is not None and silent >= self.cfg.timeout_s:
                     role, rank = self._store_peer
-                    peer = f"{role} {rank} (store {self._control.host}:{self._control.port}: {exc})"
+                    what = "frozen" if isinstance(exc, TransportTimeout) else f"unreachable: {exc}"
+                    peer = f"{self._store.peer} ({what})"
                     self._report(PeerLoss(peer, role, rank, silent, self.step), (role, rank))
                     return
 
-    def _check_peers(self, store: dist.Store) -> None:
+    def _check_peers(self, store: ControlStore, deadline: float | None = None) -> None:
         now = time.monotonic()
         with self._lock:
             watch = list(self._watch)
         keys = [Keys.heartbeat(r, k) for r, k in watch]
         for (role, rank), key in zip(watch, keys):
-            if not store.check([key]):
+            value = store.read(key, timeout_s=_left(deadline))
+            if value is None:
                 continue
-            raw = store.get(key).decode()
+            raw = value.decode()
             with self._lock:
                 prev = self._seen.get((role, rank))
             if prev is None or prev[0] != raw:
-                member = MemberInfo.from_json(json.loads(raw)["member"])
+                beat = json.loads(raw)
+                member = MemberInfo.from_json(beat["member"])
                 with self._lock:
                     self._seen[(role, rank)] = (raw, now, member.describe())
+                    self._counters[(role, rank)] = dict(beat.get("counters", {}))
                     back = self._lost.pop((role, rank), None)
                 if back is not None:
                     log.warning("%s is beating again (step %d)", member.describe(), self.step)
@@ -158,3 +185,8 @@ class Heartbeat:
             loss.peer, loss.silent_s, self.cfg.timeout_s, loss.step,
         )
         self._on_loss(loss)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (at least a moment), or None: the store's own call timeout."""
+    return None if deadline is None else max(0.05, deadline - time.monotonic())

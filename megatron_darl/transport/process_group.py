@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from megatron_darl.transport.store import TransportTimeout
+from megatron_darl.transport.store import ControlStore, TransportTimeout
 
 
 @dataclass
@@ -70,7 +70,7 @@ def resolve_backend(backend: str) -> str:
 
 
 def build_group(
-    store: dist.Store, name: str, rank: int, size: int, backend: str, timeout_s: float
+    store: ControlStore | dist.Store, name: str, rank: int, size: int, backend: str, timeout_s: float
 ) -> DataPlaneGroup:
     """Construct a standalone group of ``size`` members under store prefix ``name``.
 
@@ -80,7 +80,8 @@ def build_group(
     if not 0 <= rank < size:
         raise ValueError(f"{name}: rank {rank} outside group of size {size}")
     backend = resolve_backend(backend)
-    prefixed = dist.PrefixStore(f"dp/{name}/", store)
+    raw = store.data_plane if isinstance(store, ControlStore) else store
+    prefixed = dist.PrefixStore(f"dp/{name}/", raw)
     timeout = _dt.timedelta(seconds=timeout_s)
     try:
         if backend == "gloo":

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.distributed as dist
-
 from megatron_darl.transport.config import ChannelConfig
-from megatron_darl.transport.store import Keys, published_version
+from megatron_darl.transport.store import ControlStore, Keys, published_version
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,7 @@ def _outstanding_key(worker_id: int) -> str:
     return f"stale/outstanding/{worker_id}"
 
 
-def release_reservations(store: dist.Store, worker_id: int) -> int:
+def release_reservations(store: ControlStore, worker_id: int) -> int:
     """Give back the group starts a dead worker reserved but never posted; returns how many.
 
     The trainer calls this when a worker is reported lost: otherwise its in-flight reservations
@@ -55,7 +53,7 @@ class StalenessGate:
             so that ``release_reservations`` can return it if the worker dies.
     """
 
-    def __init__(self, store: dist.Store, cfg: ChannelConfig, worker_id: int | None = None) -> None:
+    def __init__(self, store: ControlStore, cfg: ChannelConfig, worker_id: int | None = None) -> None:
         self._store, self.cfg, self.worker_id = store, cfg, worker_id
 
     def try_start(self) -> StartTicket | None:

@@ -1,8 +1,10 @@
 """Control plane: the TCPStore served by trainer rank 0, rendezvous records and key names.
 
 Trainer and rollout workers are separate process trees (Slurm job steps); the store is the only
-thing they share before the data-plane groups exist. Every blocking store call here has a timeout
-and a failure names what was awaited. Key names live in ``Keys`` so that no module invents its own.
+thing they share before the data-plane groups exist. Every module talks to it through a
+``ControlStore`` (``control_store.py``): every call has a deadline, a failure names what was
+awaited and who serves the store, and values are signed with the run's secret. Key names live in
+``Keys`` so that no module invents its own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Mapping
 import torch.distributed as dist
 
 from megatron_darl.transport.config import ControlPlaneConfig
+from megatron_darl.transport.control_store import (  # noqa: F401 (re-exported)
+    ControlStore, ForeignValueError, TransportTimeout,
+)
 
 TRAINER = "trainer"  # role of a Megatron trainer rank (hub, stage leader or rank 0)
 WORKER = "rollout"  # role of a rollout worker
@@ -66,10 +71,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         port = int(sock.getsockname()[1])
     _HANDED_OUT.add(port)
     return port
-
-
-class TransportTimeout(TimeoutError):
-    """A store wait, a collective or a handshake ran past its timeout."""
 
 
 class PeerLostError(RuntimeError):
@@ -135,96 +136,99 @@ class Keys:
         return f"ch/{hub}/{worker}/acked"
 
 
-def serve_store(cfg: ControlPlaneConfig) -> dist.TCPStore:
-    """Serve the control-plane store (trainer rank 0 only); port 0 is not allowed here."""
-    return dist.TCPStore(
+def serve_store(cfg: ControlPlaneConfig) -> ControlStore:
+    """Serve the control-plane store (trainer rank 0 only; port 0 is not allowed here) and post
+    the signed run record that joining processes check."""
+    if cfg.port == 0:
+        raise ValueError("ControlPlaneConfig.port is 0: the launcher picks the store's port "
+                         "(launch.train or slurm/launch.sh); pass an explicit port otherwise")
+    server = dist.TCPStore(
         cfg.host, cfg.port, is_master=True, wait_for_workers=False,
         timeout=_dt.timedelta(seconds=cfg.store_timeout_s),
     )
+    me = MemberInfo.here(TRAINER, 0)
+    store = ControlStore(cfg, me.describe(), server=server)
+    store.post_run_record(me.describe())
+    return store
 
 
-def connect_store(cfg: ControlPlaneConfig, who: str = "client") -> dist.TCPStore:
-    """Connect to the store served by trainer rank 0, retrying until ``store_timeout_s``."""
-    deadline = time.monotonic() + cfg.store_timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            return dist.TCPStore(
-                cfg.host, cfg.port, is_master=False,
-                timeout=_dt.timedelta(seconds=min(cfg.store_timeout_s, max(1.0, deadline - time.monotonic()))),
-            )
-        except (RuntimeError, dist.DistError) as exc:  # refused: the trainer is not up yet
-            last = exc
-            time.sleep(0.2)
-    raise TransportTimeout(
-        f"{who}: no control-plane store at {cfg.host}:{cfg.port} (trainer rank 0) after "
-        f"{cfg.store_timeout_s:.0f} s: {last}"
-    )
+def connect_store(cfg: ControlPlaneConfig, who: str = "client") -> ControlStore:
+    """Join the store served by trainer rank 0, waiting up to ``store_timeout_s`` for it.
+
+    Raises:
+        TransportTimeout: no store answered in time.
+        ForeignValueError: the store is another run's (its run record is not signed with our secret).
+    """
+    store = ControlStore(cfg, who)
+    try:
+        store.check_run_record()
+    except (RuntimeError, dist.DistError) as exc:
+        store.close()
+        raise TransportTimeout(
+            f"{who}: no control-plane store at {cfg.host}:{cfg.port} (trainer rank 0) after "
+            f"{cfg.store_timeout_s:.0f} s: {exc}") from exc
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
-def register(store: dist.Store, me: MemberInfo) -> None:
+def register(store: ControlStore, me: MemberInfo) -> None:
     """Post this process's rendezvous record."""
     store.set(Keys.member(me.role, me.rank), me.to_json())
 
 
-def lookup(store: dist.Store, role: str, rank: int) -> MemberInfo | None:
-    """Rendezvous record of ``role`` ``rank``, or None when it has not joined."""
-    key = Keys.member(role, rank)
-    if not store.check([key]):
-        return None
-    return MemberInfo.from_json(store.get(key))
+def lookup(store: ControlStore, role: str, rank: int) -> MemberInfo | None:
+    """Rendezvous record of ``role`` ``rank``, or None when it has not joined (or is forged)."""
+    raw = store.read(Keys.member(role, rank))
+    return None if raw is None else MemberInfo.from_json(raw)
 
 
-def describe_peer(store: dist.Store, role: str, rank: int) -> str:
+def describe_peer(store: ControlStore, role: str, rank: int) -> str:
     """``MemberInfo.describe`` of a peer, or ``role rank (not joined)``."""
     try:
         info = lookup(store, role, rank)
-    except (RuntimeError, dist.DistError):
+    except (RuntimeError, dist.DistError, TransportTimeout):
         info = None
     return info.describe() if info is not None else f"{role} {rank} (not joined)"
 
 
-def wait_key(store: dist.Store, key: str, timeout_s: float, what: str) -> None:
+def wait_key(store: ControlStore, key: str, timeout_s: float, what: str) -> None:
     """Block until ``key`` exists; on timeout raise ``TransportTimeout`` saying ``what`` was awaited."""
-    try:
-        store.wait([key], _dt.timedelta(seconds=timeout_s))
-    except (RuntimeError, dist.DistError) as exc:
-        if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
-            raise TransportTimeout(f"timed out after {timeout_s:.1f} s waiting for {what} (key {key})") from exc
-        raise
+    store.wait([key], timeout_s, what)
 
 
-def get_int(store: dist.Store, key: str, default: int) -> int:
-    """Integer value of ``key``, or ``default`` when it is absent (never blocks)."""
-    if not store.check([key]):
-        return default
-    return int(store.get(key))
+def get_int(store: ControlStore, key: str, default: int) -> int:
+    """Integer value of ``key``, or ``default`` when it is absent or foreign (never blocks)."""
+    raw = store.read(key)
+    return default if raw is None else int(raw)
 
 
-def published_version(store: dist.Store) -> int:
+def published_version(store: ControlStore) -> int:
     """Last weight version every live worker acked (0 before the first publish)."""
     return get_int(store, Keys.PUBLISHED, 0)
 
 
-def stop_requested(store: dist.Store) -> bool:
-    """True once the trainer asked workers to drain and exit."""
-    return bool(store.check([Keys.STOP]))
+def stop_requested(store: ControlStore) -> bool:
+    """True once the trainer asked workers to drain and exit (a foreign stop flag is ignored)."""
+    return store.read(Keys.STOP) is not None
 
 
-def request_stop(store: dist.Store) -> None:
+def request_stop(store: ControlStore) -> None:
     """Ask every worker to finish its in-flight groups and exit 0."""
     store.set(Keys.STOP, "1")
 
 
-def post_exit(store: dist.Store, me: MemberInfo, code: int) -> None:
+def post_exit(store: ControlStore, me: MemberInfo, code: int) -> None:
     """Say this process is leaving cleanly (best effort: the store may already be gone)."""
     try:
         store.set(Keys.exited(me.role, me.rank), str(code))
-    except (RuntimeError, dist.DistError):
+    except (RuntimeError, dist.DistError, TransportTimeout):
         pass
 
 
-def wait_for_exits(store: dist.Store, role: str, ranks: list[int], timeout_s: float, poll_s: float = 0.01) -> list[int]:
+def wait_for_exits(store: ControlStore, role: str, ranks: list[int], timeout_s: float,
+                   poll_s: float = 0.01) -> list[int]:
     """Wait until every rank in ``ranks`` posted its exit; returns those that did not in time.
 
     Trainer rank 0 calls this before closing the store so that workers can drain and leave
@@ -233,7 +237,7 @@ def wait_for_exits(store: dist.Store, role: str, ranks: list[int], timeout_s: fl
     deadline = time.monotonic() + timeout_s
     left = list(ranks)
     while left and time.monotonic() < deadline:
-        left = [r for r in left if not store.check([Keys.exited(role, r)])]
+        left = [r for r in left if store.read(Keys.exited(role, r)) is None]
         if left:
             time.sleep(poll_s)
     return left

@@ -24,7 +24,7 @@ from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, open_shared
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
-    WORKER, MemberInfo, TransportTimeout, get_int, published_version, wait_key,
+    WORKER, ControlStore, MemberInfo, TransportTimeout, get_int, published_version, wait_key,
 )
 from megatron_darl.transport.weight_sync import SyncKeys, WeightLoadError
 
@@ -43,7 +43,7 @@ class WeightReceiver:
     """
 
     def __init__(
-        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
+        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
         load: Callable[[Iterable[tuple[str, torch.Tensor]]], None], initial_version: int = 0,
         device: torch.device | None = None, gpu: str | None = None,
     ) -> None:

@@ -47,7 +47,7 @@ from megatron_darl.transport.cuda_ipc import device_uuid, share
 from megatron_darl.transport.heartbeat import Heartbeat
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
-    WORKER, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
+    WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
 )
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class WeightSender:
     """
 
     def __init__(
-        self, store: dist.Store, control: ControlPlaneConfig, cfg: WeightSyncConfig, stage: int,
+        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, stage: int,
         heartbeat: Heartbeat, device: torch.device | None = None,
     ) -> None:
         if not 0 <= stage < control.num_stages:

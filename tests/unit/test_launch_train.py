@@ -62,3 +62,25 @@ def test_bad_override_is_one_line_naming_it(capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err
+
+
+def test_slurm_job_ports_differ_between_jobs_and_stay_below_the_ephemeral_range():
+    from launch.slurm import job_ports
+
+    a, b = job_ports("1234"), job_ports("1235")
+    assert a[1] == a[0] + 1 and set(a).isdisjoint(b) and job_ports("1234") == a  # a requeue keeps them
+    assert all(20000 <= p < 30000 for p in a + b)
+
+
+def test_run_secret_reaches_children_by_environment_only(tmp_path):
+    from launch.config import save_run_config
+    from launch.lifeline import RUN_SECRET, with_run_secret
+
+    cfg = load_run_config(["cluster=cpu", "transport.control.secret=s3cret", f"loop.run_dir={tmp_path}"])
+    path = save_run_config(cfg, tmp_path / "run_config.yaml")
+    assert "s3cret" not in path.read_text() and "s3cret" not in repr(cfg)
+    specs = process_specs(cfg, path, num_gpus=0, base_env={}, secret="s3cret")
+    assert all(s.env[RUN_SECRET] == "s3cret" and "s3cret" not in " ".join(s.argv) for s in specs)
+    env = {RUN_SECRET: "s3cret", "OTHER": "1"}
+    child = with_run_secret(load_run_config([], config_file=path), env)
+    assert child.transport.control.secret == "s3cret" and RUN_SECRET not in env  # grandchildren never see it

@@ -1,13 +1,14 @@
 """Resume hand-off through the store: staleness counter, per-worker prompt position, ready flag."""
 
 import pytest
-import torch.distributed as dist
 
 from megatron_darl.loop.resume import (
     mark_ready, prompt_position, seed_store, worker_groups_made,
 )
 from megatron_darl.rollout.prompts import PromptRecord, PromptSource
+from megatron_darl.transport import ControlPlaneConfig, serve_store
 from megatron_darl.transport.store import Keys, TransportTimeout
+from tests.distributed.procs.launcher import free_port
 
 
 def test_prompt_position_matches_the_source_after_n_prompts():
@@ -24,9 +25,10 @@ def test_prompt_position_matches_the_source_after_n_prompts():
 
 
 def test_store_seeding_and_ready_handshake():
-    store = dist.HashStore()
+    store = serve_store(ControlPlaneConfig(port=free_port(), store_timeout_s=10))
     with pytest.raises(TransportTimeout):
         worker_groups_made(store, 0, timeout_s=0.2)  # no trainer yet: a named timeout, no hang
+    store.add(Keys.STARTED, 3)  # whatever a fresh start left there is replaced
     seed_store(store, groups_received=12, worker_groups=[7, 5])
     mark_ready(store)
     assert worker_groups_made(store, 0, 1.0) == 7 and worker_groups_made(store, 1, 1.0) == 5

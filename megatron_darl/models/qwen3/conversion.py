@@ -8,7 +8,10 @@ trainer uses to load and save (``load_hf_checkpoint``, ``sharded_state_dict``,
 checkpoint itself is layout-independent: it reloads at any TP/PP.
 
 The tools in ``tools/`` validate inputs (``validate_hf_dir``, ``validate_megatron_dir``) before
-spawning anything, so bad input fails fast with one line naming the file.
+spawning anything, so bad input fails fast with one line naming the file. The output never
+overlaps the input (``check_no_overlap``: an ``--out-dir`` equal to or above the input once let
+``--force`` delete the model being converted), and ``--force`` replaces only what an earlier
+conversion wrote, as listed in its ``conversion_manifest.json``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from megatron_darl.models.qwen3.hf_io import (
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MANIFEST_NAME = "conversion_manifest.json"  # files a conversion wrote: all --force may remove
 
 
 @dataclass
@@ -65,9 +69,7 @@ def validate_hf_dir(hf_dir: str | Path, tp: int, pp: int) -> dict:
 
 def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
     """Check ``megatron_darl.json``, the layout and that every shard file is present/complete."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, read_metadata
+    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, check_shards, read_metadata
 
     meta = read_metadata(ckpt_dir)
     source = str(Path(ckpt_dir) / METADATA_NAME)
@@ -76,20 +78,7 @@ def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
     if meta.padded_vocab_size % tp:
         raise ValueError(f"tp={tp} does not divide padded_vocab_size={meta.padded_vocab_size} "
                          f"({source})")
-    try:
-        storage = FileSystemReader(str(ckpt_dir)).read_metadata().storage_data
-    except Exception as exc:  # noqa: BLE001 - corrupt pickle, missing .metadata ...
-        raise ValueError(f"{Path(ckpt_dir) / '.metadata'}: unreadable ({exc})") from None
-    needed: dict[str, int] = {}
-    for info in storage.values():
-        end = info.offset + info.length
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for rel, end in sorted(needed.items()):
-        path = Path(ckpt_dir) / rel
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: checkpoint shard missing")
-        if path.stat().st_size < end:
-            raise ValueError(f"{path}: checkpoint shard truncated ({path.stat().st_size} < {end})")
+    check_shards(ckpt_dir)
     return meta
 
 
@@ -184,27 +173,86 @@ def _write_hf_config(out_dir: Path, meta) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+def check_no_overlap(src_dir: str | Path, out_dir: str | Path, src_flag: str) -> None:
+    """``ValueError`` when the output would be the input, contain it, or sit inside it."""
+    src, out = Path(src_dir).resolve(), Path(out_dir).resolve()
+    if src == out:
+        raise ValueError(f"--out-dir {out_dir} is {src_flag} {src_dir} itself: write the conversion elsewhere")
+    if out in src.parents:
+        raise ValueError(f"--out-dir {out_dir} contains {src_flag} {src_dir}: replacing it would delete the "
+                         "input; write the conversion elsewhere")
+    if src in out.parents:
+        raise ValueError(f"--out-dir {out_dir} is inside {src_flag} {src_dir}: write the conversion elsewhere")
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
+
+
+def _previous_conversion(out: Path) -> list[str]:
+    """The files ``--force`` may remove from ``out``: those its manifest lists, if that is all."""
+    manifest = out / MANIFEST_NAME
+    if not out.is_dir():
+        raise FileExistsError(f"{out}: exists and is not a directory; --force replaces only an earlier "
+                              "conversion's output")
+    if not manifest.is_file():
+        raise FileExistsError(f"{out}: not written by a conversion (no {MANIFEST_NAME}); --force replaces only "
+                              "an earlier conversion's output: remove it yourself or pick another --out-dir")
+    try:
+        listed = set(json.loads(manifest.read_text())["files"])
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise FileExistsError(f"{manifest}: unreadable ({exc}); remove {out} yourself") from None
+    foreign = sorted(_files(out) - listed - {MANIFEST_NAME})
+    if foreign:
+        raise FileExistsError(f"{out}: holds files a conversion did not write ({', '.join(foreign[:3])}"
+                              f"{', ...' if len(foreign) > 3 else ''}); --force will not remove them")
+    return sorted(listed)
+
+
+def _remove_previous(out: Path, files: list[str]) -> None:
+    """Delete exactly ``files`` (and the manifest) from ``out``, then its emptied directories."""
+    for rel in files + [MANIFEST_NAME]:
+        (out / rel).unlink(missing_ok=True)
+    for d in sorted((p for p in out.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        d.rmdir()
+    out.rmdir()  # fails (OSError) if anything else appeared meanwhile: nothing foreign is removed
+
+
+def write_manifest(out_dir: Path, tool: str, source: str) -> None:
+    """List every file under ``out_dir`` (what a later ``--force`` may remove)."""
+    files = sorted(_files(out_dir) - {MANIFEST_NAME})
+    manifest = {"tool": tool, "source": source, "files": files}
+    (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
 @contextlib.contextmanager
 def staged_output_dir(out_dir: str | Path, force: bool = False):
     """Yield a fresh temporary dir next to ``out_dir``; rename it to ``out_dir`` on success.
 
-    On any exception the temporary dir is removed, so nothing half-written is left behind.
+    On any exception the temporary dir is removed, so nothing half-written is left behind. With
+    ``force`` a non-empty ``out_dir`` is replaced only if it is an earlier conversion's output
+    (see ``MANIFEST_NAME``), and only its listed files are deleted.
     """
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise FileExistsError(f"{out}: output directory exists and is not empty (use --force)")
+    previous: list[str] | None = None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not force:
+            raise FileExistsError(f"{out}: output directory exists and is not empty (use --force)")
+        previous = _previous_conversion(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
+        if previous is not None:
+            _remove_previous(out, previous)
+        elif out.exists():
+            out.rmdir()  # an empty directory
+        tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    tmp.rename(out)
 
 
 def run_job(worker, job: ConversionJob, timeout_s: float = 24 * 3600.0) -> None:
@@ -240,24 +288,28 @@ def add_common_args(parser, tp_help: str, pp_help: str) -> None:
     """Options both converters take: rank counts, --force, --no-progress, --verbose."""
     parser.add_argument("--tp", type=positive_int, default=1, help=tp_help)
     parser.add_argument("--pp", type=positive_int, default=1, help=pp_help)
-    parser.add_argument("--force", action="store_true", help="replace a non-empty --out-dir")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an earlier conversion in --out-dir (only the files its manifest lists)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="print worker tracebacks")
 
 
-def run_conversion(prog: str, args, src_dir: str, validate, worker, **job_fields) -> int:
+def run_conversion(prog: str, args, src_dir: str, validate, worker, src_flag: str = "--hf-dir",
+                   **job_fields) -> int:
     """Validate, convert into a staged dir, rename on success; one error line and 1 on failure."""
     import sys
 
     from megatron_darl.trainer.parallel import LocalWorkerError
 
     try:
+        check_no_overlap(src_dir, args.out_dir, src_flag)
         validate(src_dir, args.tp, args.pp)
         with staged_output_dir(args.out_dir, args.force) as tmp:
             job = ConversionJob(src_dir=str(Path(src_dir).resolve()), out_dir=str(tmp),
                                 tp=args.tp, pp=args.pp, progress=not args.no_progress,
                                 **job_fields)
             run_job(worker, job)
+            write_manifest(tmp, prog, job.src_dir)
     except (ValueError, OSError, RuntimeError) as exc:
         if args.verbose and isinstance(exc, LocalWorkerError):
             print(exc.details, file=sys.stderr)

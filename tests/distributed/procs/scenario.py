@@ -23,15 +23,18 @@ class Scenario:
     eta: int = 1  # max staleness
     trainer_args: list[str] = field(default_factory=list)  # extra trainer flags
     worker_args: dict[int, list[str]] = field(default_factory=dict)  # extra flags per worker
+    secret: str = ""  # the run's control-store secret (every process gets it)
+    port: int = 0  # control-store port, set by launch()
 
     def common(self, port: int) -> list[str]:
         return ["--port", str(port), "--workers", str(self.workers), "--stages", str(self.stages),
                 "--hubs", "1", "--gps", str(self.gps), "--eta", str(self.eta), "--out", str(self.out),
-                "--model-dir", str(self.out / "model")]
+                "--model-dir", str(self.out / "model"), "--secret", self.secret]
 
     def launch(self) -> Procs:
         save_tiny_model(str(self.out / "model"))
         port, default_port = free_port(), free_port()
+        self.port = port
         procs = Procs(self.out)
         for r in range(self.trainers):
             procs.start(f"trainer{r}", "tests.distributed.procs.trainer_proc", *self.common(port), "--rank", str(r),

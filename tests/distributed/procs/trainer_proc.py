@@ -37,7 +37,7 @@ def parse() -> argparse.Namespace:
         ("gps", int, 1), ("eta", int, 0), ("hub-delay-s", float, 0.0), ("hb-interval", float, 0.25),
         ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0), ("timeout", float, 60.0),
         ("drain-timeout", float, 30.0),
-        ("out", str, ""), ("model-dir", str, ""), ("source", str, "tests.distributed.procs.sources:hf_stages"),
+        ("out", str, ""), ("model-dir", str, ""), ("secret", str, ""), ("source", str, "tests.distributed.procs.sources:hf_stages"),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
     return p.parse_args()
@@ -52,7 +52,8 @@ def main() -> int:
     a = parse()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [trainer {a.rank}] %(message)s")
     control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
-                                 num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005)
+                                 num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005,
+                                 secret=a.secret)
     store = serve_store(control) if a.rank == 0 else connect_store(control, who=f"trainer {a.rank}")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.default_port}", rank=a.rank,
                             world_size=a.world, timeout=dt.timedelta(seconds=a.timeout))

@@ -62,7 +62,7 @@ def parse() -> argparse.Namespace:
         ("hb-interval", float, 0.25), ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0),
         ("timeout", float, 60.0), ("stall-at", int, 0), ("stall-s", float, 0.0), ("out", str, ""),
         ("model-dir", str, ""), ("die-at-load", int, 0), ("chunk-tokens", int, 0), ("max-inflight", int, 0),
-        ("update-mode", str, "finish"),
+        ("update-mode", str, "finish"), ("secret", str, ""),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
     return p.parse_args()
@@ -74,7 +74,8 @@ def main() -> int:
     torch.set_num_threads(1)
     transport = TransportConfig(
         control=ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
-                                   num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005),
+                                   num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005,
+                                   secret=a.secret),
         heartbeat=HeartbeatConfig(a.hb_interval, a.hb_timeout),
         channel=ChannelConfig(groups_per_step=a.gps, max_staleness=a.eta, max_unacked_per_hub=4,
                               send_timeout_s=a.timeout),

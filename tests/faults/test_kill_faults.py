@@ -9,6 +9,7 @@ import os
 import time
 
 import psutil
+import pytest
 
 from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
 from tests.distributed.procs.launcher import wait_for
@@ -29,7 +30,9 @@ def _sessions_alive(pids: list[int]) -> list[int]:
     return alive
 
 
-def test_killed_worker_is_reported_and_killed_trainer_stops_workers(tmp_path):
+@pytest.mark.fault(kind="process", name="kill -9 of a rollout worker, then of the trainer")
+def test_killed_worker_is_reported_and_killed_trainer_stops_workers(tmp_path, fault_record):
+    """A killed worker is named within the heartbeat timeout and training goes on; a killed trainer makes the other worker exit 3; nothing is left running."""
     # eta = 0: the dead worker's in-flight reservations must be given back or the next step starves
     sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=200, gps=4, eta=0,
                   trainer_args=["--hub-delay-s", "0.05"])
@@ -53,6 +56,12 @@ def test_killed_worker_is_reported_and_killed_trainer_stops_workers(tmp_path):
         code = procs.wait("worker0", HB_TIMEOUT + 15)
         assert code == EXIT_TRAINER_LOST, procs.logs()
         assert time.time() - t_trainer <= HB_TIMEOUT + SLACK + 3
+        trainer_s = time.time() - t_trainer
     finally:
         procs.close()
     assert _sessions_alive(pids) == []
+    fault_record["observed"] = (f"worker 1 named by the trainer {loss['time'] - t_kill:.1f} s after kill -9 "
+                                f"(its reservations released), syncs went on to worker 0; after kill -9 of "
+                                f"the trainer worker 0 exited {EXIT_TRAINER_LOST} in {trainer_s:.1f} s")
+    fault_record["lost"] = ("worker 1's unsent groups (their staleness reservations are released, other workers "
+                            "generate in their place); the trainer's work since its last checkpoint")

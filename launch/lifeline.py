@@ -1,0 +1,91 @@
+"""Children of ``launch.train`` leave when their launcher disappears, and carry the run's secret.
+
+Why: a SIGKILLed launcher (an OOM kill, ``kill -9``, a closed terminal) used to leave trainer
+ranks and rollout workers running unsupervised, holding GPUs and ports. Each child started by
+``launch.procs.Launcher`` gets ``DARL_LAUNCHER_PID`` and ``DARL_LAUNCHER_GRACE_S`` and calls
+``exit_with_launcher`` first thing:
+
+1. ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` (Linux): the kernel sends SIGTERM when the launcher dies,
+   so a trainer rank takes its usual graceful path (checkpoint at the end of the step, stop flag);
+2. then it checks that the launcher is still its parent (it may have died before step 1);
+3. a daemon thread polls the parent pid once a second (the fallback where step 1 is not
+   available) and, once the launcher is gone, sends SIGTERM and after ``grace_s`` SIGKILLs the
+   child's whole process group (reward sandboxes included).
+
+Under Slurm there is no such variable (slurmstepd supervises the tasks) and nothing happens.
+Only ``launch/`` reads the environment; the secret goes on in the run config.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from typing import Mapping, MutableMapping
+
+LAUNCHER_PID = "DARL_LAUNCHER_PID"  # pid of the launch.train process that started this child
+LAUNCHER_GRACE = "DARL_LAUNCHER_GRACE_S"  # seconds between SIGTERM and SIGKILL once it is gone
+RUN_SECRET = "DARL_RUN_SECRET"  # the run's control-store secret (never on a command line or disk)
+_PR_SET_PDEATHSIG = 1
+log = logging.getLogger("launch.lifeline")
+
+
+def new_run_secret() -> str:
+    """A fresh per-run secret (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+def with_run_secret(cfg, env: MutableMapping[str, str]):
+    """``cfg`` (a ``RunConfig``) with ``transport.control.secret`` taken out of the environment:
+    it is removed from ``env`` so that no grandchild (engine workers, math helpers, sandboxes)
+    inherits it."""
+    secret = env.pop(RUN_SECRET, "")
+    if not secret:
+        if not cfg.transport.control.secret:
+            log.warning("%s is not set: the control store accepts any process that reaches its port "
+                        "(start runs with launch.train or slurm/launch.sh)", RUN_SECRET)
+        return cfg
+    control = dataclasses.replace(cfg.transport.control, secret=secret)
+    return dataclasses.replace(cfg, transport=dataclasses.replace(cfg.transport, control=control))
+
+
+def exit_with_launcher(env: Mapping[str, str], poll_s: float = 1.0) -> bool:
+    """Tie this process's life to the launcher named in ``env``; returns whether one is named."""
+    raw = env.get(LAUNCHER_PID, "")
+    if not raw:
+        return False
+    launcher, grace_s = int(raw), float(env.get(LAUNCHER_GRACE, "30") or 30)
+    _parent_death_signal(signal.SIGTERM)
+    if os.getppid() != launcher:  # it died before the signal was armed
+        _leave(launcher, grace_s)
+    threading.Thread(target=_watch, args=(launcher, grace_s, poll_s), name="launcher-watch", daemon=True).start()
+    return True
+
+
+def _parent_death_signal(signum: int) -> bool:
+    """Arm ``PR_SET_PDEATHSIG``; False where prctl is unavailable (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch(launcher: int, grace_s: float, poll_s: float) -> None:
+    while os.getppid() == launcher:
+        time.sleep(poll_s)
+    _leave(launcher, grace_s)
+
+
+def _leave(launcher: int, grace_s: float) -> None:
+    """The launcher is gone: SIGTERM ourselves (graceful path), SIGKILL our group after ``grace_s``."""
+    log.error("launcher (pid %d) is gone: stopping (SIGTERM now, SIGKILL in %.0f s)", launcher, grace_s)
+    timer = threading.Timer(grace_s, lambda: os.killpg(os.getpgrp(), signal.SIGKILL))
+    timer.daemon = True
+    timer.start()
+    os.kill(os.getpid(), signal.SIGTERM)
