@@ -52,17 +52,28 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         yield bucket
 
 
-def pack(bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> tuple[list[BucketEntry], torch.Tensor]:
-    """The bucket's entries and one uint8 buffer on ``device`` holding every tensor's bytes."""
+def layout(bucket: list[tuple[str, torch.Tensor]]) -> tuple[list[BucketEntry], int]:
+    """Where each tensor of the bucket goes in one flat buffer, and the buffer's size in bytes."""
     entries, off = [], 0
     for name, t in bucket:
         nbytes = t.numel() * t.element_size()
         entries.append(BucketEntry(name, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes))
         off += _aligned(nbytes)
-    buf = torch.empty(max(off, 1), dtype=torch.uint8, device=device)
+    return entries, max(off, 1)
+
+
+def pack_into(buf: torch.Tensor, bucket: list[tuple[str, torch.Tensor]], entries: list[BucketEntry]) -> None:
+    """Copy the bucket's tensors into ``buf`` (uint8, at least the layout's size) at their offsets."""
     for e, (_, t) in zip(entries, bucket):
         if e.nbytes:
             buf[e.offset : e.offset + e.nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+
+
+def pack(bucket: list[tuple[str, torch.Tensor]], device: torch.device) -> tuple[list[BucketEntry], torch.Tensor]:
+    """The bucket's entries and one new uint8 buffer on ``device`` holding every tensor's bytes."""
+    entries, size = layout(bucket)
+    buf = torch.empty(size, dtype=torch.uint8, device=device)
+    pack_into(buf, bucket, entries)
     return entries, buf
 
 

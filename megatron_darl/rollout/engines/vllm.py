@@ -47,7 +47,8 @@ import torch
 from megatron_darl.rollout.engines import vllm_compat as compat
 from megatron_darl.rollout.engines.base import EngineConfig, FinishedGroup, Generation, SamplingConfig
 from megatron_darl.rollout.engines.stream import Partial
-from megatron_darl.rollout.engines.vllm_worker import StagingBuffer, chunks, pack_bytes
+from megatron_darl.rollout.engines.vllm_worker import StagingBuffer, pack_bytes
+from megatron_darl.transport.buckets import buckets
 
 log = logging.getLogger(__name__)
 _CHUNK_BYTES = 1 << 30  # weights per RPC (and staging buffer size): bounds the extra GPU memory
@@ -259,7 +260,7 @@ class VLLMEngine:
         if outside:
             self.pause(interrupt=False)
         try:
-            for chunk in chunks(named_tensors, _CHUNK_BYTES):
+            for chunk in buckets(named_tensors, _CHUNK_BYTES):
                 self._load_chunk(chunk)
         finally:
             if outside:

@@ -14,95 +14,61 @@ This module is both ends of the hand-over:
   Ray/HTTP dependencies. ``weight_transfer=copy`` sends the packed bytes through the RPC
   instead (slower; for a worker without CUDA IPC).
 
-The chunk layout (name, dtype, shape, byte offset) is plain lists and strings, which vLLM's
-msgpack RPC encodes natively; the IPC handle travels as opaque bytes we pickled ourselves.
+The chunk layout is the weight sync's own (``transport.buckets``) as plain lists, and the IPC
+handle is ``transport.cuda_ipc``'s JSON-able dict: vLLM's msgpack RPC encodes both natively, and
+nothing is pickled.
 """
 
 from __future__ import annotations
 
-import pickle
-from typing import Iterable
+from typing import Any
 
 import torch
 
-_ALIGN = 16
-Entry = tuple[str, str, list[int], int, int]  # name, dtype name, shape, byte offset, nbytes
+from megatron_darl.transport.buckets import BucketEntry, layout, pack_into, unpack
+from megatron_darl.transport.cuda_ipc import open_shared, share
+
+Entry = list  # a BucketEntry as a plain list (name, dtype, shape, offset, nbytes): msgpack-native
 
 
-def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[Entry], int]:
-    """Byte layout of ``named`` in one flat buffer (each tensor 16-byte aligned)."""
-    entries, off = [], 0
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        entries.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes))
-        off += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    return entries, off
+def _entries(plain: list[Entry]) -> list[BucketEntry]:
+    return [BucketEntry(*e) for e in plain]
 
 
-def chunks(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterable[list[tuple[str, torch.Tensor]]]:
-    """``named`` in lists of at most ``max_bytes`` (a larger tensor goes alone)."""
-    chunk, size = [], 0
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        if chunk and size + nbytes > max_bytes:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append((name, t))
-        size += nbytes
-    if chunk:
-        yield chunk
-
-
-def unpack(buf: torch.Tensor, entries: list[Entry]) -> list[tuple[str, torch.Tensor]]:
-    """Views of the tensors of ``entries`` inside the flat uint8 ``buf``."""
-    out = []
-    for name, dtype, shape, off, nbytes in entries:
-        dt = getattr(torch, dtype, None)
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r} for weight {name!r}")
-        out.append((name, buf[off : off + nbytes].view(dt).view(shape)))
-    return out
-
-
-def _pack_into(buf: torch.Tensor, named: list[tuple[str, torch.Tensor]], entries: list[Entry]) -> None:
-    for (_, t), (_, _, _, off, nbytes) in zip(named, entries):
-        if nbytes:
-            buf[off : off + nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8), non_blocking=True)
+def _plain(entries: list[BucketEntry]) -> list[Entry]:
+    return [[e.name, e.dtype, e.shape, e.offset, e.nbytes] for e in entries]
 
 
 class StagingBuffer:
     """A flat GPU buffer in the rollout worker's process, shared with vLLM by CUDA IPC.
 
-    Grows (and is re-shared) only when a chunk does not fit; ``handle`` is the pickled
-    ``rebuild_cuda_tensor`` arguments of the current buffer.
+    Grows (and is re-shared) only when a chunk does not fit; ``handle`` is the JSON-able CUDA IPC
+    handle of the current buffer (``transport.cuda_ipc``).
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.buf: torch.Tensor | None = None
-        self.handle: bytes = b""
+        self.handle: dict[str, Any] = {}
 
     def stage(self, named: list[tuple[str, torch.Tensor]]) -> list[Entry]:
         """Copy ``named`` into the buffer; returns its layout. The copies are complete on return."""
-        from torch.multiprocessing.reductions import reduce_tensor
-
         entries, size = layout(named)
         if self.buf is None or self.buf.numel() < size:
-            self.buf, self.handle = None, b""
-            self.buf = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
-            _, args = reduce_tensor(self.buf)
-            self.handle = pickle.dumps(args)
-        _pack_into(self.buf, named, entries)
+            self.buf, self.handle = None, {}
+            self.buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+            self.handle = share(self.buf)
+        pack_into(self.buf, named, entries)
         torch.cuda.synchronize(self.device)  # another process reads it next
-        return entries
+        return _plain(entries)
 
 
 def pack_bytes(named: list[tuple[str, torch.Tensor]]) -> tuple[list[Entry], bytes]:
     """``weight_transfer=copy``: the chunk as one host byte string and its layout."""
     entries, size = layout(named)
-    buf = torch.zeros(max(size, 1), dtype=torch.uint8)
-    _pack_into(buf, [(n, t.cpu()) for n, t in named], entries)
-    return entries, buf.numpy().tobytes()
+    buf = torch.zeros(size, dtype=torch.uint8)
+    pack_into(buf, [(n, t.cpu()) for n, t in named], entries)
+    return _plain(entries), buf.numpy().tobytes()
 
 
 class DarlWorkerExtension:
@@ -121,21 +87,20 @@ class DarlWorkerExtension:
                 pass
         return self.model_runner.model
 
-    def darl_load_ipc(self, handle: bytes, entries: list[Entry]) -> int:
+    def darl_load_ipc(self, handle: dict[str, Any], entries: list[Entry]) -> int:
         """Load the tensors of ``entries`` from the rollout worker's shared staging buffer."""
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
         cache = self.__dict__.setdefault("_darl_ipc", {})
-        buf = cache.get(handle)
+        key = (handle["handle"], handle["storage_offset"])
+        buf = cache.get(key)
         if buf is None:
             cache.clear()  # the worker grew its buffer: the old one is no longer used
-            buf = cache[handle] = rebuild_cuda_tensor(*pickle.loads(handle))
-        return self._darl_load(unpack(buf, entries))
+            buf = cache[key] = open_shared(handle)
+        return self._darl_load(unpack(_entries(entries), buf))
 
     def darl_load_bytes(self, data: bytes, entries: list[Entry]) -> int:
         """Load the tensors of ``entries`` from a host byte string (``weight_transfer=copy``)."""
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        return self._darl_load(unpack(buf, entries))
+        return self._darl_load(unpack(_entries(entries), buf))
 
     def _darl_load(self, named: list[tuple[str, torch.Tensor]]) -> int:
         model = self.darl_model()
