@@ -1,10 +1,10 @@
-"""The trainer-side D-ARL loop: receive -> log-prob pass -> score -> select -> backfill -> train ->
-publish -> evict, one weight version per iteration (M x epochs PPO mini-batch optimizer steps);
-synchronous training is the same loop with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
+"""The trainer-side D-ARL loop: receive -> plan -> train -> publish -> evict, one weight version
+per iteration (M x epochs PPO mini-batch optimizer steps); synchronous training is the same loop
+with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
-Every trainer rank runs this. The algorithm lives in ``ShardPlanner`` (one per DP shard,
+Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one per DP shard,
 replicated on the TP x PP ranks of the replica so each rank builds the same batches) and
-``step.StepRunner`` (the step between receive and publish); the transport ends in
+``step.StepRunner`` (plan and train with the trainer); the transport ends in
 ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
 finish the current step, write a checkpoint (model, optimizer, RNG, step, version, each shard's
 buffer and cache, and the parameter snapshots of the window when the variant backfills from
@@ -34,9 +34,10 @@ from megatron_darl.loop.endpoints import (
     TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
     wait_for_workers,
 )
-from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, step_metrics
+from megatron_darl.loop.metrics import MetricsLogger, step_metrics
 from megatron_darl.loop.planner import ShardPlanner
 from megatron_darl.loop.resume import mark_ready, seed_store
+from megatron_darl.loop.stats import StepStats
 from megatron_darl.loop.step import StepClock, StepRunner, uses_snapshots
 from megatron_darl.transport import TransportTimeout, WeightSyncFailed
 
@@ -174,7 +175,7 @@ class TrainerLoop:
     def run(self) -> int:
         """Train to ``loop.steps`` (0); raises ``RunAborted`` after the checkpoint when it gave up."""
         if self.use_snapshots:
-            self.trainer.snapshot(keep_last=self.cfg.replay.k)
+            self.trainer.snapshot(keep=self.planner.window.versions(self.trainer.version))
         step, interval = self.start_step, self.cfg.loop.checkpoint_interval
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
@@ -219,11 +220,24 @@ class TrainerLoop:
             log.error("%s", self.fatal)
 
     def step(self, step: int) -> bool:
-        """One trainer step (see the module docstring); False when a signal or a failure cut
-        the receive (no step was made)."""
-        t, ps = self.trainer.version, self.ps
-        start = time.monotonic()
-        received = receive_groups(self.ep, ps, self.cfg.algorithm.groups_per_step,
+        """One trainer step: receive -> plan -> train -> publish -> evict. False when a signal or
+        a failure cut the receive (no step was made)."""
+        start, t = time.monotonic(), self.trainer.version
+        groups = self._receive(step)
+        if groups is None:
+            return False
+        clock = StepClock(receive_wait_seconds=time.monotonic() - start)
+        plan = self.runner.plan(groups, step, clock)
+        result = self.runner.train(plan, clock)
+        self._publish()
+        clock.lap("publish_seconds")
+        self.planner.evict(self.trainer.version, plan.stats)
+        self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
+        return True
+
+    def _receive(self, step: int) -> list | None:
+        """This replica's new groups of ``step``, or None when a signal or a failure cut the wait."""
+        received = receive_groups(self.ep, self.ps, self.cfg.algorithm.groups_per_step,
                                   self.cfg.loop.receive_timeout_s, step,
                                   self.cfg.transport.control.poll_interval_s,
                                   self.cfg.transport.control.num_workers,
@@ -232,16 +246,9 @@ class TrainerLoop:
             self.fatal = received.fatal
             log.error("%s", self.fatal)
         if received.stopped or received.fatal:
-            return False
-        groups = received.groups
-        self._count(groups)
-        clock = StepClock(receive_wait_seconds=time.monotonic() - start)
-        sums, result = self.runner.run(groups, step, clock)
-        self._publish()
-        clock.lap("publish_seconds")
-        sums.update(self.planner.evict(self.trainer.version))
-        self._log(step, t, sums, result, clock.laps, time.monotonic() - start)
-        return True
+            return None
+        self._count(received.groups)
+        return received.groups
 
     def _count(self, groups) -> None:
         """Received groups, and per worker how many it made (group ids fold the worker id in)."""
@@ -250,25 +257,25 @@ class TrainerLoop:
         for g in groups:
             self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.group_id // workers + 1)
 
-    def _log(self, step: int, t: int, sums: dict[str, Any], result, laps: dict[str, float],
+    def _log(self, step: int, t: int, stats: StepStats, result, laps: dict[str, float],
              wall_s: float) -> None:
         if not (self.ps.tp_rank == 0 and self.ps.pp_rank == 0):
             return
-        reduced = reduce_stats(sums, lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
+        reduced = stats.reduce(lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
         trainer = {
             "loss": result.loss, "grad_norm": result.grad_norm, "lr": result.lr,
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
-            "rollout_tokens_per_s": reduced.get("response_tokens_received", 0.0) / gen_s,
+            "rollout_tokens_per_s": reduced.response_tokens_received / gen_s,
             "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
             "generation_seconds": self._engine_seconds(), **laps,
             "version": float(self.trainer.version),
             "optimizer_steps": float(result.optimizer_steps),
             # oldest behavior version trained on at version t (-1: nothing selected)
-            "selected_version_oldest": (float(t - reduced["selected_staleness_max"])
-                                        if reduced["selected_staleness_max"] >= 0 else -1.0),
+            "selected_version_oldest": (float(t - reduced.selected_staleness_max)
+                                        if reduced.selected_staleness_max >= 0 else -1.0),
             **self.ep.heartbeat.peer_counters(),  # rollout-side events, e.g. reward_errors
             **{k: v for k, v in result.stats.items()},
         }
