@@ -55,7 +55,7 @@ def main() -> None:
     a = p.parse_args()
     if a.tiny:
         a.groups, a.group_size, a.tokens, a.prompt_tokens = 50, 4, 256, 64
-    from megatron_darl.transport.store import free_port
+    from megatron_darl.ports import free_port
 
     port = free_port()
     control = ControlPlaneConfig(port=port, poll_interval_s=0.0005)

@@ -45,8 +45,8 @@ from megatron_darl.algorithms import (
 from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.sequences import pack, response_lengths, sample_index, sequence_batch
 from megatron_darl.loop.stats import StepStats
-from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSource, shard_of
-from megatron_darl.samples import Sample, SampleGroup
+from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSource
+from megatron_darl.samples import Sample, SampleGroup, shard_of
 from megatron_darl.trainer.batch import TrainBatch
 
 log = logging.getLogger(__name__)

@@ -23,13 +23,11 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from megatron_darl.loop.config import (
-    AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig, density_temperature,
-)
+from megatron_darl.loop.config import ModelConfig, density_temperature
 from megatron_darl.loop.endpoints import (
     TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
     wait_for_workers,
@@ -37,6 +35,7 @@ from megatron_darl.loop.endpoints import (
 from megatron_darl.loop.metrics import MetricsLogger, step_metrics
 from megatron_darl.loop.planner import ShardPlanner
 from megatron_darl.loop.resume import mark_ready, seed_store
+from megatron_darl.loop.run_config import RunConfig
 from megatron_darl.loop.stats import StepStats
 from megatron_darl.loop.step import StepClock, StepRunner, uses_snapshots
 from megatron_darl.transport import TransportTimeout, WeightSyncFailed
@@ -46,19 +45,6 @@ log = logging.getLogger(__name__)
 
 class RunAborted(RuntimeError):
     """The trainer gave up after writing a checkpoint; the message is the one line saying why."""
-
-
-class TrainerRunConfig(Protocol):
-    """The parts of the run config the trainer loop reads (``launch.config.RunConfig``)."""
-
-    algorithm: AlgorithmConfig
-    replay: ReplayConfig
-    loop: LoopConfig
-    model: ModelConfig
-    trainer: Any  # megatron_darl.trainer.config.TrainerConfig
-    sampling: Any  # megatron_darl.rollout.engines.base.SamplingConfig (the density scored)
-    parallel: Any  # megatron_darl.trainer.parallel.ParallelConfig
-    transport: Any  # megatron_darl.transport.config.TransportConfig
 
 
 @dataclass
@@ -95,7 +81,7 @@ def _hf_config(model: ModelConfig) -> dict[str, Any]:
     raise ValueError("model.path and model.hf_config are both empty (launch resolves the warm start)")
 
 
-def build_trainer(cfg: TrainerRunConfig, env: DistEnv):
+def build_trainer(cfg: RunConfig, env: DistEnv):
     """Process groups and the ``PolicyTrainer``, initialised from ``model.path`` when given,
     scoring the rollout sampler's density (``sampling.temperature``)."""
     import dataclasses
@@ -116,7 +102,7 @@ def build_trainer(cfg: TrainerRunConfig, env: DistEnv):
 class TrainerLoop:
     """One trainer rank's run; ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: TrainerRunConfig, trainer, ps, endpoints: TrainerEndpoints,
+    def __init__(self, cfg: RunConfig, trainer, ps, endpoints: TrainerEndpoints,
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
         self.planner = ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
@@ -308,9 +294,8 @@ class TrainerLoop:
         log.info("trainer rank %d stopped after step %d", self.ps.rank, step)
 
 
-def run_trainer(cfg: TrainerRunConfig, env: DistEnv) -> int:
+def run_trainer(cfg: RunConfig, env: DistEnv) -> int:
     """Entry of one trainer rank (called by ``launch.trainer``)."""
     trainer, ps = build_trainer(cfg, env)
     endpoints = open_endpoints(cfg.transport, ps)
-    run_config = asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else None
-    return TrainerLoop(cfg, trainer, ps, endpoints, run_config).run()
+    return TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg)).run()

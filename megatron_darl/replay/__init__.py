@@ -6,8 +6,8 @@ version. The loop evicts both together: ``cache.evict(buffer.evict(t))``. ``Vers
 the one definition of which versions are kept.
 """
 
-from megatron_darl.replay.buffer import BufferEntry, ReplayBuffer, shard_of
+from megatron_darl.replay.buffer import BufferEntry, ReplayBuffer
 from megatron_darl.replay.logprob_cache import CacheRow, LogProbCache, RowSource
 from megatron_darl.replay.window import VersionWindow
 
-__all__ = ["BufferEntry", "CacheRow", "LogProbCache", "ReplayBuffer", "RowSource", "VersionWindow", "shard_of"]
+__all__ = ["BufferEntry", "CacheRow", "LogProbCache", "ReplayBuffer", "RowSource", "VersionWindow"]

@@ -18,24 +18,7 @@ import torch
 from megatron_darl.algorithms import grpo_advantages, select_groups
 from megatron_darl.replay.records import group_from_state, group_to_state
 from megatron_darl.replay.window import VersionWindow
-from megatron_darl.samples import SampleGroup
-
-_MASK64 = (1 << 64) - 1
-
-
-def shard_of(group_id: int, num_shards: int) -> int:
-    """DP shard that owns a group: a stable 64-bit mix (splitmix64) of the id, mod ``num_shards``.
-
-    Stable across processes and Python versions (unlike ``hash``) and balanced even when group
-    ids carry a worker id in fixed bit positions.
-    """
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    z = (group_id + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) % num_shards
-
+from megatron_darl.samples import SampleGroup, shard_of
 
 @dataclass
 class BufferEntry:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from megatron_darl.replay import shard_of  # the replay buffer's owner function: hub == DP shard
-from megatron_darl.samples import SampleGroup
+from megatron_darl.samples import SampleGroup, shard_of  # the replay buffer's owner: hub == DP shard
 from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
 from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
 from megatron_darl.transport.staleness import StartTicket

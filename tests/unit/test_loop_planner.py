@@ -15,8 +15,8 @@ from megatron_darl.loop.config import AlgorithmConfig, MisConfig, ReplayConfig
 from megatron_darl.loop.planner import ShardPlanner
 from megatron_darl.loop.sequences import sequence_batch
 from megatron_darl.loop.step import loss_fn_for
-from megatron_darl.replay import RowSource, shard_of
-from megatron_darl.samples import Sample, SampleGroup
+from megatron_darl.replay import RowSource
+from megatron_darl.samples import Sample, SampleGroup, shard_of
 from megatron_darl.trainer.batch import TrainBatch
 
 VOCAB = 50

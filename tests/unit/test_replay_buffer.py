@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from megatron_darl.algorithms import grpo_advantages
-from megatron_darl.replay import LogProbCache, ReplayBuffer, VersionWindow, shard_of
-from megatron_darl.samples import Sample, SampleGroup
+from megatron_darl.replay import LogProbCache, ReplayBuffer, VersionWindow
+from megatron_darl.samples import Sample, SampleGroup, shard_of
 
 
 def make_group(group_id, version, rewards=(1.0, 0.0), length=3):
@@ -159,13 +159,12 @@ def test_groups_without_a_score_are_not_selected_after_warmup():
     assert buf.entry(1).times_selected == 0
 
 
-def test_shard_of_agrees_with_the_sample_channel_routing():
-    # the channel routes a group to a hub and the buffer files it under a shard: they must agree
-    channel = pytest.importorskip("megatron_darl.transport.channel")
-    ids = list(range(500)) + [(w << 40) | i for w in range(4) for i in range(50)]
+def test_the_buffer_files_a_group_under_the_shard_the_channel_routes_it_to():
+    # one function next to SampleGroup: the channel's hub and the buffer's shard cannot differ
     for num_shards in (1, 2, 3, 8):
-        assert [shard_of(g, num_shards) for g in ids] == [
-            channel.shard_of(g, num_shards) for g in ids]
+        buf = ReplayBuffer(VersionWindow(4), num_shards=num_shards)
+        for gid in [*range(40), *((w << 40) | i for w in range(1, 5) for i in range(10))]:
+            assert buf.add(make_group(gid, 0), step=0).shard == shard_of(gid, num_shards)
 
 
 def test_version_window_is_the_one_definition_of_the_window():

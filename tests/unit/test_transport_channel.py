@@ -11,9 +11,10 @@ import torch
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import (
     ChannelConfig, ControlPlaneConfig, GroupFrame, GroupMeta, HeartbeatConfig, SampleHub, SampleSender,
-    StalenessGate, StartTicket, TransportTimeout, release_reservations, first_slurm_host, frame_group, serve_store, shard_of,
+    StalenessGate, StartTicket, TransportTimeout, release_reservations, frame_group, serve_store,
     staleness_capacity, unframe_group,
 )
+from megatron_darl.samples import shard_of
 from megatron_darl.transport.store import Keys
 from tests.distributed.procs.launcher import free_port
 
@@ -158,14 +159,10 @@ def test_a_dead_workers_reservations_are_given_back():
     assert [gate.try_start().index for _ in range(2)] == [2, 3] and gate.try_start() is None
 
 
-def test_config_and_slurm_edges():
+def test_config_edges():
     with pytest.raises(ValueError, match="num_workers"):
         ControlPlaneConfig(num_workers=0)
     with pytest.raises(ValueError, match="max_staleness"):
         ChannelConfig(max_staleness=-1)
     with pytest.raises(ValueError, match="timeout_s"):
         HeartbeatConfig(interval_s=1.0, timeout_s=1.5)
-    assert first_slurm_host({"SLURM_JOB_NODELIST": "gpu[03-05,09],cpu1"}) == "gpu03"
-    assert first_slurm_host({"SLURM_JOB_NODELIST": "node7"}) == "node7"
-    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST"):
-        first_slurm_host({})

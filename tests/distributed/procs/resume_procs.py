@@ -92,7 +92,7 @@ def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str,
     from megatron_darl.loop.endpoints import dp_sum
     from megatron_darl.loop.planner import ShardPlanner
     from megatron_darl.loop.step import StepRunner
-    from megatron_darl.replay import shard_of
+    from megatron_darl.samples import shard_of
     from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
     from trainer_procs import gather_hf_params
 
