@@ -33,7 +33,7 @@ engine/trainer mismatch metric.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
 import torch
@@ -80,14 +80,17 @@ class Selection:
 
 @dataclass
 class StepPlan:
-    """One shard's step, planned: the trainer's mini-batches and what the planner saw."""
+    """One shard's step, planned: the trainer's mini-batches and what the planner saw.
+
+    On the hub's TP/PP peers (``replica.py``) only ``minibatches`` is set: they hold no samples.
+    """
 
     minibatches: list[TrainBatch]  # M x epochs, one optimizer step each (loss_inputs: PolicyLossInputs)
-    selection: Selection  # the chosen groups
-    samples: list[Sample]  # the trained samples in order (the filler stand-in when none)
-    loss_inputs: PolicyLossInputs  # (n,) packed over ``samples``: fixed for the whole step
-    filler: bool  # nothing selected here: zero-weight stand-ins keep every DP shard in step
-    stats: StepStats  # this shard's statistics so far (``evict`` adds the end of the step)
+    selection: Selection | None = None  # the chosen groups
+    samples: list[Sample] = field(default_factory=list)  # the trained samples in order (or the filler)
+    loss_inputs: PolicyLossInputs | None = None  # (n,) packed over ``samples``: fixed for the step
+    filler: bool = False  # nothing selected here: zero-weight stand-ins keep every DP shard in step
+    stats: StepStats | None = None  # this shard's statistics so far (``evict`` adds the step's end)
 
 
 def _filler_sample(version: int) -> Sample:

@@ -3,8 +3,11 @@
 ``StepRunner.plan(groups, step)`` is the shard's ``ShardPlanner.step`` (log-prob pass, score,
 select, backfill, loss inputs, mini-batches) with the trainer as its log-prob source;
 ``StepRunner.train(plan)`` runs the mini-batches (M x epochs optimizer steps, one new version) and
-keeps the parameter snapshot of that version. It needs a trainer, a planner and the DP group, but
-no transport, so a test can drive the real step with groups of its own
+keeps the parameter snapshot of that version. The planner, with the replay state, exists on the
+replica's hub rank only: there ``plan`` announces each trainer call to the TP/PP peers
+(``replica.py``), and on a peer ``plan`` serves those calls and returns the hub's mini-batches, so
+``TrainerLoop.step`` reads the same on every rank. It needs a trainer, the planner and the
+process groups, but no transport, so a test can drive the real step with groups of its own
 (``tests/distributed/test_loop_resume_backfill.py``); ``TrainerLoop.step`` adds receiving,
 publishing, eviction and logging around it.
 
@@ -26,6 +29,7 @@ from megatron_darl.algorithms import PolicyLossInputs, WeightRule, policy_loss
 from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.endpoints import dp_sum
 from megatron_darl.loop.planner import ShardPlanner, StepPlan
+from megatron_darl.loop.replica import Op, ReplicaLink
 from megatron_darl.samples import SampleGroup
 from megatron_darl.trainer.batch import TrainBatch
 
@@ -68,30 +72,53 @@ def loss_fn_for(eps_low: float, eps_high: float):
 
 
 class StepRunner:
-    """The algorithm part of one trainer step for one rank (its DP shard's planner)."""
+    """The algorithm part of one trainer step for one rank; ``planner`` on the hub rank only."""
 
-    def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, planner: ShardPlanner,
+    def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, planner: ShardPlanner | None,
                  trainer, ps) -> None:
-        self.algorithm, self.replay = algorithm, replay
+        self.link = ReplicaLink(ps)
+        if (planner is not None) != self.link.is_hub:
+            raise ValueError(f"rank {ps.rank} (tp {ps.tp_rank}, pp {ps.pp_rank}): the replica's hub "
+                             "rank, and only it, holds the planner")
+        self.algorithm, self.window = algorithm, replay.window
         self.planner, self.trainer, self.ps = planner, trainer, ps
         self.loss_fn = loss_fn_for(algorithm.eps_low, algorithm.eps_high)
         self.logprobs = trainer.compute_logprobs  # (batch, version) -> (n,): the planner's pass
         self.use_snapshots = uses_snapshots(algorithm)
 
     def plan(self, groups: Sequence[SampleGroup], step: int, clock: StepClock | None = None) -> StepPlan:
-        """This shard's plan of step ``step`` with its new ``groups`` (``logprob``, ``plan`` and
-        ``backfill`` laps on ``clock``)."""
+        """Hub: this shard's plan of step ``step`` with its new ``groups`` (``logprob``, ``plan``
+        and ``backfill`` laps on ``clock``). Peer: serve the hub's passes; its mini-batches."""
+        if self.planner is None:
+            return self._follow()
         trainer = self.trainer
         exact = trainer.snapshots.versions if self.use_snapshots else ()
-        return self.planner.step(groups, step, trainer.version, self.logprobs, exact,
+        return self.planner.step(groups, step, trainer.version, self.replica_logprobs, exact,
                                  dp_sum=lambda t: dp_sum(t, self.ps),
                                  lap=(clock or StepClock()).lap)
 
+    def replica_logprobs(self, batch: TrainBatch, version: int) -> torch.Tensor:
+        """Hub: a log-prob pass as the replica runs it: announced to the peers, then run."""
+        self.link.announce(Op.LOGPROBS, version, [batch])
+        return self.logprobs(batch, version)
+
+    def _follow(self) -> StepPlan:
+        """Peer: run each pass the hub announces, until it hands over the step's mini-batches."""
+        while True:
+            op, arg = self.link.receive()
+            if op is Op.LOGPROBS:
+                self.logprobs(self.link.batch(), arg)
+                continue
+            parts = [self.link.batch() for _ in range(self.algorithm.ppo_minibatches)]
+            return StepPlan(parts * self.algorithm.ppo_epochs)
+
     def train(self, plan: StepPlan, clock: StepClock | None = None):
         """Run the plan's mini-batches (one new version) and snapshot it; the trainer's StepResult."""
+        if self.planner is not None:
+            self.link.announce(Op.TRAIN, 0, plan.minibatches[: self.algorithm.ppo_minibatches])
         result = self.trainer.train_steps(plan.minibatches, self.loss_fn)
         if self.use_snapshots:
-            self.trainer.snapshot(keep=self.planner.window.versions(self.trainer.version))
+            self.trainer.snapshot(keep=self.window.versions(self.trainer.version))
         if clock is not None:
             clock.lap("train_seconds")
         return result

@@ -2,9 +2,10 @@
 per iteration (M x epochs PPO mini-batch optimizer steps); synchronous training is the same loop
 with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
-Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one per DP shard,
-replicated on the TP x PP ranks of the replica so each rank builds the same batches) and
-``step.StepRunner`` (plan and train with the trainer); the transport ends in
+Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one per DP shard, on
+the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
+step's batches by broadcast: ``replica.py``) and ``step.StepRunner`` (plan and train with the
+trainer); the transport ends in
 ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
 finish the current step, write a checkpoint (model, optimizer, RNG, step, version, each shard's
 buffer and cache, and the parameter snapshots of the window when the variant backfills from
@@ -105,7 +106,9 @@ class TrainerLoop:
     def __init__(self, cfg: RunConfig, trainer, ps, endpoints: TrainerEndpoints,
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
-        self.planner = ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
+        self.is_hub = ps.tp_rank == 0 and ps.pp_rank == 0  # holds the replica's replay state
+        self.planner = (ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
+                        if self.is_hub else None)
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)
         self.run_dir = Path(cfg.loop.run_dir)
@@ -136,13 +139,19 @@ class TrainerLoop:
             return 0
         from megatron_darl.trainer.checkpoint import load_checkpoint
 
-        resumed = load_checkpoint(self.trainer, found[-1], with_snapshots=self.use_snapshots)
-        extra = resumed.extra_states[self.ps.dp_rank]
-        self.planner.load_state_dict(extra["planner"])
-        self.base_received = int(extra["groups_received"])
-        self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
-        log.info("resumed from %s at step %d, version %d", found[-1], extra["step"], resumed.version)
-        return int(extra["step"])
+        mine = [self.ps.dp_rank] if self.is_hub else []  # the peers hold no replay state
+        resumed = load_checkpoint(self.trainer, found[-1], with_snapshots=self.use_snapshots,
+                                  extra_ranks=mine)
+        step = -1
+        if self.is_hub:
+            extra = resumed.extra_states[self.ps.dp_rank]
+            self.planner.load_state_dict(extra["planner"])
+            self.base_received = int(extra["groups_received"])
+            self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
+            step = int(extra["step"])
+        step = self.runner.link.share(step)
+        log.info("resumed from %s at step %d, version %d", found[-1], step, resumed.version)
+        return step
 
     def save(self, next_step: int) -> Path:
         from megatron_darl.trainer.checkpoint import save_checkpoint
@@ -152,8 +161,9 @@ class TrainerLoop:
             return path
         received = self.base_received + int(dp_sum(torch.tensor([self.received]), self.ps))
         made = torch.maximum(self.base_made, dp_max(self.made.clone(), self.ps))
-        extra = {"planner": self.planner.state_dict(), "step": next_step,
-                 "groups_received": received, "worker_groups": made.tolist()}
+        extra = None if self.planner is None else {
+            "planner": self.planner.state_dict(), "step": next_step,
+            "groups_received": received, "worker_groups": made.tolist()}
         return save_checkpoint(self.trainer, path, extra_state=extra,
                                with_snapshots=self.use_snapshots)
 
@@ -161,7 +171,7 @@ class TrainerLoop:
     def run(self) -> int:
         """Train to ``loop.steps`` (0); raises ``RunAborted`` after the checkpoint when it gave up."""
         if self.use_snapshots:
-            self.trainer.snapshot(keep=self.planner.window.versions(self.trainer.version))
+            self.trainer.snapshot(keep=self.runner.window.versions(self.trainer.version))
         step, interval = self.start_step, self.cfg.loop.checkpoint_interval
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
@@ -213,12 +223,13 @@ class TrainerLoop:
         if groups is None:
             return False
         clock = StepClock(receive_wait_seconds=time.monotonic() - start)
-        plan = self.runner.plan(groups, step, clock)
+        plan = self.runner.plan(groups, step, clock)  # TP/PP peers: the hub's mini-batches
         result = self.runner.train(plan, clock)
         self._publish()
         clock.lap("publish_seconds")
-        self.planner.evict(self.trainer.version, plan.stats)
-        self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
+        if self.planner is not None:  # the hub: end the step, log it
+            self.planner.evict(self.trainer.version, plan.stats)
+            self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
         return True
 
     def _receive(self, step: int) -> list | None:
@@ -245,8 +256,6 @@ class TrainerLoop:
 
     def _log(self, step: int, t: int, stats: StepStats, result, laps: dict[str, float],
              wall_s: float) -> None:
-        if not (self.ps.tp_rank == 0 and self.ps.pp_rank == 0):
-            return
         reduced = stats.reduce(lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
         if self.logger is None:
             return

@@ -242,7 +242,8 @@ def broadcast_batch(batch: TrainBatch | None, parallel_state, payload_type: type
     int64 header (sizes, dtypes) and then each tensor, broadcast inside the replica's
     model-parallel group on the trainer's device (NCCL on GPU, gloo on CPU). The other ranks pass
     ``None`` and ``payload_type``, the dataclass of ``loss_inputs`` (fields in declaration order),
-    or ``None`` for a batch without loss inputs. Returns the batch on ``parallel_state.device``.
+    or ``None`` for a batch without loss inputs. Returns the batch in host memory, as the
+    trainer's calls take it (they move each micro-batch to the device themselves).
     """
     import torch.distributed as dist
 
@@ -251,7 +252,7 @@ def broadcast_batch(batch: TrainBatch | None, parallel_state, payload_type: type
     if hub and batch is None:
         raise ValueError(f"broadcast_batch: the hub rank {ps.rank} has no batch")
     if ps.tp_size * ps.pp_size == 1:
-        return batch.to(ps.device)
+        return batch
     group, device = ps.model_parallel_group, ps.device
     src = dist.get_global_rank(group, 0)
     assert hub == (ps.rank == src), "model-parallel group rank 0 must be TP 0 / PP 0"
@@ -273,8 +274,8 @@ def broadcast_batch(batch: TrainBatch | None, parallel_state, payload_type: type
         dist.broadcast(buf, src=src, group=group)
         out.append(buf)
     if hub:
-        return batch.to(device)
+        return batch
     if f and payload_type is None:
         raise ValueError("broadcast_batch: the hub's batch has loss inputs; pass their payload_type")
-    payload = payload_type(*out[3:]) if f else None
-    return TrainBatch(out[0], out[1], out[2], payload)
+    out = [t.cpu() for t in out]
+    return TrainBatch(out[0], out[1], out[2], payload_type(*out[3:]) if f else None)

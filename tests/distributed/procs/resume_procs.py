@@ -48,8 +48,9 @@ def _trainer(hf_dir: str):
     return PolicyTrainer(cfg, ps, tiny_hf_config_dict(), model_chunks=chunks), ps
 
 
-def generate(trainer, step: int) -> list:
-    """GROUPS groups of version ``step``: random tokens, behavior rows = trainer rows + noise."""
+def generate(trainer, step: int, logprobs=None) -> list:
+    """GROUPS groups of version ``step``: random tokens, behavior rows = trainer rows + noise
+    (``logprobs``: the pass to take them from; default the trainer's own)."""
     from megatron_darl.loop.sequences import response_lengths, sequence_batch
     from megatron_darl.samples import Sample, SampleGroup
 
@@ -67,7 +68,7 @@ def generate(trainer, step: int) -> list:
                 reward=float((i + j) % 2 if i < 2 else int(torch.randint(0, 2, (1,), generator=g)))))
         groups.append(SampleGroup(group_id=gid, prompt_id=gid, samples=samples, worker_id=0))
     flat = [s for grp in groups for s in grp.samples]
-    logp = trainer.compute_logprobs(sequence_batch(flat))
+    logp = (logprobs or trainer.compute_logprobs)(sequence_batch(flat), trainer.version)
     for s, row in zip(flat, logp.split(response_lengths(flat).tolist())):
         s.behavior_logprobs = row + 0.05 * torch.randn(row.shape, generator=g)
     return groups
