@@ -48,6 +48,8 @@ class TrainerEndpoints:
     last_group_at: float = field(default_factory=time.monotonic)  # rank 0: when a group last arrived
 
     def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
         self.heartbeat.close()
 
 
@@ -84,7 +86,7 @@ def open_endpoints(transport: TransportConfig, ps) -> TrainerEndpoints:
     on_loss = _release_on_loss(transport) if ps.rank == 0 else _exit_on_rank0_loss
     hb = Heartbeat(control, transport.heartbeat, me, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
-    hub = SampleHub(store, control, ps.dp_rank) if is_hub else None
+    hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if is_hub else None
     leader = ps.tp_rank == 0 and ps.dp_rank == 0
     sender = WeightSender(store, control, transport.weight_sync, ps.pp_rank, hb,
                           device=ps.device) if leader else None

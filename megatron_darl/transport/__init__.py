@@ -1,9 +1,10 @@
 """Rendezvous, sample channel, weight broadcast and heartbeats between trainer and rollout.
 
-The trainer imports this package (never ``rollout``); rollout workers import it too. Everything
-meets over one TCPStore served by trainer rank 0 (``serve_store``/``connect_store``) plus
-standalone data-plane groups (``process_group``) for weights, or CUDA IPC handles
-(``cuda_ipc``) for a worker on its leader's GPU.
+The trainer imports this package (never ``rollout``); rollout workers import it too. Control
+meets over one TCPStore served by trainer rank 0 (``serve_store``/``connect_store``); data moves
+on standalone data-plane groups (``process_group``): a pair group per (worker, hub) for sample
+payloads (``channel``, ``links``), a broadcast group per PP stage for weights (``weight_sync``),
+or CUDA IPC handles (``cuda_ipc``) for a worker on its leader's GPU.
 """
 
 from megatron_darl.transport.channel import SampleHub, SampleSender

@@ -85,6 +85,16 @@ class Keys:
     def sample_ack(hub: int, worker: int) -> str:
         return f"ch/{hub}/{worker}/acked"
 
+    @staticmethod
+    def sample_epoch(hub: int, worker: int) -> str:
+        """counter: the worker's data-plane pair to ``hub`` is rebuilt under a new epoch."""
+        return f"ch/{hub}/{worker}/epoch"
+
+    @staticmethod
+    def hub_info(hub: int) -> str:
+        """JSON: the hub's host and GPU (the worker picks the pair's backend from it)."""
+        return f"ch/{hub}/info"
+
 
 def serve_store(cfg: ControlPlaneConfig) -> ControlStore:
     """Serve the control-plane store (trainer rank 0 only; port 0 is not allowed here) and post

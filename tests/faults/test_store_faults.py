@@ -168,7 +168,7 @@ except ForeignValueError as exc:
 @pytest.mark.fault(kind="intruder", name="process without the run secret: stop flag, join, forged member")
 def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, fault_record):
     """A foreign stop flag, member record and heartbeat are ignored and its join is refused; the run finishes every step."""
-    steps = 4
+    steps = 16  # long enough to be still running when the intruder (a fresh python importing torch) writes
     sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=steps, gps=4, eta=1, secret="run-secret")
     procs = sc.launch()
     try:
