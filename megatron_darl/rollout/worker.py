@@ -99,6 +99,16 @@ class _Pending:
     rewards: Future  # -> list[float], one per sample
 
 
+def channel_device(engine_device) -> torch.device:
+    """Where sample payloads leave from: the engine's GPU, else this process's (a vLLM engine runs
+    in processes of its own on the GPUs this one sees), else the CPU (a gloo pair)."""
+    if isinstance(engine_device, torch.device) and engine_device.type == "cuda":
+        return engine_device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class RolloutWorker:
     """Run generation for the trainer until it asks to stop (or goes away).
 
@@ -175,9 +185,8 @@ class RolloutWorker:
         self._store = store
         gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
         engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
-        on_gpu = isinstance(engine_device, torch.device) and engine_device.type == "cuda"
         sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id,
-                              gate=gate, device=engine_device if on_gpu else torch.device("cpu"))
+                              gate=gate, device=channel_device(engine_device))
         receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.cfg.worker_id,
                                   self.engine.load_weights, initial_version=self.cfg.initial_version,
                                   gpu=device_uuid(engine_device) if isinstance(engine_device, torch.device) else None)

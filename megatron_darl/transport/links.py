@@ -80,9 +80,10 @@ def _finish(work, pair: DataPlaneGroup, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not work.is_completed():
         if time.monotonic() > deadline:
-            abort = getattr(pair.pg, "abort", None) or getattr(pair.pg, "_shutdown", None)
-            if abort is not None:
-                abort()
+            for name in ("abort", "_abort", "shutdown", "_shutdown"):  # names differ across torch releases
+                if callable(getattr(pair.pg, name, None)):
+                    getattr(pair.pg, name)()
+                    break
             raise TransportTimeout(f"{pair.name}: {what} not done after {timeout_s:.0f} s")
         time.sleep(0.0005)
     work.wait()

@@ -16,34 +16,17 @@ import torch.distributed as dist
 GROUPS, GROUP_SIZE, K, ETA, STEPS = 4, 4, 4, 2, 4
 
 
-def _trainer(hf_dir: str, tp: int, pp: int):
-    from megatron_darl.models.qwen3.model import build_qwen3_model
-    from megatron_darl.models.qwen3.weights import load_hf_checkpoint
-    from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
-    from megatron_darl.trainer.policy_trainer import PolicyTrainer
-    from trainer_procs import tiny_hf_config_dict
-
-    ps = init_parallel(ParallelConfig(tp=tp, pp=pp, timeout_s=300))
-    cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-3, adam_eps=1e-6),
-                        micro_batch=MicroBatchConfig(token_budget=64, max_seq_len=64, pad_multiple=8),
-                        bf16=False)
-    chunks = build_qwen3_model(tiny_hf_config_dict(), ps, calculate_per_token_loss=True)
-    load_hf_checkpoint(chunks, hf_dir, ps)
-    return PolicyTrainer(cfg, ps, tiny_hf_config_dict(), model_chunks=chunks), ps
-
-
 def replica_worker(rank: int, world_size: int, tp: int, pp: int, hf_dir: str, out_path: str) -> None:
     from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
     from megatron_darl.loop.planner import ShardPlanner
     from megatron_darl.loop.step import StepRunner
-    from resume_procs import generate
+    from resume_procs import generate, tiny_trainer
     from trainer_procs import gather_hf_params
 
     algo = AlgorithmConfig(variant="darl", groups_per_step=GROUPS, group_size=GROUP_SIZE,
                            max_staleness=ETA, ppo_minibatches=2)
     replay = ReplayConfig(k=K)
-    trainer, ps = _trainer(hf_dir, tp, pp)
+    trainer, ps = tiny_trainer(hf_dir, tp, pp)
     hub = ps.tp_rank == 0 and ps.pp_rank == 0
     planner = ShardPlanner(algo, replay) if hub else None
     runner = StepRunner(algo, replay, planner, trainer, ps)

@@ -31,7 +31,8 @@ def _configs():
     return algo, ReplayConfig(k=K)
 
 
-def _trainer(hf_dir: str):
+def tiny_trainer(hf_dir: str, tp: int = 1, pp: int = 1):
+    """The tiny Qwen3 trainer of these tests at TP x PP, initialised from ``hf_dir``."""
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
     from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
@@ -39,7 +40,7 @@ def _trainer(hf_dir: str):
     from megatron_darl.trainer.policy_trainer import PolicyTrainer
     from trainer_procs import tiny_hf_config_dict
 
-    ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=300))
+    ps = init_parallel(ParallelConfig(tp=tp, pp=pp, timeout_s=300))
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-3, adam_eps=1e-6),
                         micro_batch=MicroBatchConfig(token_budget=64, max_seq_len=64, pad_multiple=8),
                         bf16=False)
@@ -98,7 +99,7 @@ def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str,
     from trainer_procs import gather_hf_params
 
     algo, replay = _configs()
-    trainer, ps = _trainer(hf_dir)
+    trainer, ps = tiny_trainer(hf_dir)
     planner = ShardPlanner(algo, replay, shard=ps.dp_rank, num_shards=ps.dp_size)
     runner = StepRunner(algo, replay, planner, trainer, ps)
     rows: list = []
