@@ -50,25 +50,26 @@ LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "dp2": (1, 1, 2), "pp2": (1, 2, 2
 
 
 def make_batch(args, vocab: int, dp_rank: int, dp_size: int):
-    """This DP rank's share of the global batch (interleaved), with the loss fields."""
+    """This DP rank's share of the global batch (interleaved), with the loss's typed inputs."""
+    from megatron_darl.algorithms import PolicyLossInputs
     from megatron_darl.trainer.batch import TrainBatch
 
     g = torch.Generator().manual_seed(1234)
     tokens = [torch.randint(0, vocab, (args.seq,), generator=g) for _ in range(args.seqs)]
     mask = torch.arange(args.seq) >= args.prompt
     mine = list(range(dp_rank, args.seqs, dp_size))
-    return TrainBatch.from_sequences(
-        [tokens[i] for i in mine], [mask] * len(mine),
-        {"prox": [torch.full((args.seq,), -12.0) for _ in mine]},
-        {"adv": torch.randn(len(mine), generator=g)},
-    )
+    scored = args.seq - args.prompt
+    adv = torch.randn(len(mine), generator=g).repeat_interleave(scored)
+    n = scored * len(mine)
+    inputs = PolicyLossInputs(logp_base=torch.full((n,), -12.0), weights=torch.ones(n), advantages=adv)
+    return TrainBatch.from_sequences([tokens[i] for i in mine], [mask] * len(mine), inputs)
 
 
 def ppo_like_loss(logp, batch_slice):
-    ratio = torch.exp(logp - batch_slice.masked("prox"))
+    x = batch_slice.loss_inputs
+    ratio = torch.exp(logp - x.logp_base)
     clipped = torch.clamp(ratio, 0.8, 1.2)
-    adv = batch_slice.per_token("adv")
-    return -torch.minimum(ratio * adv, clipped * adv).sum(), {}
+    return -torch.minimum(ratio * x.advantages, clipped * x.advantages).sum(), {}
 
 
 def _timed(fn, warmup: int, iters: int) -> float:

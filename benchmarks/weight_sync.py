@@ -220,7 +220,7 @@ def main() -> None:
     if not a.tiny and not a.colocated and torch.cuda.device_count() < 1 + a.workers:
         sys.exit(f"weight_sync --workers {a.workers} needs {1 + a.workers} GPUs (trainer on GPU0, "
                  f"workers on the next); {torch.cuda.device_count()} visible; use --tiny on CPU")
-    from megatron_darl.transport.store import free_port
+    from megatron_darl.ports import free_port
 
     port = free_port()
     args = [sys.executable, __file__, "--model", a.model, "--bucket-mb", str(a.bucket_mb),

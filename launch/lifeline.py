@@ -13,7 +13,8 @@ ranks and rollout workers running unsupervised, holding GPUs and ports. Each chi
    child's whole process group (reward sandboxes included).
 
 Under Slurm there is no such variable (slurmstepd supervises the tasks) and nothing happens.
-Only ``launch/`` reads the environment; the secret goes on in the run config.
+Only ``launch/`` reads the environment; the secret goes on in the run config. ``start_child`` is
+the common start of both kinds of child (``launch.trainer``, ``launch.rollout``).
 """
 
 from __future__ import annotations
@@ -89,3 +90,18 @@ def _leave(launcher: int, grace_s: float) -> None:
     timer.daemon = True
     timer.start()
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def start_child(name: str, config_file: str | None, overrides: list[str]):
+    """First things of a child process: leave with the launcher, log as ``name``, take
+    ``DARL_THREADS`` torch threads, and return the run's ``RunConfig`` with its secret."""
+    from launch.config import load_run_config
+
+    exit_with_launcher(os.environ)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    threads = int(os.environ.get("DARL_THREADS", "0"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    return with_run_secret(load_run_config(overrides, config_file=config_file), os.environ)

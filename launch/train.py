@@ -22,7 +22,7 @@ from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_co
 from launch.lifeline import RUN_SECRET, new_run_secret
 from launch.preflight import preflight
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
-from megatron_darl.transport.store import free_port
+from megatron_darl.ports import free_port
 
 log = logging.getLogger("launch.train")
 

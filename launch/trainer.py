@@ -2,10 +2,9 @@
 
 Started by ``launch.train`` with torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), or by ``srun`` with SLURM_PROCID/SLURM_NTASKS; only this entry point reads them.
-It loads the run's resolved config, adds the run's secret (``DARL_RUN_SECRET``, never saved in
-the config file) and runs the trainer-side loop; it leaves when ``launch.train`` disappears. When
-the loop gives up (``RunAborted``, after its checkpoint) the rank logs the one line and writes it
-where the launcher reads it, and exits 1.
+It loads the run's resolved config with its secret (``launch.lifeline.start_child``) and runs
+``megatron_darl.loop.trainer_loop.run_trainer``. When the loop gives up (``RunAborted``, after its
+checkpoint) the rank logs the one line, writes it where the launcher reads it, and exits 1.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ import os
 import sys
 from typing import Mapping, Sequence
 
-from launch.config import load_run_config
-from launch.lifeline import exit_with_launcher, with_run_secret
+from launch.lifeline import start_child
 from launch.procs import TRAINER, exit_reason_path, write_exit_reason
 from megatron_darl.loop.trainer_loop import DistEnv, RunAborted, run_trainer
 
@@ -42,15 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
     args, overrides = parser.parse_known_args(argv)
-    exit_with_launcher(os.environ)
     env = dist_env(os.environ)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{env.rank} %(levelname)s %(message)s")
-    threads = int(os.environ.get("DARL_THREADS", "0"))
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    cfg = with_run_secret(load_run_config(overrides, config_file=args.config), os.environ)
+    cfg = start_child(f"trainer{env.rank}", args.config, overrides)
     try:
         return run_trainer(cfg, env)
     except RunAborted as exc:

@@ -2,7 +2,9 @@
 
 They live in their own module because rollout produces them, transport frames them, replay
 stores them and the loop consumes them, and none of those may import the others (DESIGN.md
-section 2). The module imports nothing of ours.
+section 2). ``shard_of`` is here for the same reason: the sample channel routes a group to the
+DP hub that the replay buffer files it under, and both must agree. The module imports nothing
+of ours.
 """
 
 from __future__ import annotations
@@ -71,3 +73,20 @@ class SampleGroup:
     def num_tokens(self) -> int:
         """Total response tokens in the group."""
         return sum(s.num_tokens for s in self.samples)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def shard_of(group_id: int, num_shards: int) -> int:
+    """DP shard that owns a group: a stable 64-bit mix (splitmix64) of the id, mod ``num_shards``.
+
+    Stable across processes and Python versions (unlike ``hash``) and balanced even when group
+    ids carry a worker id in fixed bit positions.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    z = (group_id + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) % num_shards

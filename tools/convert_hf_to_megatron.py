@@ -18,7 +18,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_darl.models.qwen3.conversion import (  # noqa: E402
+from tools.conversion import (  # noqa: E402
     DTYPES,
     add_common_args,
     hf_to_megatron_worker,

@@ -17,7 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_darl.models.qwen3.conversion import (  # noqa: E402
+from tools.conversion import (  # noqa: E402
     add_common_args,
     megatron_to_hf_worker,
     run_conversion,

@@ -8,7 +8,7 @@ from megatron_darl.algorithms.advantages import grpo_advantages
 from megatron_darl.algorithms.importance import (
     CapMode, behavior_weights, capped_tokens, mixture_log_density, version_alpha,
 )
-from megatron_darl.algorithms.loss import MAX_LOG_RATIO, PolicyLossStats, policy_loss
+from megatron_darl.algorithms.loss import MAX_LOG_RATIO, PolicyLossInputs, PolicyLossStats, policy_loss
 from megatron_darl.algorithms.scores import (
     RATIO_SCORES,
     SCORES,
@@ -19,6 +19,7 @@ from megatron_darl.algorithms.scores import (
     kl_score,
     random_score,
     score_samples,
+    score_tokens,
     variance_score,
 )
 from megatron_darl.algorithms.selection import select_groups
@@ -42,6 +43,7 @@ __all__ = [
     "VARIANTS",
     "BatchWeights",
     "CapMode",
+    "PolicyLossInputs",
     "PolicyLossStats",
     "RatioBase",
     "ScoreKind",
@@ -61,6 +63,7 @@ __all__ = [
     "policy_loss",
     "random_score",
     "score_samples",
+    "score_tokens",
     "select_groups",
     "variance_score",
     "variant_spec",

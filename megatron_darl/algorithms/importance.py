@@ -48,15 +48,15 @@ def mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> t
     anything (``-inf`` for a version that was never cached, for instance).
 
     Args:
-        logp_by_version: ``(K, N, T)`` per-token log pi_k for each version k.
+        logp_by_version: ``(K, N, T)`` (or packed ``(K, n)``) per-token log pi_k for each version k.
         alpha: ``(K,)`` non-negative mixture weights summing to 1.
 
     Returns:
-        ``(N, T)`` log q, in the dtype of ``logp_by_version``.
+        ``(N, T)`` (packed: ``(n,)``) log q, in the dtype of ``logp_by_version``.
     """
-    if logp_by_version.dim() != 3:
+    if logp_by_version.dim() not in (2, 3):
         raise ValueError(
-            f"logp_by_version must be (K, N, T), got shape {tuple(logp_by_version.shape)}"
+            f"logp_by_version must be (K, N, T) or packed (K, n), got shape {tuple(logp_by_version.shape)}"
         )
     if alpha.shape != logp_by_version.shape[:1]:
         raise ValueError(
@@ -70,7 +70,8 @@ def mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> t
     if keep.numel() < a.numel():
         logp = logp_by_version.index_select(0, keep.to(logp_by_version.device))
     log_alpha = torch.log(a[keep]).to(logp.dtype).to(logp.device)  # (K',)
-    return torch.logsumexp(logp + log_alpha[:, None, None], dim=0)  # (N, T)
+    log_alpha = log_alpha.view(-1, *([1] * (logp.dim() - 1)))
+    return torch.logsumexp(logp + log_alpha, dim=0)  # (N, T) or (n,)
 
 
 def behavior_weights(

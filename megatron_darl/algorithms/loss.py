@@ -6,6 +6,12 @@ with ``rho = exp(logp_new - logp_proximal)`` and ``w`` the behavior weights (det
 ``w = 1`` gives PPO/GRPO against ``logp_proximal``; using the behavior log-probs as
 ``logp_proximal`` gives naive asynchronous PPO. The loss is the token mean over the batch; pass
 ``num_tokens`` to normalise by a count taken over several micro-batches or DP ranks instead.
+
+Token layout: the tensors are either padded rows ``(N, T)`` with a mask and per-sample
+advantages ``(N,)``, or the packed layout the training loop uses from the log-prob pass to the
+loss: every response token of the batch end to end, ``(n,)``, with the advantage repeated per
+token and no mask (every position is a real token). ``PolicyLossInputs`` carries the packed
+per-token inputs as one typed record.
 """
 
 from __future__ import annotations
@@ -15,6 +21,18 @@ from dataclasses import dataclass
 import torch
 
 MAX_LOG_RATIO = 20.0  # |log rho| is clamped here before exp: rho in [2e-9, 5e8], never inf
+
+
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What ``policy_loss`` needs besides ``logp_new``, per token in the packed layout: all ``(n,)``.
+
+    Fixed for a whole trainer step (DESIGN 4.6); sliced alongside the tokens into micro-batches.
+    """
+
+    logp_base: torch.Tensor  # (n,) float32 log-probs the ratio is taken against (pi_t, or mu), detached
+    weights: torch.Tensor  # (n,) float32 behavior weights w (0 on filler tokens), detached
+    advantages: torch.Tensor  # (n,) float32 advantage A_i of each token's sample
 
 
 @dataclass(frozen=True)
@@ -39,18 +57,19 @@ def _validate(
     logp_proximal: torch.Tensor,
     weights: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     clip_low: float,
     clip_high: float,
 ) -> None:
     shape = tuple(logp_new.shape)
-    if logp_new.dim() != 2:
-        raise ValueError(f"logp_new must be (N, T), got shape {shape}")
-    for name, t in (("logp_proximal", logp_proximal), ("weights", weights), ("mask", mask)):
+    if logp_new.dim() not in (1, 2):
+        raise ValueError(f"logp_new must be (N, T) or packed (n,), got shape {shape}")
+    named = [("logp_proximal", logp_proximal), ("weights", weights)] + ([("mask", mask)] if mask is not None else [])
+    for name, t in named:
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} must equal logp_new {shape}")
-    if advantages.shape != logp_new.shape[:1]:
-        raise ValueError(f"advantages shape {tuple(advantages.shape)} must be ({shape[0]},)")
+    if tuple(advantages.shape) not in (shape, shape[:1]):
+        raise ValueError(f"advantages shape {tuple(advantages.shape)} must be ({shape[0]},) or {shape}")
     if not 0 <= clip_low < 1:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
     if not clip_high >= 0:
@@ -62,7 +81,7 @@ def policy_loss(
     logp_proximal: torch.Tensor,
     weights: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None = None,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     num_tokens: float | torch.Tensor | None = None,
@@ -70,12 +89,13 @@ def policy_loss(
     """Token-mean clipped surrogate with per-token behavior weights.
 
     Args:
-        logp_new: ``(N, T)`` log pi_theta(y_ij), differentiable.
-        logp_proximal: ``(N, T)`` log-probs the ratio is taken against (pi_t, or the behavior
+        logp_new: ``(N, T)`` (or packed ``(n,)``) log pi_theta(y_ij), differentiable.
+        logp_proximal: same shape: log-probs the ratio is taken against (pi_t, or the behavior
             log-probs for naive async); detached here.
-        weights: ``(N, T)`` behavior weights w_ij; detached here.
-        advantages: ``(N,)`` per-sample advantages A_i.
-        mask: ``(N, T)`` response mask; masked positions may hold anything (even ``-inf``).
+        weights: same shape: behavior weights w_ij; detached here.
+        advantages: ``(N,)`` per-sample advantages A_i, or one per token (``logp_new``'s shape).
+        mask: response mask of ``logp_new``'s shape; masked positions may hold anything (even
+            ``-inf``). ``None``: every position is a token (the packed layout).
         clip_low, clip_high: eps_low, eps_high of the clip range ``[1 - eps_low, 1 + eps_high]``.
         num_tokens: normaliser ``sum m``; defaults to this call's mask sum. A zero normaliser
             (no tokens) gives a loss of exactly 0 that still backpropagates (zero gradient).
@@ -84,11 +104,13 @@ def policy_loss(
         ``(loss, stats)``: a 0-dim float32 loss and a ``PolicyLossStats``.
     """
     _validate(logp_new, logp_proximal, weights, advantages, mask, clip_low, clip_high)
-    m = mask.bool()  # (N, T)
+    m = mask.bool() if mask is not None else torch.ones_like(logp_new, dtype=torch.bool)  # (N, T) or (n,)
     zeros = torch.zeros_like(logp_new, dtype=torch.float32)
     log_ratio = torch.where(m, logp_new.float() - logp_proximal.detach().float(), zeros)
     ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # (N, T)
-    adv = advantages.detach().float()[:, None]  # (N, 1)
+    adv = advantages.detach().float()
+    if adv.shape != logp_new.shape:  # per sample: broadcast over the sample's tokens
+        adv = adv[:, None]  # (N, 1)
     w = torch.where(m, weights.detach().float(), zeros)  # (N, T)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (N, T)
     surrogate = torch.minimum(ratio * adv, clipped * adv)  # (N, T)

@@ -10,7 +10,9 @@ calls ``score_samples`` without branching.
 Scores are returned in float64: ``(r - 1)^2`` at a log-ratio of 50 is ~1e43, which overflows
 float32 but not float64, and the ranking only needs a finite, ordered number. Masked positions
 are ignored with ``torch.where`` (never multiplied), so padding may hold any value, ``-inf``
-included. A sample with no unmasked token scores 0.
+included. A sample with no unmasked token scores 0. Every score is computed on the packed
+layout (the unmasked tokens of all samples end to end, ``score_tokens``); ``score_samples`` takes
+padded ``(N, T)`` rows and packs them first.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ class ScoreKind(str, enum.Enum):
 RATIO_SCORES = frozenset({ScoreKind.CHI2, ScoreKind.KL, ScoreKind.ESS})
 
 
-def _masked_log_ratio(
+def _flatten(
     logp_current: torch.Tensor, logp_behavior: torch.Tensor, mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validate; return log_ratio (N,T) f64 (0 where masked), mask (N,T) bool, counts (N,) f64."""
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(N, T) rows -> the packed layout: log_ratio (n,) f64 of the unmasked tokens, row (n,)."""
     if logp_current.dim() != 2:
         raise ValueError(f"logp_current must be (N, T), got shape {tuple(logp_current.shape)}")
     if logp_behavior.shape != logp_current.shape or mask.shape != logp_current.shape:
@@ -47,16 +49,44 @@ def _masked_log_ratio(
             f"match logp_current {tuple(logp_current.shape)}"
         )
     m = mask.bool()  # (N, T)
-    diff = logp_current.to(torch.float64) - logp_behavior.to(torch.float64)
-    log_ratio = torch.where(m, diff, torch.zeros_like(diff))  # (N, T)
-    n = m.sum(dim=1).to(torch.float64)  # (N,)
-    return log_ratio, m, n
+    rows = torch.arange(m.shape[0], device=m.device)[:, None].expand(m.shape)[m]  # (n,)
+    diff = logp_current[m].to(torch.float64) - logp_behavior[m].to(torch.float64)  # (n,)
+    return diff, rows, int(m.shape[0])
 
 
-def _masked_mean(values: torch.Tensor, m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """(N,T) values, (N,T) bool mask, (N,) counts -> (N,) mean over unmasked, 0 if none."""
-    total = torch.where(m, values, torch.zeros_like(values)).sum(dim=1)  # (N,)
-    return total / n.clamp(min=1.0)
+def _per_sample_mean(values: torch.Tensor, sample_index: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """(n,) token values -> (N,) mean over each sample's tokens, 0 for a sample without any."""
+    zeros = torch.zeros(num_samples, dtype=torch.float64, device=values.device)
+    total = zeros.index_add(0, sample_index, values)  # (N,)
+    count = zeros.index_add(0, sample_index, torch.ones_like(values))  # (N,)
+    return total / count.clamp(min=1.0)
+
+
+def _chi2(log_ratio: torch.Tensor, sample_index: torch.Tensor, num_samples: int) -> torch.Tensor:
+    return _per_sample_mean(torch.expm1(log_ratio).square(), sample_index, num_samples)
+
+
+def _k3(log_ratio: torch.Tensor, sample_index: torch.Tensor, num_samples: int) -> torch.Tensor:
+    return _per_sample_mean(torch.expm1(log_ratio) - log_ratio, sample_index, num_samples)
+
+
+def _segment_logsumexp(x: torch.Tensor, sample_index: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """(n,) -> (N,) logsumexp over each sample's tokens; -inf for a sample without any."""
+    peak = torch.full((num_samples,), float("-inf"), dtype=x.dtype, device=x.device)
+    peak = peak.scatter_reduce(0, sample_index, x, "amax")  # (N,)
+    safe = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    total = torch.zeros_like(peak).index_add(0, sample_index, torch.exp(x - safe[sample_index]))
+    return safe + torch.log(total)
+
+
+def _ess(log_ratio: torch.Tensor, sample_index: torch.Tensor, num_samples: int) -> torch.Tensor:
+    n = torch.zeros(num_samples, dtype=torch.float64, device=log_ratio.device).index_add(
+        0, sample_index, torch.ones_like(log_ratio))  # (N,)
+    lse1 = _segment_logsumexp(log_ratio, sample_index, num_samples)  # (N,)
+    lse2 = _segment_logsumexp(2 * log_ratio, sample_index, num_samples)  # (N,)
+    log_ess = torch.where(n > 0, 2 * lse1 - lse2, torch.zeros_like(n))
+    ess_fraction = torch.exp(log_ess) / n.clamp(min=1.0)
+    return torch.where(n > 0, (1.0 - ess_fraction).clamp(min=0.0), torch.zeros_like(n))
 
 
 def variance_score(
@@ -72,16 +102,14 @@ def variance_score(
     Returns:
         ``(N,)`` float64 scores, >= 0; 0 for a sample with an empty mask.
     """
-    log_ratio, m, n = _masked_log_ratio(logp_current, logp_behavior, mask)
-    return _masked_mean(torch.expm1(log_ratio).square(), m, n)
+    return _chi2(*_flatten(logp_current, logp_behavior, mask))
 
 
 def kl_score(
     logp_current: torch.Tensor, logp_behavior: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """Mean k3 estimate ``(r - 1) - log r`` of KL(mu || pi_t) per sample; ``(N,)`` float64, >= 0."""
-    log_ratio, m, n = _masked_log_ratio(logp_current, logp_behavior, mask)
-    return _masked_mean(torch.expm1(log_ratio) - log_ratio, m, n)
+    return _k3(*_flatten(logp_current, logp_behavior, mask))
 
 
 def ess_score(
@@ -92,13 +120,7 @@ def ess_score(
     Computed in log space (``2 logsumexp(lr) - logsumexp(2 lr)``) so it never overflows. ESS is
     invariant to rescaling r, so a sample whose tokens are all off by the same factor scores 0.
     """
-    log_ratio, m, n = _masked_log_ratio(logp_current, logp_behavior, mask)
-    neg_inf = torch.full_like(log_ratio, float("-inf"))
-    lse1 = torch.logsumexp(torch.where(m, log_ratio, neg_inf), dim=1)  # (N,)
-    lse2 = torch.logsumexp(torch.where(m, 2 * log_ratio, neg_inf), dim=1)  # (N,)
-    log_ess = torch.where(n > 0, 2 * lse1 - lse2, torch.zeros_like(n))  # (N,)
-    ess_fraction = torch.exp(log_ess) / n.clamp(min=1.0)
-    return torch.where(n > 0, (1.0 - ess_fraction).clamp(min=0.0), torch.zeros_like(n))
+    return _ess(*_flatten(logp_current, logp_behavior, mask))
 
 
 def random_score(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
@@ -111,42 +133,49 @@ def fifo_score(behavior_version: torch.Tensor) -> torch.Tensor:
     return -behavior_version.to(torch.float64)
 
 
-# Every score takes (logp_current, logp_behavior, mask, behavior_version, generator).
+# Every score takes the packed layout: (log_ratio (n,) f64, sample_index (n,), num_samples,
+# behavior_version (N,) or None, generator) and returns (N,) float64.
 ScoreFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Generator | None"],
-    torch.Tensor,
+    [torch.Tensor, torch.Tensor, int, "torch.Tensor | None", "torch.Generator | None"], torch.Tensor,
 ]
 
 
-def _ratio_based(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> ScoreFn:
-    def score(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
-        return fn(lc, lb, mask)
+def _ratio_based(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> ScoreFn:
+    def score(log_ratio, sample_index, num_samples, behavior_version, generator):  # noqa: ARG001
+        return fn(log_ratio, sample_index, num_samples)
 
-    score.__doc__ = fn.__doc__
     return score
 
 
-def _random(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
-    return random_score(lc.shape[0], generator, lc.device)
+def _random(log_ratio, sample_index, num_samples, behavior_version, generator):  # noqa: ARG001
+    return random_score(num_samples, generator, log_ratio.device)
 
 
-def _fifo(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
+def _fifo(log_ratio, sample_index, num_samples, behavior_version, generator):  # noqa: ARG001
     if behavior_version is None:
         raise ValueError("behavior_version is required for the fifo score")
-    if behavior_version.shape != lc.shape[:1]:
+    if behavior_version.shape != (num_samples,):
         raise ValueError(
-            f"behavior_version shape {tuple(behavior_version.shape)} must be ({lc.shape[0]},)"
+            f"behavior_version shape {tuple(behavior_version.shape)} must be ({num_samples},)"
         )
     return fifo_score(behavior_version)
 
 
 SCORES: dict[ScoreKind, ScoreFn] = {
-    ScoreKind.CHI2: _ratio_based(variance_score),
-    ScoreKind.KL: _ratio_based(kl_score),
-    ScoreKind.ESS: _ratio_based(ess_score),
+    ScoreKind.CHI2: _ratio_based(_chi2),
+    ScoreKind.KL: _ratio_based(_k3),
+    ScoreKind.ESS: _ratio_based(_ess),
     ScoreKind.RANDOM: _random,
     ScoreKind.FIFO: _fifo,
 }
+
+
+def _kind(kind: ScoreKind | str) -> ScoreKind:
+    try:
+        return ScoreKind(kind)
+    except ValueError:
+        names = ", ".join(k.value for k in ScoreKind)
+        raise ValueError(f"unknown score {kind!r}; expected one of: {names}") from None
 
 
 def score_samples(
@@ -157,7 +186,7 @@ def score_samples(
     behavior_version: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Score each sample with the score named ``kind`` (via ``SCORES``); lower is selected first.
+    """Score each sample of padded ``(N, T)`` rows with the score ``kind``; lower is selected first.
 
     Args:
         kind: a ``ScoreKind`` or its value (``"chi2"``, ``"kl"``, ``"ess"``, ``"random"``,
@@ -169,12 +198,37 @@ def score_samples(
     Returns:
         ``(N,)`` float64 scores.
     """
-    try:
-        kind = ScoreKind(kind)
-    except ValueError:
-        names = ", ".join(k.value for k in ScoreKind)
-        raise ValueError(f"unknown score {kind!r}; expected one of: {names}") from None
-    return SCORES[kind](logp_current, logp_behavior, mask, behavior_version, generator)
+    kind = _kind(kind)
+    return SCORES[kind](*_flatten(logp_current, logp_behavior, mask), behavior_version, generator)
+
+
+def score_tokens(
+    kind: ScoreKind | str,
+    logp_current: torch.Tensor,
+    logp_behavior: torch.Tensor,
+    sample_index: torch.Tensor,
+    num_samples: int,
+    behavior_version: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``score_samples`` for the packed layout: the response tokens of N samples end to end.
+
+    Args:
+        logp_current, logp_behavior: ``(n,)`` log pi_t and log mu of every token.
+        sample_index: ``(n,)`` int64 sample (in ``[0, num_samples)``) each token belongs to.
+        num_samples: N; a sample without tokens scores 0 (``random``: a draw; ``fifo``: its version).
+
+    Returns:
+        ``(N,)`` float64 scores, equal to ``score_samples`` on the same samples padded.
+    """
+    kind = _kind(kind)
+    if logp_current.dim() != 1 or logp_behavior.shape != logp_current.shape \
+            or sample_index.shape != logp_current.shape:
+        raise ValueError(f"logp_current {tuple(logp_current.shape)}, logp_behavior "
+                         f"{tuple(logp_behavior.shape)} and sample_index {tuple(sample_index.shape)} "
+                         "must all be (n,)")
+    log_ratio = logp_current.to(torch.float64) - logp_behavior.to(torch.float64)
+    return SCORES[kind](log_ratio, sample_index.long(), num_samples, behavior_version, generator)
 
 
 def group_scores(

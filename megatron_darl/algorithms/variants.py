@@ -137,10 +137,10 @@ def variant_spec(variant: Variant | str | VariantSpec) -> VariantSpec:
 class BatchWeights:
     """What ``policy_loss`` needs from the behavior side of a selected batch."""
 
-    weights: torch.Tensor  # (N, T) float32 behavior weights w_ij (0 where masked), detached
-    logp_base: torch.Tensor  # (N, T) log-probs the PPO ratio is taken against, detached
+    weights: torch.Tensor  # (N, T) or packed (n,) float32 behavior weights w_ij (0 where masked), detached
+    logp_base: torch.Tensor  # like weights: log-probs the PPO ratio is taken against, detached
     alpha: torch.Tensor  # (K,) float64 token share of each version in the batch
-    capped: torch.Tensor | None = None  # (N, T) bool tokens whose ratio exceeded the cap
+    capped: torch.Tensor | None = None  # like weights, bool: tokens whose ratio exceeded the cap
 
 
 def _validate_batch(
@@ -150,18 +150,17 @@ def _validate_batch(
     behavior_version: torch.Tensor,
     mask: torch.Tensor,
 ) -> None:
-    if logp_by_version.dim() != 3:
+    shape = tuple(logp_current.shape)  # (N, T) padded rows or (n,) packed tokens
+    if logp_current.dim() not in (1, 2) or tuple(logp_by_version.shape[1:]) != shape:
         raise ValueError(
-            f"logp_by_version must be (K, N, T), got shape {tuple(logp_by_version.shape)}"
+            f"logp_by_version must be (K, *{shape}) for logp_current {shape} (padded (N, T) or "
+            f"packed (n,)), got shape {tuple(logp_by_version.shape)}"
         )
-    k, n, t = logp_by_version.shape
-    if logp_current.shape != (n, t) or mask.shape != (n, t):
-        raise ValueError(
-            f"logp_current {tuple(logp_current.shape)} and mask {tuple(mask.shape)} must be "
-            f"({n}, {t}) to match logp_by_version {tuple(logp_by_version.shape)}"
-        )
-    if versions.shape != (k,) or behavior_version.shape != (n,):
-        raise ValueError(f"versions must be ({k},) and behavior_version ({n},)")
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"mask {tuple(mask.shape)} must match logp_current {shape}")
+    k = logp_by_version.shape[0]
+    if versions.shape != (k,) or behavior_version.shape != shape[:1]:
+        raise ValueError(f"versions must be ({k},) and behavior_version ({shape[0]},)")
     if torch.unique(versions).numel() != k:
         raise ValueError(f"versions must be distinct, got {versions.tolist()}")
 
@@ -169,14 +168,16 @@ def _validate_batch(
 def _own_rows(
     logp_by_version: torch.Tensor, versions: torch.Tensor, behavior_version: torch.Tensor
 ) -> torch.Tensor:
-    """``(N, T)`` row of each sample's own behavior version out of ``(K, N, T)``."""
-    match = behavior_version[None, :] == versions[:, None]  # (K, N)
-    if not bool(match.any(dim=0).all()):
-        missing = sorted(set(behavior_version.tolist()) - set(versions.tolist()))
+    """Each row's own behavior version out of ``(K, N, ...)``: ``(N, ...)``."""
+    order = torch.argsort(versions)
+    pos = torch.searchsorted(versions[order], behavior_version).clamp(max=versions.numel() - 1)
+    k_of_row = order[pos]  # (N,) index of each row's version in ``versions``
+    found = versions[k_of_row] == behavior_version
+    if not bool(found.all()):
+        missing = sorted(set(behavior_version[~found].tolist()))
         raise ValueError(f"behavior versions {missing} are not in versions {versions.tolist()}")
-    k_of_sample = match.long().argmax(dim=0)  # (N,)
-    n = torch.arange(behavior_version.shape[0], device=logp_by_version.device)
-    return logp_by_version[k_of_sample.to(logp_by_version.device), n]  # (N, T)
+    index = k_of_row.to(logp_by_version.device).view(1, -1, *([1] * (logp_by_version.dim() - 2)))
+    return logp_by_version.gather(0, index.expand(1, *logp_by_version.shape[1:]))[0]
 
 
 def batch_behavior_weights(
@@ -194,14 +195,17 @@ def batch_behavior_weights(
 
     Args:
         variant: a ``Variant``, its name, or a ``VariantSpec``.
-        logp_current: ``(N, T)`` trainer log pi_t (the proximal log-probs).
-        logp_by_version: ``(K, N, T)`` log pi_k for each ``versions[k]``; the row of a sample's
-            own behavior version must hold the engine's log-probs. Only the own rows are read
-            unless the rule is ``mixture``; then every version with tokens must be finite at
-            unmasked positions (backfill the cache first).
+        logp_current: ``(N, T)`` trainer log pi_t (the proximal log-probs); or the packed layout
+            ``(n,)``, every token of the batch end to end (then every other per-token argument
+            is packed the same way and ``behavior_version`` is given per token).
+        logp_by_version: ``(K, N, T)`` (packed: ``(K, n)``) log pi_k for each ``versions[k]``;
+            the row of a sample's own behavior version must hold the engine's log-probs. Only
+            the own rows are read unless the rule is ``mixture``; then every version with
+            tokens must be finite at unmasked positions (backfill the cache first).
         versions: ``(K,)`` int64 version of each row of ``logp_by_version``.
-        behavior_version: ``(N,)`` int64 behavior version of each sample (one of ``versions``).
-        mask: ``(N, T)`` response mask.
+        behavior_version: ``(N,)`` (packed: ``(n,)``) int64 behavior version of each sample or
+            token (one of ``versions``).
+        mask: response mask of ``logp_current``'s shape (packed: all True but filler).
         clip: truncation c of the weights (``mis.clip``); ``None`` for none.
         version_tokens: ``(K,)`` tokens per version over the whole selected batch, for when the
             batch is split over DP shards (all-reduce the local counts); default: counted here.
@@ -215,7 +219,7 @@ def batch_behavior_weights(
     m = mask.bool()
     logp_own = _own_rows(logp_by_version, versions, behavior_version).detach()  # (N, T)
     if version_tokens is None:
-        per_sample = m.sum(dim=1).to(torch.float64)  # (N,)
+        per_sample = m.reshape(m.shape[0], -1).sum(dim=1).to(torch.float64)  # (N,) (packed: 0/1)
         same = (behavior_version[None, :] == versions[:, None]).to(torch.float64)  # (K, N)
         version_tokens = same @ per_sample  # (K,)
     if float(version_tokens.sum()) > 0:
@@ -242,7 +246,7 @@ def _check_finite(
 ) -> None:
     """Raise if a version that enters the mixture has a non-finite log-prob at a real token."""
     zero = torch.zeros((), dtype=logp_by_version.dtype, device=logp_by_version.device)
-    for k in torch.nonzero(alpha > 0).flatten().tolist():
+    for k in torch.nonzero(alpha > 0).flatten().tolist():  # m: (N, T) or packed (n,)
         total = torch.where(m, logp_by_version[k], zero).sum()  # -inf, +inf or NaN poison it
         if not bool(torch.isfinite(total)):
             raise ValueError(

@@ -4,7 +4,6 @@ from megatron_darl.data.builtin import (
     build_builtin_tokenizer,
     builtin_prompts,
     builtin_records,
-    builtin_reward,
     reference_solution,
 )
 from megatron_darl.data.config import (
@@ -30,7 +29,6 @@ __all__ = [
     "build_builtin_tokenizer",
     "builtin_prompts",
     "builtin_records",
-    "builtin_reward",
     "encode_prompt",
     "load_data_config",
     "load_dataset",

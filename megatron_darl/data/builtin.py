@@ -10,7 +10,8 @@ reference solution for a supervised warm start::
                15-5=10
                answer: 10
 
-The reward is exact match on the integer after the last ``answer:`` in the response. The task
+The reward is exact match on the integer after the last ``answer:`` in the response
+(``megatron_darl.rewards.builtin_answer``, with the other verifiers). The task
 ships its own tokenizer: one token per printable ASCII character plus newline, and the special
 tokens ``<pad> <bos> <eos> <unk>``, built locally with ``tokenizers`` and saved as a
 ``PreTrainedTokenizerFast`` directory (``AutoTokenizer.from_pretrained`` loads it). It has no
@@ -30,7 +31,6 @@ from megatron_darl.data.config import BuiltinTaskConfig
 from megatron_darl.data.records import PromptRecord
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0..3, in this order
-_ANSWER = re.compile(r"answer:\s*(-?\d+)")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -118,12 +118,6 @@ def reference_solution(prompt: str | PromptRecord, show_steps: bool = True) -> s
     problem = parse_problem(prompt.prompt if isinstance(prompt, PromptRecord) else prompt)
     lines = [f"{a}{op}{b}={r}" for a, op, b, r in problem.steps()] if show_steps else []
     return "\n".join(lines + [f"answer: {problem.answer}"])
-
-
-def builtin_reward(response: str, reference: str) -> float:
-    """1.0 when the integer after the last ``answer:`` in ``response`` equals ``reference``."""
-    matches = _ANSWER.findall(response)
-    return 1.0 if matches and int(matches[-1]) == int(reference) else 0.0
 
 
 def builtin_vocab() -> dict[str, int]:

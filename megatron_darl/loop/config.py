@@ -16,6 +16,7 @@ from typing import Any, Optional
 from megatron_darl.algorithms import (
     CapMode, ScoreKind, Variant, VariantSpec, variant_spec, with_rollout_is,
 )
+from megatron_darl.replay.window import VersionWindow
 
 BACKFILLS = ("snapshot", "nearest")  # mis.backfill: exact recompute or nearest-version copy
 WANDB_MODES = ("disabled", "offline", "online")
@@ -138,6 +139,11 @@ class ReplayConfig:
             raise ValueError(f"replay.warmup must be >= 0, got {self.warmup}")
         if self.max_replays is not None and self.max_replays < 1:
             raise ValueError(f"replay.max_replays must be >= 1 or null, got {self.max_replays}")
+
+    @property
+    def window(self) -> VersionWindow:
+        """The replay window ``[t - K + 1, t]``: buffer, cache and parameter snapshots keep it."""
+        return VersionWindow(self.k)
 
 
 @dataclass

@@ -3,9 +3,9 @@
 Rank 0 serves the control-plane store; every rank registers and beats. The replica's hub
 (TP 0, first PP stage) owns a ``SampleHub`` (its DP shard of the groups); the leader of each PP
 stage in DP replica 0 (TP 0) owns a ``WeightSender``. Hubs agree on "enough groups arrived" with
-a sum over the hubs' gloo DP group, and hand the groups to the other ranks of their replica with
-one object broadcast, so every rank of a replica holds the same planner state and builds the
-same batches without further traffic.
+a sum over the hubs' gloo DP group. The groups stay on the hub (the replay state lives there
+only); the other ranks of its replica learn only whether the step goes on (two flags, broadcast
+in the model-parallel group) and get the step's batches later (``replica.py``).
 
 Rank 0 also watches progress while it waits (``ProgressWatch``): when no group arrived for
 ``loop.receive_timeout_s``, or every rollout worker is lost, all ranks leave the wait together
@@ -48,6 +48,8 @@ class TrainerEndpoints:
     last_group_at: float = field(default_factory=time.monotonic)  # rank 0: when a group last arrived
 
     def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
         self.heartbeat.close()
 
 
@@ -84,7 +86,7 @@ def open_endpoints(transport: TransportConfig, ps) -> TrainerEndpoints:
     on_loss = _release_on_loss(transport) if ps.rank == 0 else _exit_on_rank0_loss
     hb = Heartbeat(control, transport.heartbeat, me, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
-    hub = SampleHub(store, control, ps.dp_rank) if is_hub else None
+    hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if is_hub else None
     leader = ps.tp_rank == 0 and ps.dp_rank == 0
     sender = WeightSender(store, control, transport.weight_sync, ps.pp_rank, hb,
                           device=ps.device) if leader else None
@@ -106,9 +108,9 @@ def dp_max(tensor: torch.Tensor, ps) -> torch.Tensor:
 
 @dataclass
 class Received:
-    """One step's groups, the same on every rank of a replica."""
+    """One step's outcome of receiving; ``groups`` on the hub rank only."""
 
-    groups: list[SampleGroup] = field(default_factory=list)  # this replica's new groups
+    groups: list[SampleGroup] = field(default_factory=list)  # this replica's new groups (hub)
     stopped: bool = False  # a signal cut the wait: checkpoint without this step
     fatal: str = ""  # the trainer must give up: why, naming each worker's state
 
@@ -166,13 +168,13 @@ class ProgressWatch:
 
 def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: int, poll_s: float,
                    num_workers: int, stop: Callable[[], bool] = lambda: False) -> Received:
-    """This replica's new groups once the hubs together hold ``need``; same result on every rank.
+    """This replica's new groups once the hubs together hold ``need`` (on the hub rank).
 
     Hubs poll their shard and sum the counts over DP until ``need`` arrived (so an uneven hash
-    split never stalls a hub waiting for its "share"); then each hub broadcasts its groups to
-    the other ranks of its replica. Every rank leaves with ``stopped`` when any hub's ``stop()``
-    turned true while waiting (a signal), and with ``fatal`` when rank 0's ``ProgressWatch``
-    gave up; the groups of a cut wait are not kept.
+    split never stalls a hub waiting for its "share"). Every rank leaves with ``stopped`` when any
+    hub's ``stop()`` turned true while waiting (a signal), and with ``fatal`` when rank 0's
+    ``ProgressWatch`` gave up (the other ranks of a replica get a stand-in line: rank 0 holds the
+    reason and the loop's stop agreement spreads it); the groups of a cut wait are not kept.
     """
     out = Received()
     if ep.hub is not None:
@@ -193,11 +195,12 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
                 out = Received(fatal=verdict or f"trainer step {step}: trainer rank 0 gave up waiting for groups")
                 break
             time.sleep(poll_s)
-    if ps.tp_size * ps.pp_size > 1:
-        box = [out]
-        src = dist.get_global_rank(ps.model_parallel_group, 0)
-        dist.broadcast_object_list(box, src=src, group=ps.model_parallel_group)
-        out = box[0]
+    if ps.tp_size * ps.pp_size > 1:  # the peers learn whether the step goes on, not the groups
+        flags = torch.tensor([int(out.stopped), int(bool(out.fatal))], dtype=torch.int64, device=ps.device)
+        dist.broadcast(flags, src=dist.get_global_rank(ps.model_parallel_group, 0), group=ps.model_parallel_group)
+        if ep.hub is None:
+            fatal = f"trainer step {step}: the replica's hub gave up waiting for groups" if int(flags[1]) else ""
+            out = Received(stopped=bool(int(flags[0])), fatal=fatal)
     return out
 
 

@@ -1,8 +1,9 @@
 """Per-step metrics of DESIGN.md section 4: reduced over DP, written, shown, plotted, summarised.
 
-Each DP shard's planner returns *sums* (rewards, tokens, histogram counts, weight moments), so
-one all-reduce of one vector gives exact global values whatever the DP size; ``step_metrics``
-turns the reduced sums into the logged means and ratios. ``MetricsLogger`` (trainer rank 0 only)
+Each DP shard's planner returns a ``StepStats`` of *sums* (rewards, tokens, histogram counts,
+weight moments; ``stats.py``), so one all-reduce per reduction kind gives exact global values
+whatever the DP size; ``step_metrics`` turns the reduced statistics into the logged means and
+ratios. ``MetricsLogger`` (trainer rank 0 only)
 writes every step to ``<run_dir>/metrics.jsonl`` (the source of truth: a resumed run reads it
 back, so cumulative counters, the plot and ``summary.json`` span restarts), TensorBoard, and
 W&B when configured (imported lazily: a missing package or network never stops training), and
@@ -16,44 +17,15 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from megatron_darl.loop.config import LoopConfig
+from megatron_darl.loop.stats import CACHE_SOURCES, StepStats
 
 log = logging.getLogger(__name__)
-Reduce = Callable[[torch.Tensor], torch.Tensor]
 HISTOGRAMS = ("staleness_hist", "selected_hist")
-
-
-def reduce_stats(sums: Mapping[str, Any], allreduce_sum: Reduce,
-                 allreduce_max: Reduce | None = None) -> dict[str, Any]:
-    """DP-reduce a dict of floats and 1-D tensors: keys ending in ``_max`` by max, others by sum.
-
-    Every rank must pass the same keys and tensor shapes; values are packed into one float64
-    vector per op (sorted keys), so this is one collective per op.
-    """
-    out: dict[str, Any] = {}
-    for is_max in (False, True):
-        keys = sorted(k for k in sums if k.endswith("_max") == is_max)
-        if not keys:
-            continue
-        parts = [torch.as_tensor(sums[k], dtype=torch.float64).reshape(-1) for k in keys]
-        flat = torch.cat(parts)
-        op = allreduce_max if is_max else allreduce_sum
-        reduced = op(flat) if op is not None else flat
-        reduced = flat if reduced is None else reduced  # in-place collectives return None
-        for k, piece in zip(keys, torch.split(reduced, [p.numel() for p in parts])):
-            out[k] = piece.clone() if torch.is_tensor(sums[k]) and sums[k].dim() else float(piece)
-    return out
-
-
-def score_sums(scores: Mapping[int, float]) -> dict[str, float]:
-    """Sum, count and max of one shard's candidate group scores."""
-    values = [float(v) for v in scores.values()]
-    return {"score_sum": sum(values), "score_count": float(len(values)),
-            "score_max": max(values) if values else -math.inf}
 
 
 def _ratio(num: float, den: float, empty: float = 0.0) -> float:
@@ -65,14 +37,14 @@ def _hist_mean(hist: torch.Tensor) -> float:
     return _ratio(float((hist * torch.arange(hist.numel())).sum()), total)
 
 
-def step_metrics(sums: Mapping[str, Any], trainer: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """Logged metrics from DP-reduced sums plus the trainer's step result and timings.
+def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Logged metrics from DP-reduced statistics plus the trainer's step result and timings.
 
     ``trainer`` may carry ``clip_frac_low``, ``clip_frac_high``, ``loss``, ``grad_norm``,
     ``trainer_tokens_per_s``, ``rollout_tokens_per_s``, ``weight_sync_seconds``, ``lr``: they are
     copied as they are. Histograms are lists indexed by staleness ``t - v`` (last bin: older).
     """
-    g = lambda k: float(sums.get(k, 0.0))  # noqa: E731
+    g = lambda k: float(getattr(stats, k))  # noqa: E731
     out: dict[str, Any] = {
         "reward_mean": _ratio(g("reward_sum"), g("samples_received")),
         "response_length": _ratio(g("response_tokens_received"), g("samples_received")),
@@ -98,11 +70,10 @@ def step_metrics(sums: Mapping[str, Any], trainer: Mapping[str, float] | None = 
         "backfill_nearest": g("backfill_nearest"),
         "selected_staleness_max": g("selected_staleness_max"),  # -1: nothing selected
         # rows the cache holds at the end of the step, by source
-        **{f"cache_rows_{src}": g(f"cache_rows_{src}")
-           for src in ("engine", "trainer", "snapshot", "nearest")},
+        **{f"cache_rows_{src}": g(f"cache_rows_{src}") for src in CACHE_SOURCES},
     }
     for name in HISTOGRAMS:
-        hist = torch.as_tensor(sums.get(name, torch.zeros(1)), dtype=torch.float64)
+        hist = torch.as_tensor(getattr(stats, name), dtype=torch.float64)
         out[name] = [float(x) for x in hist.tolist()]
         out[name.replace("_hist", "_mean")] = _hist_mean(hist)
     out.update({k: float(v) for k, v in (trainer or {}).items()})

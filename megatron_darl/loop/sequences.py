@@ -1,17 +1,23 @@
-"""Samples <-> the trainer's packed ``TrainBatch`` and back, with the token alignment in one place.
+"""Samples -> the trainer's ``TrainBatch``, and the one token layout of the loop: packed scored tokens.
 
 A sample becomes one sequence ``prompt_ids ++ response_ids`` whose loss mask covers exactly the
 response tokens. The trainer scores position p with ``log p(token_p | tokens_<p)`` and never
 scores a sequence's first token (``trainer/batch.py``), so a response token j sits at position
 ``P + j`` and a sample needs at least one prompt token; an empty prompt is refused here, by
-sample id, rather than silently losing the first response token. Per-response rows (log-probs,
-weights) travel as padded ``(N, T_max)`` tensors inside the loop and are laid back onto the packed
-layout (0 on prompt positions) only when a batch is built.
+sample id, rather than silently losing the first response token.
+
+The scored tokens of such a batch, in order, are the samples' response tokens end to end: the
+*packed layout*, ``(n,)`` with ``n = sum_i T_i``. Every per-token value of a step lives in it,
+from the log-prob pass (``compute_logprobs`` returns it) through the cache rows (slices of it),
+the scores, the behavior weights and the loss inputs (``PolicyLossInputs``), to the ``logp`` the
+loss sees; a PPO mini-batch of contiguous samples is a contiguous slice of it. Chosen over padded
+``(N, T_max)`` rows because RL response lengths are long-tailed: ``benchmarks/token_layout.py``
+measures the planner step in both layouts.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -19,19 +25,19 @@ from megatron_darl.samples import Sample
 from megatron_darl.trainer.batch import TrainBatch
 
 
-def response_mask(samples: Sequence[Sample], t_max: int | None = None) -> torch.Tensor:
-    """``(N, T_max)`` bool: True at each sample's real response tokens."""
-    lengths = torch.tensor([s.num_tokens for s in samples], dtype=torch.int64)  # (N,)
-    width = int(lengths.max()) if t_max is None and len(samples) else (t_max or 0)
-    return torch.arange(width)[None, :] < lengths[:, None]
+def response_lengths(samples: Sequence[Sample]) -> torch.Tensor:
+    """``(N,)`` int64 response tokens of each sample: the segment lengths of the packed layout."""
+    return torch.tensor([s.num_tokens for s in samples], dtype=torch.int64)
 
 
-def pad_rows(rows: Sequence[torch.Tensor], t_max: int, fill: float = 0.0) -> torch.Tensor:
-    """Stack ``(T_i,)`` rows into ``(N, t_max)`` float32, ``fill`` past each row's end."""
-    out = torch.full((len(rows), t_max), fill, dtype=torch.float32)
-    for n, row in enumerate(rows):
-        out[n, : row.shape[0]] = row.to(torch.float32)
-    return out
+def sample_index(lengths: torch.Tensor) -> torch.Tensor:
+    """``(n,)`` int64 the sample each packed token belongs to."""
+    return torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+
+
+def pack(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-sample ``(T_i,)`` rows end to end: ``(n,)`` float32."""
+    return torch.cat([r.to(torch.float32).reshape(-1) for r in rows]) if rows else torch.zeros(0)
 
 
 def _check_prompt(sample: Sample) -> None:
@@ -42,43 +48,20 @@ def _check_prompt(sample: Sample) -> None:
         )
 
 
-def sequence_batch(
-    samples: Sequence[Sample],
-    token_rows: dict[str, torch.Tensor] | None = None,
-    seq_fields: dict[str, torch.Tensor] | None = None,
-) -> TrainBatch:
+def sequence_batch(samples: Sequence[Sample], loss_inputs: Any = None) -> TrainBatch:
     """Pack samples into a ``TrainBatch`` scored on their response tokens.
 
     Args:
         samples: the N samples, in batch order.
-        token_rows: name -> ``(N, T_max)`` per-response values; each becomes a token field that
-            holds 0 on prompt positions and the row's values on the response positions.
-        seq_fields: name -> ``(N,)`` per-sample values (e.g. advantages).
+        loss_inputs: per-token inputs of the loss in the packed layout of these samples (e.g.
+            ``PolicyLossInputs``), or None for a log-prob pass.
     """
     if not samples:
         raise ValueError("cannot build a TrainBatch from zero samples")
     tokens, masks = [], []
-    fields: dict[str, list[torch.Tensor]] = {name: [] for name in token_rows or {}}
-    for n, s in enumerate(samples):
+    for s in samples:
         _check_prompt(s)
         p, t = s.prompt_ids.shape[0], s.num_tokens
         tokens.append(torch.cat([s.prompt_ids.long(), s.response_ids.long()]))
         masks.append(torch.cat([torch.zeros(p, dtype=torch.bool), torch.ones(t, dtype=torch.bool)]))
-        for name, rows in (token_rows or {}).items():
-            fields[name].append(torch.cat([torch.zeros(p), rows[n, :t].float()]))
-    return TrainBatch.from_sequences(tokens, masks, token_fields=fields or None,
-                                     seq_fields=seq_fields)
-
-
-def response_rows(batch: TrainBatch, samples: Sequence[Sample], flat: torch.Tensor) -> list[torch.Tensor]:
-    """Cut a ``(T,)`` tensor aligned with ``batch.input_ids`` into each sample's ``(T_i,)`` response.
-
-    ``batch`` must come from ``sequence_batch(samples)``: the inverse of its layout.
-    """
-    if flat.shape != (batch.num_tokens,):
-        raise ValueError(f"expected ({batch.num_tokens},) values for the batch, got {tuple(flat.shape)}")
-    out = []
-    for s, seq in zip(samples, batch.split_by_sequence(flat), strict=True):
-        p = s.prompt_ids.shape[0]
-        out.append(seq[p : p + s.num_tokens].float())
-    return out
+    return TrainBatch.from_sequences(tokens, masks, loss_inputs)

@@ -1,31 +1,39 @@
-"""One trainer step of the algorithm, between receiving groups and publishing the new weights.
+"""One trainer step of the algorithm between receiving groups and publishing: plan, then train.
 
-``StepRunner.run(groups, step)`` is receive -> log-prob pass -> score -> select -> backfill ->
-train (M x epochs PPO mini-batches, one new version) -> snapshot. It needs a trainer, the shard's
-planner and the DP group, but no transport, so a test can drive the real loop step with groups
-of its own (``tests/distributed/test_loop_resume_backfill.py``) and the trainer loop only adds
-receiving, publishing, eviction and logging around it.
+``StepRunner.plan(groups, step)`` is the shard's ``ShardPlanner.step`` (log-prob pass, score,
+select, backfill, loss inputs, mini-batches) with the trainer as its log-prob source;
+``StepRunner.train(plan)`` runs the mini-batches (M x epochs optimizer steps, one new version) and
+keeps the parameter snapshot of that version. The planner, with the replay state, exists on the
+replica's hub rank only: there ``plan`` announces each trainer call to the TP/PP peers
+(``replica.py``), and on a peer ``plan`` serves those calls and returns the hub's mini-batches, so
+``TrainerLoop.step`` reads the same on every rank. It needs a trainer, the planner and the
+process groups, but no transport, so a test can drive the real step with groups of its own
+(``tests/distributed/test_loop_resume_backfill.py``); ``TrainerLoop.step`` adds receiving,
+publishing, eviction and logging around it.
 
 Backfill (DESIGN 4.3 c): rows of V(S) a selected sample lacks are recomputed from the parameter
-snapshots of the last K versions (``mis.backfill=snapshot``, exact) or copied from the nearest
-cached version (``nearest``). Every row filled either way is counted (``backfill_snapshot``,
-``backfill_nearest``), and a nearest fallback under ``mis.backfill=snapshot`` (a version whose
-snapshot is gone, e.g. after a resume from a checkpoint without snapshots) is logged as a warning.
+snapshots of the window (``mis.backfill=snapshot``, exact) or copied from the nearest cached
+version (``nearest``); both are counted (``backfill_snapshot``, ``backfill_nearest``), and a
+nearest fallback under ``snapshot`` (a version whose snapshot is gone, e.g. after a resume from a
+checkpoint without snapshots) is logged as a warning.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from typing import Any
+from typing import Sequence
 
-from megatron_darl.algorithms import WeightRule
+import torch
+
+from megatron_darl.algorithms import PolicyLossInputs, WeightRule, policy_loss
 from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.endpoints import dp_sum
-from megatron_darl.loop.metrics import score_sums
-from megatron_darl.loop.planner import Selection, ShardPlanner, loss_fn_for
+from megatron_darl.loop.planner import ShardPlanner, StepPlan
+from megatron_darl.loop.replica import Op, ReplicaLink
+from megatron_darl.samples import SampleGroup
+from megatron_darl.trainer.batch import TrainBatch
 
-log = logging.getLogger(__name__)
+LOSS_STATS = ("clip_frac_low", "clip_frac_high", "mean_ratio", "mean_weight")
 
 
 class StepClock:
@@ -47,65 +55,75 @@ def uses_snapshots(algorithm: AlgorithmConfig) -> bool:
             and algorithm.mis.backfill == "snapshot")
 
 
-class StepRunner:
-    """The algorithm part of one trainer step for one rank (its DP shard's planner)."""
+def loss_fn_for(eps_low: float, eps_high: float):
+    """The trainer's ``loss_fn(logp (n,), batch_slice) -> (loss_sum, stats)`` around ``policy_loss``.
 
-    def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, planner: ShardPlanner,
+    ``logp`` and the slice's ``PolicyLossInputs`` are both in the packed layout of the slice's
+    scored tokens, so the loss is one call over ``(n,)`` tensors; ``num_tokens=1`` makes it the
+    micro-batch's loss *sum* (the trainer divides by the step's tokens).
+    """
+    def loss_fn(logp: torch.Tensor, batch_slice: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        x: PolicyLossInputs = batch_slice.loss_inputs
+        loss, stats = policy_loss(logp, x.logp_base, x.weights, x.advantages, None, eps_low, eps_high,
+                                  num_tokens=1.0)
+        return loss, {k: float(getattr(stats, k)) for k in LOSS_STATS}
+
+    return loss_fn
+
+
+class StepRunner:
+    """The algorithm part of one trainer step for one rank; ``planner`` on the hub rank only."""
+
+    def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, planner: ShardPlanner | None,
                  trainer, ps) -> None:
-        self.algorithm, self.replay = algorithm, replay
+        self.link = ReplicaLink(ps)
+        if (planner is not None) != self.link.is_hub:
+            raise ValueError(f"rank {ps.rank} (tp {ps.tp_rank}, pp {ps.pp_rank}): the replica's hub "
+                             "rank, and only it, holds the planner")
+        self.algorithm, self.window = algorithm, replay.window
         self.planner, self.trainer, self.ps = planner, trainer, ps
         self.loss_fn = loss_fn_for(algorithm.eps_low, algorithm.eps_high)
+        self.logprobs = trainer.compute_logprobs  # (batch, version) -> (n,): the planner's pass
         self.use_snapshots = uses_snapshots(algorithm)
 
-    def run(self, groups, step: int, clock: StepClock | None = None) -> tuple[dict[str, Any], Any]:
-        """Train on this step's new ``groups``; returns (metric sums, the trainer's StepResult).
+    def plan(self, groups: Sequence[SampleGroup], step: int, clock: StepClock | None = None) -> StepPlan:
+        """Hub: this shard's plan of step ``step`` with its new ``groups`` (``logprob``, ``plan``
+        and ``backfill`` laps on ``clock``). Peer: serve the hub's passes; its mini-batches."""
+        if self.planner is None:
+            return self._follow()
+        trainer = self.trainer
+        exact = trainer.snapshots.versions if self.use_snapshots else ()
+        return self.planner.step(groups, step, trainer.version, self.replica_logprobs, exact,
+                                 dp_sum=lambda t: dp_sum(t, self.ps),
+                                 lap=(clock or StepClock()).lap)
 
-        The trainer ends one version further, snapshotted when snapshots are kept. Eviction is
-        left to the caller (after publishing), as are the DP reductions of the sums. ``clock``
-        gets the ``logprob``, ``plan``, ``backfill`` and ``train`` laps.
-        """
-        clock = clock or StepClock()
-        p, trainer, t = self.planner, self.trainer, self.trainer.version
-        sums: dict[str, Any] = dict(p.receive(groups, step, t))
-        cand, scores = p.candidate_batch(), {}
-        sums.update(mismatch_k3_sum=0.0, mismatch_tokens=0.0)  # same keys on an empty shard
-        if cand is not None:
-            if p.needs_pass:
-                sums.update(p.store_logprobs(cand, trainer.compute_logprobs(cand.batch), t))
-            scores = p.score(cand, step)
-        clock.lap("logprob_seconds")
-        sums.update(score_sums(scores))
-        sel = p.select(step, scores, t)
-        sums.update(p.selection_sums(sel, t))
-        tokens = dp_sum(sel.version_tokens.clone(), self.ps)
-        clock.lap("plan_seconds")
-        sums.update(self.backfill(sel, tokens, step))
-        tb = p.training_batch(sel, tokens, t)
-        clock.lap("backfill_seconds")
-        result = trainer.train_steps(tb.minibatches, self.loss_fn)
-        sums.update(tb.sums)
+    def replica_logprobs(self, batch: TrainBatch, version: int) -> torch.Tensor:
+        """Hub: a log-prob pass as the replica runs it: announced to the peers, then run."""
+        self.link.announce(Op.LOGPROBS, version, [batch])
+        return self.logprobs(batch, version)
+
+    def _follow(self) -> StepPlan:
+        """Peer: run each pass the hub announces, until it hands over the step's mini-batches."""
+        while True:
+            op, arg = self.link.receive()
+            if op is Op.LOGPROBS:
+                self.logprobs(self.link.batch(), arg)
+                continue
+            parts = [self.link.batch() for _ in range(self.algorithm.ppo_minibatches)]
+            return StepPlan(parts * self.algorithm.ppo_epochs)
+
+    def train(self, plan: StepPlan, clock: StepClock | None = None):
+        """Run the plan's mini-batches (one new version) and snapshot it; the trainer's StepResult."""
+        if self.planner is not None:
+            self.link.announce(Op.TRAIN, 0, plan.minibatches[: self.algorithm.ppo_minibatches])
+        result = self.trainer.train_steps(plan.minibatches, self.loss_fn)
         if self.use_snapshots:
-            trainer.snapshot(keep_last=self.replay.k)
-        clock.lap("train_seconds")
-        return sums, result
+            self.trainer.snapshot(keep=self.window.versions(self.trainer.version))
+        if clock is not None:
+            clock.lap("train_seconds")
+        return result
 
-    def backfill(self, sel: Selection, tokens, step: int) -> dict[str, float]:
-        """Rows of V(S) the selected samples lack: from snapshots (exact), else the nearest."""
-        p, trainer = self.planner, self.trainer
-        need = p.mixture_versions(sel, tokens)
-        kept = set(trainer.snapshots.versions) | {trainer.version} if self.use_snapshots else set()
-        exact = 0
-        for v in need:
-            todo = p.backfill_batch(sel, v) if v in kept else None
-            if todo is not None:
-                batch, samples = todo
-                exact += p.store_backfill(batch, samples, trainer.compute_logprobs(batch, version=v), v)
-        near = 0
-        gaps = p.missing_rows(sel, need)
-        if gaps:
-            near = p.backfill_nearest(sel, need)
-            if self.algorithm.mis.backfill == "snapshot":
-                log.warning("step %d: %d log-prob rows of versions %s approximated by the nearest "
-                            "cached version (snapshots kept: %s)", step, near,
-                            sorted({v for _, v in gaps}), sorted(kept))
-        return {"backfill_snapshot": float(exact), "backfill_nearest": float(near)}
+    def run(self, groups: Sequence[SampleGroup], step: int, clock: StepClock | None = None):
+        """``plan`` then ``train``: (the plan, with its statistics, and the trainer's StepResult)."""
+        plan = self.plan(groups, step, clock)
+        return plan, self.train(plan, clock)

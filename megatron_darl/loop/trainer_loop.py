@@ -1,10 +1,11 @@
-"""The trainer-side D-ARL loop: receive -> log-prob pass -> score -> select -> backfill -> train ->
-publish -> evict, one weight version per iteration (M x epochs PPO mini-batch optimizer steps);
-synchronous training is the same loop with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
+"""The trainer-side D-ARL loop: receive -> plan -> train -> publish -> evict, one weight version
+per iteration (M x epochs PPO mini-batch optimizer steps); synchronous training is the same loop
+with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
-Every trainer rank runs this. The algorithm lives in ``ShardPlanner`` (one per DP shard,
-replicated on the TP x PP ranks of the replica so each rank builds the same batches) and
-``step.StepRunner`` (the step between receive and publish); the transport ends in
+Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one per DP shard, on
+the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
+step's batches by broadcast: ``replica.py``) and ``step.StepRunner`` (plan and train with the
+trainer); the transport ends in
 ``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
 finish the current step, write a checkpoint (model, optimizer, RNG, step, version, each shard's
 buffer and cache, and the parameter snapshots of the window when the variant backfills from
@@ -23,20 +24,20 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from megatron_darl.loop.config import (
-    AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig, density_temperature,
-)
+from megatron_darl.loop.config import ModelConfig, density_temperature
 from megatron_darl.loop.endpoints import (
     TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
     wait_for_workers,
 )
-from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, step_metrics
+from megatron_darl.loop.metrics import MetricsLogger, step_metrics
 from megatron_darl.loop.planner import ShardPlanner
 from megatron_darl.loop.resume import mark_ready, seed_store
+from megatron_darl.loop.run_config import RunConfig
+from megatron_darl.loop.stats import StepStats
 from megatron_darl.loop.step import StepClock, StepRunner, uses_snapshots
 from megatron_darl.transport import TransportTimeout, WeightSyncFailed
 
@@ -45,19 +46,6 @@ log = logging.getLogger(__name__)
 
 class RunAborted(RuntimeError):
     """The trainer gave up after writing a checkpoint; the message is the one line saying why."""
-
-
-class TrainerRunConfig(Protocol):
-    """The parts of the run config the trainer loop reads (``launch.config.RunConfig``)."""
-
-    algorithm: AlgorithmConfig
-    replay: ReplayConfig
-    loop: LoopConfig
-    model: ModelConfig
-    trainer: Any  # megatron_darl.trainer.config.TrainerConfig
-    sampling: Any  # megatron_darl.rollout.engines.base.SamplingConfig (the density scored)
-    parallel: Any  # megatron_darl.trainer.parallel.ParallelConfig
-    transport: Any  # megatron_darl.transport.config.TransportConfig
 
 
 @dataclass
@@ -94,7 +82,7 @@ def _hf_config(model: ModelConfig) -> dict[str, Any]:
     raise ValueError("model.path and model.hf_config are both empty (launch resolves the warm start)")
 
 
-def build_trainer(cfg: TrainerRunConfig, env: DistEnv):
+def build_trainer(cfg: RunConfig, env: DistEnv):
     """Process groups and the ``PolicyTrainer``, initialised from ``model.path`` when given,
     scoring the rollout sampler's density (``sampling.temperature``)."""
     import dataclasses
@@ -115,10 +103,12 @@ def build_trainer(cfg: TrainerRunConfig, env: DistEnv):
 class TrainerLoop:
     """One trainer rank's run; ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: TrainerRunConfig, trainer, ps, endpoints: TrainerEndpoints,
+    def __init__(self, cfg: RunConfig, trainer, ps, endpoints: TrainerEndpoints,
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
-        self.planner = ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
+        self.is_hub = ps.tp_rank == 0 and ps.pp_rank == 0  # holds the replica's replay state
+        self.planner = (ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
+                        if self.is_hub else None)
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)
         self.run_dir = Path(cfg.loop.run_dir)
@@ -149,13 +139,19 @@ class TrainerLoop:
             return 0
         from megatron_darl.trainer.checkpoint import load_checkpoint
 
-        resumed = load_checkpoint(self.trainer, found[-1], with_snapshots=self.use_snapshots)
-        extra = resumed.extra_states[self.ps.dp_rank]
-        self.planner.load_state_dict(extra["planner"])
-        self.base_received = int(extra["groups_received"])
-        self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
-        log.info("resumed from %s at step %d, version %d", found[-1], extra["step"], resumed.version)
-        return int(extra["step"])
+        mine = [self.ps.dp_rank] if self.is_hub else []  # the peers hold no replay state
+        resumed = load_checkpoint(self.trainer, found[-1], with_snapshots=self.use_snapshots,
+                                  extra_ranks=mine)
+        step = -1
+        if self.is_hub:
+            extra = resumed.extra_states[self.ps.dp_rank]
+            self.planner.load_state_dict(extra["planner"])
+            self.base_received = int(extra["groups_received"])
+            self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
+            step = int(extra["step"])
+        step = self.runner.link.share(step)
+        log.info("resumed from %s at step %d, version %d", found[-1], step, resumed.version)
+        return step
 
     def save(self, next_step: int) -> Path:
         from megatron_darl.trainer.checkpoint import save_checkpoint
@@ -165,8 +161,9 @@ class TrainerLoop:
             return path
         received = self.base_received + int(dp_sum(torch.tensor([self.received]), self.ps))
         made = torch.maximum(self.base_made, dp_max(self.made.clone(), self.ps))
-        extra = {"planner": self.planner.state_dict(), "step": next_step,
-                 "groups_received": received, "worker_groups": made.tolist()}
+        extra = None if self.planner is None else {
+            "planner": self.planner.state_dict(), "step": next_step,
+            "groups_received": received, "worker_groups": made.tolist()}
         return save_checkpoint(self.trainer, path, extra_state=extra,
                                with_snapshots=self.use_snapshots)
 
@@ -174,7 +171,7 @@ class TrainerLoop:
     def run(self) -> int:
         """Train to ``loop.steps`` (0); raises ``RunAborted`` after the checkpoint when it gave up."""
         if self.use_snapshots:
-            self.trainer.snapshot(keep_last=self.cfg.replay.k)
+            self.trainer.snapshot(keep=self.runner.window.versions(self.trainer.version))
         step, interval = self.start_step, self.cfg.loop.checkpoint_interval
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
@@ -219,11 +216,25 @@ class TrainerLoop:
             log.error("%s", self.fatal)
 
     def step(self, step: int) -> bool:
-        """One trainer step (see the module docstring); False when a signal or a failure cut
-        the receive (no step was made)."""
-        t, ps = self.trainer.version, self.ps
-        start = time.monotonic()
-        received = receive_groups(self.ep, ps, self.cfg.algorithm.groups_per_step,
+        """One trainer step: receive -> plan -> train -> publish -> evict. False when a signal or
+        a failure cut the receive (no step was made)."""
+        start, t = time.monotonic(), self.trainer.version
+        groups = self._receive(step)
+        if groups is None:
+            return False
+        clock = StepClock(receive_wait_seconds=time.monotonic() - start)
+        plan = self.runner.plan(groups, step, clock)  # TP/PP peers: the hub's mini-batches
+        result = self.runner.train(plan, clock)
+        self._publish()
+        clock.lap("publish_seconds")
+        if self.planner is not None:  # the hub: end the step, log it
+            self.planner.evict(self.trainer.version, plan.stats)
+            self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
+        return True
+
+    def _receive(self, step: int) -> list | None:
+        """This replica's new groups of ``step``, or None when a signal or a failure cut the wait."""
+        received = receive_groups(self.ep, self.ps, self.cfg.algorithm.groups_per_step,
                                   self.cfg.loop.receive_timeout_s, step,
                                   self.cfg.transport.control.poll_interval_s,
                                   self.cfg.transport.control.num_workers,
@@ -232,16 +243,9 @@ class TrainerLoop:
             self.fatal = received.fatal
             log.error("%s", self.fatal)
         if received.stopped or received.fatal:
-            return False
-        groups = received.groups
-        self._count(groups)
-        clock = StepClock(receive_wait_seconds=time.monotonic() - start)
-        sums, result = self.runner.run(groups, step, clock)
-        self._publish()
-        clock.lap("publish_seconds")
-        sums.update(self.planner.evict(self.trainer.version))
-        self._log(step, t, sums, result, clock.laps, time.monotonic() - start)
-        return True
+            return None
+        self._count(received.groups)
+        return received.groups
 
     def _count(self, groups) -> None:
         """Received groups, and per worker how many it made (group ids fold the worker id in)."""
@@ -250,25 +254,23 @@ class TrainerLoop:
         for g in groups:
             self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.group_id // workers + 1)
 
-    def _log(self, step: int, t: int, sums: dict[str, Any], result, laps: dict[str, float],
+    def _log(self, step: int, t: int, stats: StepStats, result, laps: dict[str, float],
              wall_s: float) -> None:
-        if not (self.ps.tp_rank == 0 and self.ps.pp_rank == 0):
-            return
-        reduced = reduce_stats(sums, lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
+        reduced = stats.reduce(lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
         trainer = {
             "loss": result.loss, "grad_norm": result.grad_norm, "lr": result.lr,
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
-            "rollout_tokens_per_s": reduced.get("response_tokens_received", 0.0) / gen_s,
+            "rollout_tokens_per_s": reduced.response_tokens_received / gen_s,
             "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
             "generation_seconds": self._engine_seconds(), **laps,
             "version": float(self.trainer.version),
             "optimizer_steps": float(result.optimizer_steps),
             # oldest behavior version trained on at version t (-1: nothing selected)
-            "selected_version_oldest": (float(t - reduced["selected_staleness_max"])
-                                        if reduced["selected_staleness_max"] >= 0 else -1.0),
+            "selected_version_oldest": (float(t - reduced.selected_staleness_max)
+                                        if reduced.selected_staleness_max >= 0 else -1.0),
             **self.ep.heartbeat.peer_counters(),  # rollout-side events, e.g. reward_errors
             **{k: v for k, v in result.stats.items()},
         }
@@ -301,9 +303,8 @@ class TrainerLoop:
         log.info("trainer rank %d stopped after step %d", self.ps.rank, step)
 
 
-def run_trainer(cfg: TrainerRunConfig, env: DistEnv) -> int:
+def run_trainer(cfg: RunConfig, env: DistEnv) -> int:
     """Entry of one trainer rank (called by ``launch.trainer``)."""
     trainer, ps = build_trainer(cfg, env)
     endpoints = open_endpoints(cfg.transport, ps)
-    run_config = asdict(cfg) if hasattr(cfg, "__dataclass_fields__") else None
-    return TrainerLoop(cfg, trainer, ps, endpoints, run_config).run()
+    return TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg)).run()

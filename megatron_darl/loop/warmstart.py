@@ -28,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_darl.data.builtin import build_builtin_tokenizer, builtin_prompts, builtin_reward
-from megatron_darl.data.builtin import reference_solution
+from megatron_darl.data.builtin import build_builtin_tokenizer, builtin_prompts, reference_solution
 
 
 @dataclass
@@ -144,21 +143,6 @@ def fit_policy(cfg: WarmStartConfig, out_dir: Path, log=print) -> Path:
                 f"({time.time() - start:.0f}s)")
     model.save_pretrained(str(out_dir), safe_serialization=True)
     return out_dir
-
-
-def greedy_accuracy(model_dir: Path, num_prompts: int = 128, seed: int = 7, max_new_tokens: int = 48) -> float:
-    """Greedy exact-match accuracy of a saved policy on fresh built-in prompts."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
-    records = builtin_prompts(num_prompts, seed)
-    enc = tokenizer([r.prompt for r in records], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id)
-    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return sum(builtin_reward(t, r.reference) for t, r in zip(texts, records)) / len(records)
 
 
 def ensure_warm_policy(cfg: WarmStartConfig, log=print) -> Path:

@@ -17,24 +17,8 @@ import torch
 
 from megatron_darl.algorithms import grpo_advantages, select_groups
 from megatron_darl.replay.records import group_from_state, group_to_state
-from megatron_darl.samples import SampleGroup
-
-_MASK64 = (1 << 64) - 1
-
-
-def shard_of(group_id: int, num_shards: int) -> int:
-    """DP shard that owns a group: a stable 64-bit mix (splitmix64) of the id, mod ``num_shards``.
-
-    Stable across processes and Python versions (unlike ``hash``) and balanced even when group
-    ids carry a worker id in fixed bit positions.
-    """
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    z = (group_id + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) % num_shards
-
+from megatron_darl.replay.window import VersionWindow
+from megatron_darl.samples import SampleGroup, shard_of
 
 @dataclass
 class BufferEntry:
@@ -63,7 +47,7 @@ class ReplayBuffer:
 
     def __init__(
         self,
-        k: int,
+        window: VersionWindow | int,
         num_shards: int = 1,
         warmup: int = 0,
         drop_degenerate: bool = True,
@@ -71,13 +55,14 @@ class ReplayBuffer:
         adv_eps: float = 1e-6,
     ) -> None:
         """Args:
-        k: window size K (``replay.k``); versions ``[t - k + 1, t]`` are kept.
+        window: the replay window (``replay.k``; an int is ``VersionWindow(int)``).
         num_shards: DP shards the groups are spread over.
         warmup: steps (``replay.warmup``) during which the freshest groups are taken.
         drop_degenerate: never select groups whose advantages are all zero.
         max_replays: times a group may be selected; ``None`` = unlimited while in window.
         adv_eps: eps of ``grpo_advantages``.
         """
+        k = window.k if isinstance(window, VersionWindow) else window
         self._configure(k, num_shards, warmup, drop_degenerate, max_replays, adv_eps)
         self._entries: dict[int, BufferEntry] = {}  # group_id -> entry, in arrival order
         self._next_seq = 0
@@ -87,15 +72,13 @@ class ReplayBuffer:
         max_replays: int | None, adv_eps: float,
     ) -> None:
         """Validate and set the settings (shared by ``__init__`` and ``load_state_dict``)."""
-        if k < 1:
-            raise ValueError(f"replay k must be >= 1, got {k}")
+        self.window = VersionWindow(k)
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         if max_replays is not None and max_replays < 1:
             raise ValueError(f"max_replays must be >= 1 or None, got {max_replays}")
-        self.k = k
         self.num_shards = num_shards
         self.warmup = warmup
         self.drop_degenerate = drop_degenerate
@@ -149,8 +132,8 @@ class ReplayBuffer:
         return entry
 
     def evict(self, current_version: int) -> list[int]:
-        """Drop groups with behavior version < ``current_version - k + 1``; return sample ids."""
-        oldest = current_version - self.k + 1
+        """Drop groups left of the window at ``current_version``; return their sample ids."""
+        oldest = self.window.oldest(current_version)
         gone = [gid for gid, e in self._entries.items() if e.behavior_version < oldest]
         sample_ids: list[int] = []
         for gid in gone:
@@ -224,7 +207,7 @@ class ReplayBuffer:
         """Plain dict of scalars, lists and tensors (``torch.load(weights_only=True)`` works)."""
         return {
             "config": {
-                "k": self.k, "num_shards": self.num_shards, "warmup": self.warmup,
+                "k": self.window.k, "num_shards": self.num_shards, "warmup": self.warmup,
                 "drop_degenerate": self.drop_degenerate, "max_replays": self.max_replays,
                 "adv_eps": self.adv_eps,
             },

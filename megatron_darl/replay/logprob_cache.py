@@ -85,7 +85,7 @@ class LogProbCache:
         rows[version] = CacheRow(row, source)
         return True
 
-    def put_batch(
+    def put_packed(
         self,
         sample_ids: Sequence[int],
         version: int,
@@ -93,21 +93,17 @@ class LogProbCache:
         lengths: torch.Tensor | Sequence[int],
         source: RowSource | str,
     ) -> int:
-        """Store the rows of a padded ``(N, T_max)`` batch (e.g. the trainer's pass) cut to lengths.
+        """Store the rows of a packed ``(n,)`` tensor (e.g. the trainer's pass), cut by ``lengths``.
 
-        Returns the number of rows stored (rows kept by precedence are not counted).
+        The packed layout is the samples' response tokens end to end, the layout of the log-prob
+        pass. Returns the number of rows stored (rows kept by precedence are not counted).
         """
-        if logprobs.dim() != 2 or logprobs.shape[0] != len(sample_ids):
-            raise ValueError(
-                f"logprobs must be ({len(sample_ids)}, T_max), got {tuple(logprobs.shape)}"
-            )
         lengths = [int(n) for n in lengths]
-        if len(lengths) != len(sample_ids) or max(lengths, default=0) > logprobs.shape[1]:
-            raise ValueError(f"lengths must be {len(sample_ids)} values <= {logprobs.shape[1]}")
-        return sum(
-            self.put(sid, version, logprobs[n, :length], source)
-            for n, (sid, length) in enumerate(zip(sample_ids, lengths))
-        )
+        if logprobs.dim() != 1 or len(lengths) != len(sample_ids) or sum(lengths) != logprobs.shape[0]:
+            raise ValueError(f"logprobs must be packed ({sum(lengths)},) for {len(sample_ids)} samples "
+                             f"of lengths {lengths[:8]}..., got {tuple(logprobs.shape)}")
+        rows = torch.split(logprobs, lengths)
+        return sum(self.put(sid, version, r, source) for sid, r in zip(sample_ids, rows))
 
     def get(self, sample_id: int, version: int) -> torch.Tensor | None:
         """The ``(T,)`` row, or None if not cached."""
@@ -132,36 +128,32 @@ class LogProbCache:
         self,
         sample_ids: Sequence[int],
         versions: Sequence[int],
-        t_max: int | None = None,
         strict: bool = False,
         device: torch.device | str | None = None,
     ) -> torch.Tensor:
-        """``(K, N, T_max)`` float32 rows for ``versions`` x ``sample_ids``.
+        """``(K, n)`` float32 rows for ``versions`` x ``sample_ids`` in the packed layout.
 
-        Positions past a sample's length hold 0.0; a missing row is ``-inf`` throughout (a
-        density that cannot be used by accident: it zeroes that version in a mixture, and
-        ``batch_behavior_weights`` refuses it at real tokens), or with ``strict`` raises
-        ``KeyError`` naming the missing rows. ``t_max`` defaults to the longest cached sample.
+        Row k holds each sample's cached row of ``versions[k]`` end to end (n = the samples'
+        summed lengths); a missing row is ``-inf`` throughout (a density that cannot be used by
+        accident: it zeroes that version in a mixture, and ``batch_behavior_weights`` refuses it
+        at real tokens), or with ``strict`` raises ``KeyError`` naming the missing rows. A sample
+        with no row at all has length 0.
         """
         if strict:
             gaps = self.missing(sample_ids, versions)
             if gaps:
                 raise KeyError(f"{len(gaps)} log-prob rows not cached, e.g. {gaps[:5]}")
         lengths = [self._length(sid) for sid in sample_ids]
-        if t_max is None:
-            t_max = max(lengths, default=0)
-        elif max(lengths, default=0) > t_max:
-            raise ValueError(f"t_max={t_max} is shorter than a cached row ({max(lengths)})")
-        out = torch.zeros(len(versions), len(sample_ids), t_max, dtype=torch.float32,
-                          device=device)  # (K, N, T_max)
-        for n, sid in enumerate(sample_ids):
+        out = torch.full((len(versions), sum(lengths)), float("-inf"), dtype=torch.float32,
+                         device=device)  # (K, n)
+        start = 0
+        for sid, n in zip(sample_ids, lengths):
             rows = self._rows.get(sid, {})
             for k, version in enumerate(versions):
                 row = rows.get(version)
-                if row is None:
-                    out[k, n].fill_(float("-inf"))
-                else:
-                    out[k, n, : row.logprobs.shape[0]] = row.logprobs
+                if row is not None:
+                    out[k, start : start + n] = row.logprobs
+            start += n
         return out
 
     def backfill_nearest(self, sample_ids: Iterable[int], versions: Sequence[int]) -> int:

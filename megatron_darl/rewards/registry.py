@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-from megatron_darl.data.builtin import builtin_reward
 from megatron_darl.data.records import PromptRecord
+from megatron_darl.rewards.builtin_answer import builtin_reward
 from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with, stdio_reward_with
 from megatron_darl.rewards.math_answer import MathRewardConfig, math_reward_with
 from megatron_darl.rewards.sandbox import sandbox_mode

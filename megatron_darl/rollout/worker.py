@@ -10,7 +10,9 @@ contract (``engines.base.StreamingEngine``; a batch engine such as ``hf`` is wra
     poll: take the groups whose n responses are done (a batch engine generates here), hand
           their rewards to a thread pool (off the engine's critical path); post finished groups
 
-A group is posted the moment it finishes, whatever the others in flight are doing. At a weight
+A group is handed to the sample channel the moment it finishes, whatever the others in flight
+are doing; the channel's own thread per hub sends it (``transport.channel``: over a data-plane
+pair group, the store carrying only its header), so the loop waits only on back-pressure. At a weight
 sync, ``update_mode`` decides what happens to groups in flight: ``finish`` stops admitting,
 lets them complete on the old weights (a sample's tokens keep one version), then loads;
 ``interrupt`` loads at once and they continue on the new weights, every token tagged with the
@@ -97,6 +99,16 @@ class _Pending:
     rewards: Future  # -> list[float], one per sample
 
 
+def channel_device(engine_device) -> torch.device:
+    """Where sample payloads leave from: the engine's GPU, else this process's (a vLLM engine runs
+    in processes of its own on the GPUs this one sees), else the CPU (a gloo pair)."""
+    if isinstance(engine_device, torch.device) and engine_device.type == "cuda":
+        return engine_device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class RolloutWorker:
     """Run generation for the trainer until it asks to stop (or goes away).
 
@@ -171,9 +183,10 @@ class RolloutWorker:
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
         self._store = store
-        sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id)
         gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
         engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
+        sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id,
+                              gate=gate, device=channel_device(engine_device))
         receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.cfg.worker_id,
                                   self.engine.load_weights, initial_version=self.cfg.initial_version,
                                   gpu=device_uuid(engine_device) if isinstance(engine_device, torch.device) else None)
@@ -186,7 +199,7 @@ class RolloutWorker:
             self._sync_if_offered(stream, receiver, hb)
 
         while not stop_requested(store):
-            pending = self._flush(sender, gate, pending + self._take_ready(), safe_point,
+            pending = self._flush(sender, pending + self._take_ready(), safe_point,
                                   lambda: stop_requested(store), wait=False)
             safe_point()
             admitted = self._admit(gate, stream, receiver)
@@ -201,10 +214,13 @@ class RolloutWorker:
         # are dropped with the engine.
         deadline = time.monotonic() + self.transport.heartbeat.timeout_s / 2
         before = self.groups_sent
-        left = self._flush(sender, gate, pending + self._take_ready(), safe_point,
+        left = self._flush(sender, pending + self._take_ready(), safe_point,
                            lambda: time.monotonic() > deadline, wait=True)
-        log.info("%s: stop flag seen; drained %d groups (%d sent in all), %d left unsent, %d still generating",
-                 self.me.describe(), self.groups_sent - before, self.groups_sent, len(left), stream.inflight())
+        unacked = sender.flush(max(0.0, deadline - time.monotonic()))
+        sender.close()
+        log.info("%s: stop flag seen; drained %d groups (%d sent in all, %d not acked), %d left unsent, "
+                 "%d still generating", self.me.describe(), self.groups_sent - before, self.groups_sent,
+                 unacked, len(left), stream.inflight())
         return EXIT_OK
 
     def _sync_if_offered(self, stream: StreamingEngine, receiver: WeightReceiver, hb: Heartbeat) -> None:
@@ -285,8 +301,10 @@ class RolloutWorker:
                 truncated=g.finish_reason == "length"))
         return SampleGroup(group_id=group_id, prompt_id=record.prompt_id, samples=samples, worker_id=self.cfg.worker_id)
 
-    def _flush(self, sender: SampleSender, gate: StalenessGate, pending: list[_Pending],
-               safe_point: Callable[[], None], stopped: Callable[[], bool], wait: bool) -> list[_Pending]:
+    def _flush(self, sender: SampleSender, pending: list[_Pending], safe_point: Callable[[], None],
+               stopped: Callable[[], bool], wait: bool) -> list[_Pending]:
+        """Hand finished groups to the channel (the one that reaches the hub ends its staleness
+        reservation: ``SampleSender``); returns those not handed over."""
         left = []
         for i, p in enumerate(pending):
             if not wait and not p.rewards.done():
@@ -296,6 +314,5 @@ class RolloutWorker:
                 sample.reward = reward
             if sender.send(p.group, p.ticket, while_waiting=safe_point, stopped=stopped) is None:
                 return left + pending[i:]  # stop flag raised while blocked: leave unsent
-            gate.posted(p.ticket)
             self.groups_sent += 1
         return left

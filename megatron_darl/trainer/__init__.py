@@ -5,14 +5,15 @@ heavy is imported here; the public API lives in the submodules:
 
   parallel.ParallelConfig, init_parallel(cfg) -> ParallelState, destroy_parallel()
   config.TrainerConfig (OptimizerConfig, MicroBatchConfig)
-  batch.TrainBatch                    packed sequences + loss mask + named loss fields
-  batch.broadcast_batch(batch|None, parallel_state)  hub rank -> its replica's TP x PP ranks
+  batch.TrainBatch                    packed sequences + loss mask + the loss's typed inputs
+                                      (a dataclass of (n,) tensors, one value per scored token)
+  batch.broadcast_batch(batch|None, parallel_state, payload_type)  hub -> its replica's ranks
   policy_trainer.PolicyTrainer(cfg, parallel_state, hf_config, temperature=1.0)
-      .compute_logprobs(batch, version=None) -> (T,) fp32 log-probs of the scored tokens
-        (of softmax(logits / temperature): the sampler's density)
+      .compute_logprobs(batch, version=None) -> (n,) fp32 log-probs of the scored tokens, in
+        order (of softmax(logits / temperature): the sampler's density)
       .train_steps(minibatches, loss_fn) -> StepResult: one optimizer step per mini-batch,
         one new version (PPO mini-batches); .train_step(batch, loss_fn) = one mini-batch
-      .snapshot(version=None, keep_last=None)   host copies for exact backfill
+      .snapshot(version=None, keep=None)   host copies for exact backfill (keep: the window)
       .export_hf_stage() -> iterator of (hf_name, full tensor) for weight sync
       .step, .version
   checkpoint.save_checkpoint(trainer, dir, extra_state=None, with_snapshots=False),

@@ -1,10 +1,12 @@
 """The trainer's input contract (``TrainBatch``) and its cut into padded micro-batches.
 
 A ``TrainBatch`` is a DP shard's sequences packed end to end (prompt + response token ids) with a
-loss mask and *named* float fields that the loss function needs (per token, e.g. proximal
-log-probs and behavior weights; per sequence, e.g. advantages). The trainer never reads the
-fields: it only slices them alongside the tokens, so the algorithm can change without touching
-the trainer.
+loss mask and the loss function's inputs, ``loss_inputs``: a dataclass of the caller's whose
+tensor fields hold one value per *scored* token, in the scored-token layout (the scored tokens
+of sequence 0, then of sequence 1, ..., positions ascending: exactly the order of the ``logp``
+the loss function and ``compute_logprobs`` see). The trainer never reads the fields: it only
+slices them alongside the tokens and moves them to the device, so the algorithm can change
+without touching the trainer, and the loss gets typed inputs, not a dict of names.
 
 Micro-batching is **length-bucketed padding**, not THD packing: Megatron's packed-sequence path
 (``packed_seq_params`` with cu_seqlens) needs Transformer Engine or flash-attn varlen kernels,
@@ -24,20 +26,48 @@ sequence can never be scored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 
+def scored_fields(payload: Any) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of each field of a loss-inputs dataclass, in declaration order."""
+    if payload is None:
+        return []
+    if not dataclasses.is_dataclass(payload):
+        raise TypeError(f"loss_inputs must be a dataclass of (n,) tensors, got {type(payload).__name__}")
+    out = [(f.name, getattr(payload, f.name)) for f in dataclasses.fields(payload)]
+    for name, value in out:
+        if not torch.is_tensor(value):
+            raise TypeError(f"loss_inputs.{name} is a {type(value).__name__}, not a tensor")
+    return out
+
+
+def take_scored(payload: Any, index: torch.Tensor) -> Any:
+    """The same loss inputs at the scored tokens ``index`` (``(m,)`` int64), in that order."""
+    if payload is None:
+        return None
+    return dataclasses.replace(payload, **{k: v[index.to(v.device)] for k, v in scored_fields(payload)})
+
+
+def move_scored(payload: Any, device: torch.device | str) -> Any:
+    """The same loss inputs with every tensor on ``device``."""
+    if payload is None:
+        return None
+    return dataclasses.replace(payload, **{k: v.to(device) for k, v in scored_fields(payload)})
+
+
 @dataclass
 class TrainBatch:
-    """One DP shard's sequences, packed end to end, with the fields the loss needs."""
+    """One DP shard's sequences, packed end to end, with the loss's inputs per scored token."""
 
     input_ids: torch.Tensor  # (T,) int64 token ids of all sequences concatenated
     seq_lens: torch.Tensor  # (N,) int64 length of each sequence (prompt + response); sums to T
     loss_mask: torch.Tensor  # (T,) bool True where the token is scored (never a sequence's first)
-    token_fields: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (T,) float
-    seq_fields: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> (N,) float
+    loss_inputs: Any = None  # dataclass of (n,) tensors, n = scored tokens (scored layout), or None
 
     def __post_init__(self) -> None:
         total = int(self.input_ids.shape[0])
@@ -55,21 +85,15 @@ class TrainBatch:
             self.loss_mask = self.loss_mask.bool()
         if self.loss_mask[self.offsets[:-1]].any():
             raise ValueError("TrainBatch.loss_mask marks the first token of a sequence (it has no context)")
-        for name, value in self.token_fields.items():
-            if value.shape != (total,):
-                raise ValueError(f"TrainBatch.token_fields[{name!r}] must be ({total},), got {tuple(value.shape)}")
-        n = self.num_sequences
-        for name, value in self.seq_fields.items():
+        n = self.num_loss_tokens
+        for name, value in scored_fields(self.loss_inputs):
             if value.shape != (n,):
-                raise ValueError(f"TrainBatch.seq_fields[{name!r}] must be ({n},), got {tuple(value.shape)}")
+                raise ValueError(f"TrainBatch.loss_inputs.{name} must be ({n},) (one per scored token), "
+                                 f"got {tuple(value.shape)}")
 
     @classmethod
     def from_sequences(
-        cls,
-        tokens: list[torch.Tensor],
-        loss_masks: list[torch.Tensor],
-        token_fields: dict[str, list[torch.Tensor]] | None = None,
-        seq_fields: dict[str, torch.Tensor] | None = None,
+        cls, tokens: list[torch.Tensor], loss_masks: list[torch.Tensor], loss_inputs: Any = None,
     ) -> "TrainBatch":
         """Pack per-sequence ``(L_i,)`` tensors into one batch."""
         if len(tokens) != len(loss_masks) or not tokens:
@@ -78,8 +102,7 @@ class TrainBatch:
             input_ids=torch.cat([t.long() for t in tokens]),
             seq_lens=torch.tensor([int(t.shape[0]) for t in tokens], dtype=torch.int64),
             loss_mask=torch.cat([m.bool() for m in loss_masks]),
-            token_fields={k: torch.cat(v) for k, v in (token_fields or {}).items()},
-            seq_fields=dict(seq_fields or {}),
+            loss_inputs=loss_inputs,
         )
 
     @property
@@ -93,7 +116,7 @@ class TrainBatch:
 
     @property
     def num_loss_tokens(self) -> int:
-        """Scored tokens (the loss's token count)."""
+        """Scored tokens n (the loss's token count, the length of the scored layout)."""
         return int(self.loss_mask.sum())
 
     @property
@@ -103,17 +126,22 @@ class TrainBatch:
         torch.cumsum(self.seq_lens, 0, out=out[1:])
         return out
 
+    def scored_index(self) -> torch.Tensor:
+        """(T,) int64 position of each token in the scored layout (-1 where not scored)."""
+        rank = torch.cumsum(self.loss_mask.long(), 0) - 1
+        return torch.where(self.loss_mask, rank, torch.full_like(rank, -1))
+
     def select(self, seq_indices: list[int]) -> "TrainBatch":
-        """The sub-batch of the given sequences, in the given order."""
+        """The sub-batch of the given sequences, in the given order (loss inputs alongside)."""
         offs = self.offsets
         token_idx = torch.cat([torch.arange(int(offs[i]), int(offs[i + 1])) for i in seq_indices])
         seq_idx = torch.tensor(seq_indices, dtype=torch.int64)
+        scored = self.scored_index()[token_idx]
         return TrainBatch(
             input_ids=self.input_ids[token_idx],
             seq_lens=self.seq_lens[seq_idx],
             loss_mask=self.loss_mask[token_idx],
-            token_fields={k: v[token_idx] for k, v in self.token_fields.items()},
-            seq_fields={k: v[seq_idx] for k, v in self.seq_fields.items()},
+            loss_inputs=take_scored(self.loss_inputs, scored[scored >= 0]),
         )
 
     def to(self, device: torch.device | str) -> "TrainBatch":
@@ -122,64 +150,8 @@ class TrainBatch:
             input_ids=self.input_ids.to(device),
             seq_lens=self.seq_lens.to(device),
             loss_mask=self.loss_mask.to(device),
-            token_fields={k: v.to(device) for k, v in self.token_fields.items()},
-            seq_fields={k: v.to(device) for k, v in self.seq_fields.items()},
+            loss_inputs=move_scored(self.loss_inputs, device),
         )
-
-    def masked(self, name: str) -> torch.Tensor:
-        """``token_fields[name]`` at the scored tokens: (n,), aligned with the loss's ``logp``."""
-        return self.token_fields[name][self.loss_mask]
-
-    def per_token(self, name: str) -> torch.Tensor:
-        """``seq_fields[name]`` repeated over each sequence's scored tokens: (n,)."""
-        seq_of_token = torch.repeat_interleave(
-            torch.arange(self.num_sequences, device=self.seq_lens.device), self.seq_lens
-        )
-        return self.seq_fields[name][seq_of_token[self.loss_mask]]
-
-    def scored_to_padded(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Lay (n,) scored-token values out as (N, T_max) rows, one per sequence.
-
-        For losses written over ``(N, T)`` tensors (``algorithms.policy_loss``). Differentiable
-        in ``values``. Returns ``(padded, mask)``: zeros and ``False`` where no token is scored.
-        """
-        counts = torch.stack([m.sum() for m in torch.split(self.loss_mask, self.seq_lens.tolist())])
-        width = max(int(counts.max()), 1)
-        rows = torch.repeat_interleave(torch.arange(self.num_sequences), counts)
-        starts = torch.cumsum(counts, 0) - counts
-        cols = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
-        rows, cols = rows.to(values.device), cols.to(values.device)
-        padded = values.new_zeros(self.num_sequences, width).index_put((rows, cols), values)
-        mask = torch.zeros(self.num_sequences, width, dtype=torch.bool, device=values.device)
-        mask[rows, cols] = True
-        return padded, mask
-
-    def split_by_sequence(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Cut a (T,) tensor aligned with ``input_ids`` into per-sequence (L_i,) views."""
-        return list(torch.split(flat, self.seq_lens.tolist()))
-
-
-def broadcast_batch(batch: TrainBatch | None, parallel_state) -> TrainBatch:
-    """Give every rank of a DP replica the batch its hub rank (TP 0, first PP stage) holds.
-
-    Samples arrive at the hub (DESIGN 3); the trainer needs the same ``TrainBatch`` on all
-    TP x PP ranks of the replica. Collective over the replica's model-parallel group; other
-    ranks pass ``None``.
-    """
-    import torch.distributed as dist
-
-    ps = parallel_state
-    hub = ps.tp_rank == 0 and ps.pp_rank == 0
-    if hub and batch is None:
-        raise ValueError(f"broadcast_batch: the hub rank {ps.rank} has no batch")
-    if ps.tp_size * ps.pp_size == 1:
-        return batch
-    group = ps.model_parallel_group
-    src = dist.get_global_rank(group, 0)
-    assert hub == (ps.rank == src), "model-parallel group rank 0 must be TP 0 / PP 0"
-    box = [batch if hub else None]
-    dist.broadcast_object_list(box, src=src, group=group)
-    return box[0]
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -214,7 +186,7 @@ class MicroBatch:
     position_ids: torch.Tensor  # (B, S) int64 0..S-1 per row
     pred_rows: torch.Tensor  # (n,) int64 flat index b * S + t - 1 of the logits scoring each token
     targets: torch.Tensor  # (n,) int64 the scored token ids
-    source_index: torch.Tensor  # (n,) int64 position of each scored token in the parent batch
+    scored_index: torch.Tensor  # (n,) int64 position of each scored token in the parent's scored layout
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -222,16 +194,12 @@ class MicroBatch:
 
 
 def make_microbatch(
-    parent: TrainBatch,
-    seq_indices: list[int],
-    score_mask: torch.Tensor,
-    pad_multiple: int,
-    device: torch.device,
+    parent: TrainBatch, seq_indices: list[int], pad_multiple: int, device: torch.device,
 ) -> MicroBatch:
-    """Pad ``parent``'s sequences ``seq_indices`` to one length; score where ``score_mask`` (T,).
+    """Pad ``parent``'s sequences ``seq_indices`` to one length, scored where its loss mask is.
 
-    Scored tokens are listed sequence by sequence, positions ascending: with
-    ``score_mask = parent.loss_mask`` that is the order of ``batch.masked(name)``.
+    Scored tokens are listed sequence by sequence, positions ascending: the scored layout of
+    ``batch`` (``parent.select(seq_indices)``), which is what ``loss_fn`` receives.
     """
     offs = parent.offsets.tolist()
     lens = [int(parent.seq_lens[i]) for i in seq_indices]
@@ -240,7 +208,7 @@ def make_microbatch(
     pred_rows, source = [], []
     for b, (i, length) in enumerate(zip(seq_indices, lens)):
         input_ids[b, :length] = parent.input_ids[offs[i] : offs[i] + length]
-        scored = torch.nonzero(score_mask[offs[i] : offs[i] + length]).flatten()
+        scored = torch.nonzero(parent.loss_mask[offs[i] : offs[i] + length]).flatten()
         pred_rows.append(b * seq_len + scored - 1)
         source.append(offs[i] + scored)
     source_index = torch.cat(source)
@@ -251,14 +219,63 @@ def make_microbatch(
         position_ids=position_ids.contiguous().to(device),
         pred_rows=torch.cat(pred_rows).to(device),
         targets=parent.input_ids[source_index].to(device),
-        source_index=source_index,
+        scored_index=parent.scored_index()[source_index],
     )
 
 
 def split_microbatches(
-    batch: TrainBatch, score_mask: torch.Tensor, token_budget: int, pad_multiple: int,
-    device: torch.device,
+    batch: TrainBatch, token_budget: int, pad_multiple: int, device: torch.device,
 ) -> list[MicroBatch]:
     """The step's micro-batches (``plan_microbatches``), padded and on ``device``."""
     plan = plan_microbatches(batch.seq_lens.tolist(), token_budget, pad_multiple)
-    return [make_microbatch(batch, idx, score_mask, pad_multiple, device) for idx in plan]
+    return [make_microbatch(batch, idx, pad_multiple, device) for idx in plan]
+
+
+_DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16)
+
+
+def broadcast_batch(batch: TrainBatch | None, parallel_state, payload_type: type | None = None) -> TrainBatch:
+    """Give every rank of a DP replica the batch its hub rank (TP 0, first PP stage) holds.
+
+    Samples and the replay state live on the hub (DESIGN 3); the trainer needs the same
+    ``TrainBatch`` on all TP x PP ranks of the replica. Tensors only, no pickles: a small
+    int64 header (sizes, dtypes) and then each tensor, broadcast inside the replica's
+    model-parallel group on the trainer's device (NCCL on GPU, gloo on CPU). The other ranks pass
+    ``None`` and ``payload_type``, the dataclass of ``loss_inputs`` (fields in declaration order),
+    or ``None`` for a batch without loss inputs. Returns the batch in host memory, as the
+    trainer's calls take it (they move each micro-batch to the device themselves).
+    """
+    import torch.distributed as dist
+
+    ps = parallel_state
+    hub = ps.tp_rank == 0 and ps.pp_rank == 0
+    if hub and batch is None:
+        raise ValueError(f"broadcast_batch: the hub rank {ps.rank} has no batch")
+    if ps.tp_size * ps.pp_size == 1:
+        return batch
+    group, device = ps.model_parallel_group, ps.device
+    src = dist.get_global_rank(group, 0)
+    assert hub == (ps.rank == src), "model-parallel group rank 0 must be TP 0 / PP 0"
+    fields = scored_fields(batch.loss_inputs) if hub else []
+    head = torch.zeros(4 + 8, dtype=torch.int64, device=device)  # T, N, n, fields, dtype codes
+    if hub:
+        assert len(fields) <= 8, "broadcast_batch carries at most 8 loss-input fields"
+        codes = [_DTYPES.index(v.dtype) for _, v in fields]
+        head[:4 + len(codes)] = torch.tensor([batch.num_tokens, batch.num_sequences,
+                                              batch.num_loss_tokens, len(fields), *codes])
+    dist.broadcast(head, src=src, group=group)
+    t, n_seq, n, f = (int(x) for x in head[:4].tolist())
+    shapes = [((t,), torch.int64), ((n_seq,), torch.int64), ((t,), torch.bool)]
+    shapes += [((n,), _DTYPES[int(c)]) for c in head[4:4 + f].tolist()]
+    mine = [batch.input_ids, batch.seq_lens, batch.loss_mask, *(v for _, v in fields)] if hub else []
+    out = []
+    for i, (shape, dtype) in enumerate(shapes):
+        buf = mine[i].to(device).contiguous() if hub else torch.empty(shape, dtype=dtype, device=device)
+        dist.broadcast(buf, src=src, group=group)
+        out.append(buf)
+    if hub:
+        return batch
+    if f and payload_type is None:
+        raise ValueError("broadcast_batch: the hub's batch has loss inputs; pass their payload_type")
+    out = [t.cpu() for t in out]
+    return TrainBatch(out[0], out[1], out[2], payload_type(*out[3:]) if f else None)

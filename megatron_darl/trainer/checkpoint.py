@@ -195,9 +195,14 @@ def check_same_model(spec, ckpt_dir: Path, saved: dict) -> None:
         raise ValueError(f"{ckpt_dir} is a checkpoint of another model ({'; '.join(diff)})")
 
 
-def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool = False) -> Resumed:
+def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool = False,
+                    extra_ranks: list[int] | None = None) -> Resumed:
     """Restore model, optimizer, scheduler, step, version (and RNG at equal TP/PP), and with
-    ``with_snapshots`` the parameter snapshots the checkpoint carries."""
+    ``with_snapshots`` the parameter snapshots the checkpoint carries.
+
+    ``extra_ranks``: the DP ranks whose extra state to read (default all); the others' entries
+    of ``Resumed.extra_states`` are None (a hub's TP/PP peers read none: no replay state there).
+    """
     from megatron.core import dist_checkpointing
 
     from megatron_darl.trainer.checkpoint_io import read_metadata
@@ -238,7 +243,7 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
         from megatron_darl.trainer.snapshots import load_snapshots
 
         load_snapshots(trainer, path)
-    extras = load_extra_states(path, int(meta["dp"]))
+    extras = load_extra_states(path, int(meta["dp"]), extra_ranks)
     return Resumed(trainer.step, trainer.version, int(meta["dp"]), extras)
 
 
@@ -261,8 +266,9 @@ def check_plain(obj: Any, where: str) -> None:
                         "state holds only tensors, numbers, strings, None, lists, tuples and dicts")
 
 
-def load_extra_states(ckpt_dir: str | os.PathLike, dp: int) -> list[Any]:
-    """``extra/dp<rank>.pt`` of every DP rank, loaded as data only (``weights_only=True``).
+def load_extra_states(ckpt_dir: str | os.PathLike, dp: int, ranks: list[int] | None = None) -> list[Any]:
+    """``extra/dp<rank>.pt`` of every DP rank in ``ranks`` (default all; None for the others),
+    loaded as data only (``weights_only=True``).
 
     Raises:
         ValueError: naming the file, when it is damaged or holds anything but tensors and plain
@@ -272,6 +278,9 @@ def load_extra_states(ckpt_dir: str | os.PathLike, dp: int) -> list[Any]:
 
     path, out = Path(ckpt_dir), []
     for r in range(dp):
+        if ranks is not None and r not in ranks:
+            out.append(None)
+            continue
         file = path / "extra" / f"dp{r:05d}.pt"
         if not file.is_file():
             raise damaged(path, f"{file} is missing")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from megatron_darl.transport.store import free_port
+from megatron_darl.ports import free_port
 
 
 @dataclass

@@ -15,10 +15,8 @@ contract and nothing else:
   about PPO; the loop adapts the algorithm's loss, e.g.::
 
       def loss_fn(logp, b):                      # logp (n,): b's scored tokens, in order
-          lp, mask = b.scored_to_padded(logp)    # (N, T) for losses written per sequence
-          prox, _ = b.scored_to_padded(b.masked("logp_proximal"))
-          w, _ = b.scored_to_padded(b.masked("behavior_weight"))
-          loss, stats = policy_loss(lp, prox, w, b.seq_fields["advantage"], mask,
+          x = b.loss_inputs                      # the caller's dataclass, sliced alike: (n,) each
+          loss, stats = policy_loss(logp, x.logp_base, x.weights, x.advantages, None,
                                     clip_low, clip_high, num_tokens=1.0)  # 1.0: a sum
           return loss, stats_as_floats(stats)
 * ``snapshot(version)`` / ``compute_logprobs(batch, version=k)`` for exact backfill;
@@ -33,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -166,7 +164,7 @@ class PolicyTrainer:
     def _microbatches(self, batch: TrainBatch, forward_only: bool = False) -> list[MicroBatch]:
         mb = self.cfg.micro_batch
         budget = mb.logprob_token_budget if forward_only else mb.token_budget
-        return split_microbatches(batch, batch.loss_mask, budget, mb.pad_multiple, self.ps.device)
+        return split_microbatches(batch, budget, mb.pad_multiple, self.ps.device)
 
     def _run(self, microbatches: list[MicroBatch], on_logprobs, forward_only: bool) -> None:
         try:
@@ -197,18 +195,19 @@ class PolicyTrainer:
             version: a snapshotted weight version to score under instead of the current one.
 
         Returns:
-            (T,) fp32 on CPU, aligned with ``batch.input_ids``: ``log p(token_t | tokens_<t)``
-            where ``batch.loss_mask`` is True, 0 elsewhere. Same on every rank of the replica.
+            (n,) fp32 on CPU in the scored layout (the scored tokens of each sequence in turn):
+            ``log p(token_t | tokens_<t)`` at every t where ``batch.loss_mask`` is True. Same on
+            every rank of the replica.
         """
         self._check(batch)
         if version is not None and version != self.version:
             with self.snapshots.swapped_in(version):
                 return self.compute_logprobs(batch)
-        out = torch.zeros(batch.num_tokens, dtype=torch.float32, device=self.ps.device)
+        out = torch.zeros(batch.num_loss_tokens, dtype=torch.float32, device=self.ps.device)
         zero = torch.zeros((), device=self.ps.device)
 
         def on_logprobs(logp: torch.Tensor, mb: MicroBatch):
-            out[mb.source_index.to(out.device)] = logp.float()
+            out[mb.scored_index.to(out.device)] = logp.float()
             return zero, torch.tensor(logp.shape[0], dtype=torch.int, device=zero.device), {}
 
         for chunk in self.model:
@@ -310,11 +309,13 @@ class PolicyTrainer:
         )
 
     # ------------------------------------------------------------------ snapshots and export
-    def snapshot(self, version: int | None = None, keep_last: int | None = None) -> None:
-        """Keep a host copy of this rank's weights as ``version`` (default: the current one)."""
-        self.snapshots.take(self.version if version is None else version)
-        if keep_last is not None:
-            self.snapshots.keep_last(keep_last)
+    def snapshot(self, version: int | None = None, keep: Iterable[int] | None = None) -> None:
+        """Keep a host copy of this rank's weights as ``version`` (default: the current one);
+        with ``keep``, first drop every other snapshot whose version is not in it."""
+        version = self.version if version is None else version
+        if keep is not None:
+            self.snapshots.retain(set(keep) | {version})
+        self.snapshots.take(version)
 
     def export_hf_stage(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full_tensor)`` of this pipeline stage (collective over the TP group)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -56,9 +56,10 @@ class ParamSnapshots:
     def drop(self, version: int) -> None:
         self._store.pop(version, None)
 
-    def keep_last(self, k: int) -> None:
-        """Drop all but the ``k`` newest versions."""
-        for v in sorted(self._store)[: max(0, len(self._store) - k)]:
+    def retain(self, versions: Iterable[int]) -> None:
+        """Drop every snapshot whose version is not in ``versions`` (the loop's replay window)."""
+        keep = set(versions)
+        for v in [v for v in self._store if v not in keep]:
             self.drop(v)
 
     @property

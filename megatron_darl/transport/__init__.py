@@ -1,12 +1,13 @@
 """Rendezvous, sample channel, weight broadcast and heartbeats between trainer and rollout.
 
-The trainer imports this package (never ``rollout``); rollout workers import it too. Everything
-meets over one TCPStore served by trainer rank 0 (``serve_store``/``connect_store``) plus
-standalone data-plane groups (``process_group``) for weights, or CUDA IPC handles
-(``cuda_ipc``) for a worker on its leader's GPU.
+The trainer imports this package (never ``rollout``); rollout workers import it too. Control
+meets over one TCPStore served by trainer rank 0 (``serve_store``/``connect_store``); data moves
+on standalone data-plane groups (``process_group``): a pair group per (worker, hub) for sample
+payloads (``channel``, ``links``), a broadcast group per PP stage for weights (``weight_sync``),
+or CUDA IPC handles (``cuda_ipc``) for a worker on its leader's GPU.
 """
 
-from megatron_darl.transport.channel import SampleHub, SampleSender, shard_of
+from megatron_darl.transport.channel import SampleHub, SampleSender
 from megatron_darl.transport.config import (
     ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
 )
@@ -17,19 +18,19 @@ from megatron_darl.transport.staleness import (
     StalenessGate, StartTicket, release_reservations, staleness_capacity,
 )
 from megatron_darl.transport.store import (
-    TRAINER, WORKER, MemberInfo, PeerLostError, TransportTimeout, connect_store, first_slurm_host,
-    post_exit, published_version, register, request_stop, serve_store, stop_requested, wait_for_exits,
+    TRAINER, WORKER, MemberInfo, TransportTimeout, connect_store, post_exit, published_version, register,
+    request_stop, serve_store, stop_requested, wait_for_exits,
 )
 from megatron_darl.transport.weight_receiver import WeightReceiver
 from megatron_darl.transport.weight_sync import SyncReport, WeightLoadError, WeightSender, WeightSyncFailed
 
 __all__ = [
     "ChannelConfig", "ControlPlaneConfig", "DataPlaneGroup", "GroupFrame", "GroupMeta", "Heartbeat",
-    "HeartbeatConfig", "MemberInfo", "PeerLoss", "PeerLostError", "ReceivedGroup", "SampleHub",
+    "HeartbeatConfig", "MemberInfo", "PeerLoss", "ReceivedGroup", "SampleHub",
     "SampleSender", "StalenessGate", "StartTicket", "SyncReport", "TRAINER", "TransportConfig",
     "TransportTimeout", "WORKER", "WeightLoadError", "WeightReceiver", "WeightSender", "WeightSyncConfig",
     "WeightSyncFailed", "build_group",
-    "connect_store", "first_slurm_host", "frame_group", "post_exit", "published_version", "register",
+    "connect_store", "frame_group", "post_exit", "published_version", "register",
     "release_reservations",
-    "request_stop", "serve_store", "shard_of", "staleness_capacity", "stop_requested", "unframe_group", "wait_for_exits",
+    "request_stop", "serve_store", "staleness_capacity", "stop_requested", "unframe_group", "wait_for_exits",
 ]

@@ -1,57 +1,109 @@
-"""Sample channel: rollout workers post framed groups; each trainer DP hub collects its own.
+"""Sample channel: rollout workers hand framed groups to the trainer's DP hubs.
 
-Choice (measured with ``benchmarks/channel.py``): groups travel as bytes through the control-plane
-TCPStore, one key per (hub, worker, seq). Why: a hub sweeps all workers with non-blocking
-``check`` calls and takes whatever is ready, so it never waits on one slow worker, a dead
-worker's posted groups are still delivered, and no data-plane collective (which would block on
-its slowest member) sits on the sample path. A group is a few hundred KB, far below the store's
-throughput; weights, which are GBs, use the NCCL data plane (``weight_sync``).
+Payloads travel on the data plane (``ChannelConfig.transport="dataplane"``, the default): each
+(worker, hub) pair has a two-member process group of its own (gloo on CPU, NCCL between distinct
+GPUs; never the weight-sync group), built lazily and rebuilt under a new epoch when a transfer
+fails. The control store carries only the small per-group header (sequence number, epoch,
+backend, size), the acks and the control keys, so trainer rank 0's store is no longer the pipe
+every sample of every worker squeezes through. ``transport="store"`` keeps the payload inside the
+header value (the pre-data-plane path; measured against it by ``benchmarks/channel.py``).
 
-Exactly once: sequence numbers are per (worker, hub); the hub consumes seq s only after s-1,
-deletes the key, then acks s; a restarted worker resumes after the last acked seq and the hub
-drops any group id it already delivered. A group goes to hub ``shard_of(group_id, num_hubs)``,
-the same function the replay buffer uses for its DP shards. Back-pressure: a worker waits while
-``max_unacked_per_hub`` of its groups to one hub are unacked.
+A slow or dead worker never blocks a hub: every (worker, hub) link is a thread of its own on
+both sides (``links.py``) that waits for its next header (a store wait, no polling), takes the
+payload (a point-to-point receive sized from the header) and hands the group to the hub's queue;
+``SampleHub.poll`` only drains that queue. A worker that dies mid-transfer costs its link thread
+one failed receive, after which the pair is dropped; a frozen one costs its link the transfer
+timeout. The worker side likewise sends from one thread per hub, so a generation loop waits only
+on back-pressure (during which it keeps serving weight syncs), never on a transfer.
+
+Exactly once: sequence numbers are per (worker, hub); a hub link takes seq s only after s - 1,
+deletes its header, then acks s; a restarted worker resumes after the last acked seq (with the
+data plane it re-posts there: a dead incarnation's unsent payloads died with it; with the store,
+its posted groups are still delivered) and the hub drops any group id it already delivered. A
+group goes to hub ``shard_of(group_id, num_hubs)``, the replay buffer's own shard function.
+Back-pressure: a worker waits while ``max_unacked_per_hub`` of its groups to one hub are unacked.
+Staleness accounting: a group stops being "outstanding" (``staleness.mark_delivered``) when it is
+durable at the hub's side: stored (``store``) or received (``dataplane``).
 """
 
 from __future__ import annotations
 
+import json
+import queue
+import socket
+import threading
 import time
+from collections import deque
 from typing import Callable
 
-from megatron_darl.replay import shard_of  # the replay buffer's owner function: hub == DP shard
-from megatron_darl.samples import SampleGroup
+import torch
+
+from megatron_darl.samples import SampleGroup, shard_of
 from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
-from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
-from megatron_darl.transport.staleness import StartTicket
+from megatron_darl.transport.cuda_ipc import device_uuid
+from megatron_darl.transport.frames import GroupMeta, ReceivedGroup, frame_group
+from megatron_darl.transport.links import InLink, Outgoing, OutLink
+from megatron_darl.transport.staleness import StalenessGate, StartTicket
 from megatron_darl.transport.store import (
-    TRAINER, WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int,
+    TRAINER, ControlStore, Keys, TransportTimeout, describe_peer, get_int,
 )
 
-class SampleSender:
-    """Worker side of the channel."""
+CPU = torch.device("cpu")
 
-    def __init__(
-        self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, worker_id: int
-    ) -> None:
+
+def _where(device: torch.device) -> dict[str, str]:
+    """This process's host and the UUID of ``device`` ("" on CPU): what picks a pair's backend."""
+    return {"host": socket.gethostname(), "gpu": device_uuid(device) if device.type == "cuda" else ""}
+
+
+class SampleSender:
+    """Worker side of the channel.
+
+    Args:
+        gate: the worker's staleness gate; with the ``store`` transport a posted group is marked
+            delivered through it (the hub does that on receipt with the data plane).
+        device: the worker's GPU (its engine's), or CPU: NCCL is used only between two GPUs.
+    """
+
+    def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, worker_id: int,
+                 gate: StalenessGate | None = None, device: torch.device = CPU) -> None:
         self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
+        self._gate, self._device = gate, device
         self._next = [self._resume_seq(h) for h in range(control.num_hubs)]
+        self._links = [OutLink(control, cfg, worker_id, h, device, self._backend_for(h))
+                       for h in range(control.num_hubs)]
 
     def _resume_seq(self, hub: int) -> int:
         seq = get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1) + 1
-        while self._store.check([Keys.sample(hub, self.worker_id, seq)]):
-            seq += 1  # posted before a restart and not consumed yet: keep them, go past
+        if self.cfg.transport == "store":  # posted before a restart and not consumed: keep, go past
+            while self._store.check([Keys.sample(hub, self.worker_id, seq)]):
+                seq += 1
         return seq
 
+    def _backend_for(self, hub: int) -> Callable[[ControlStore], str]:
+        def backend(store: ControlStore) -> str:
+            if self.cfg.backend != "auto":
+                return self.cfg.backend
+            raw = store.read(Keys.hub_info(hub))
+            there, here = json.loads(raw) if raw else {}, _where(self._device)
+            distinct = there.get("host") != here["host"] or there.get("gpu") != here["gpu"]
+            return "nccl" if here["gpu"] and there.get("gpu") and distinct else "gloo"
+        return backend
+
     def unacked(self, hub: int) -> int:
-        """Groups posted to ``hub`` and not yet acked."""
+        """Groups handed to ``hub``'s link and not yet acked by the hub."""
         acked = get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1)
         return self._next[hub] - 1 - acked
 
+    def _check(self, hub: int) -> None:
+        if self._links[hub].error:
+            raise TransportTimeout(f"rollout {self.worker_id}: the channel to hub {hub} "
+                                   f"({describe_peer(self._store, TRAINER, hub)}) failed: {self._links[hub].error}")
+
     def send(self, group: SampleGroup, ticket: StartTicket, while_waiting: Callable[[], None] = lambda: None,
              stopped: Callable[[], bool] = lambda: False) -> int | None:
-        """Post ``group`` to its hub, waiting (up to ``send_timeout_s``) for room; returns the hub,
-        or ``None`` when ``stopped()`` turned true while waiting (the group is not posted).
+        """Hand ``group`` to its hub's link, waiting (up to ``send_timeout_s``) for room; returns the
+        hub, or ``None`` when ``stopped()`` turned true while waiting (the group is not sent).
 
         ``while_waiting`` runs between polls: a worker blocked by back-pressure is at a safe point
         and must keep serving weight syncs, or a trainer that publishes before it acks more
@@ -61,6 +113,7 @@ class SampleSender:
         hub = shard_of(group.group_id, self._control.num_hubs)
         deadline = time.monotonic() + self.cfg.send_timeout_s
         while self.unacked(hub) >= self.cfg.max_unacked_per_hub:
+            self._check(hub)
             while_waiting()
             if stopped():
                 return None
@@ -71,83 +124,72 @@ class SampleSender:
                     f"{describe_peer(self._store, TRAINER, hub)} (group {group.group_id})"
                 )
             time.sleep(self._control.poll_interval_s)
+        self._check(hub)
         seq = self._next[hub]
         meta = GroupMeta(seq=seq, start_version=ticket.version, started_index=ticket.index)
-        self._store.set(Keys.sample(hub, self.worker_id, seq), frame_group(group, meta).to_bytes())
+        posted = (lambda: self._gate.posted(ticket)) if self._gate is not None and self.cfg.transport == "store" \
+            else (lambda: None)
+        self._links[hub].put(Outgoing(seq, frame_group(group, meta).to_buffer(), group.group_id, posted))
         self._next[hub] = seq + 1
         return hub
 
+    def flush(self, timeout_s: float) -> int:
+        """Wait (at most ``timeout_s``) until every group handed over is acked; returns how many
+        are not. A failed link ends the wait (its groups stay unacked)."""
+        deadline = time.monotonic() + timeout_s
+        left = [h for h in range(self._control.num_hubs) if self.unacked(h)]
+        while left and time.monotonic() < deadline:
+            time.sleep(self._control.poll_interval_s)
+            left = [h for h in left if self.unacked(h) and not self._links[h].error]
+        return sum(self.unacked(h) for h in range(self._control.num_hubs))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the links once their queues are sent (at most ``timeout_s``: they are daemons)."""
+        deadline = time.monotonic() + timeout_s
+        for link in self._links:
+            link.close(max(0.0, deadline - time.monotonic()))
+
 
 class SampleHub:
-    """Trainer side of the channel, on one DP hub rank: collect, dedup, ack.
+    """Trainer side of the channel, on one DP hub rank: receive, dedup, hand over.
 
     Args:
         hub: this hub's index (its DP replica), the shard it owns.
+        device: the hub's GPU (NCCL pairs receive there), or CPU.
     """
 
-    def __init__(self, store: ControlStore, control: ControlPlaneConfig, hub: int) -> None:
-        self._store, self._control, self.hub = store, control, hub
-        n = control.num_workers
-        self._next = [get_int(store, Keys.sample_ack(hub, w), -1) + 1 for w in range(n)]
+    def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, hub: int,
+                 device: torch.device = CPU) -> None:
+        self._store, self._control, self.cfg, self.hub = store, control, cfg, hub
+        store.set(Keys.hub_info(hub), json.dumps(_where(device)))
+        self._arrived: queue.SimpleQueue[ReceivedGroup] = queue.SimpleQueue()
+        self._waiting: deque[ReceivedGroup] = deque()
         self._delivered: set[int] = set()
-        self._turn = 0
-        self._pending: list[ReceivedGroup] = []
         self.duplicates_dropped = 0  # groups received twice and dropped (exactly-once guard)
+        self._stop = threading.Event()
+        self._links = [InLink(control, cfg, hub, w, device, self._arrived.put, self._stop)
+                       for w in range(control.num_workers)]
 
     def poll(self, max_groups: int = 1 << 30) -> list[ReceivedGroup]:
-        """Take every group that is ready now, sweeping workers round-robin; never blocks."""
+        """Take every group that arrived, at most ``max_groups``, in arrival order; never blocks."""
+        while True:
+            try:
+                self._waiting.append(self._arrived.get_nowait())
+            except queue.Empty:
+                break
         out: list[ReceivedGroup] = []
-        n = self._control.num_workers
-        progress = True
-        while progress and len(out) < max_groups:
-            progress = False
-            for i in range(n):
-                w = (self._turn + i) % n
-                got = self._take(w)
-                if got is not None:
-                    progress = True
-                    if got.group.group_id not in self._delivered:
-                        self._delivered.add(got.group.group_id)
-                        out.append(got)
-                    else:
-                        self.duplicates_dropped += 1
-                    if len(out) >= max_groups:
-                        break
-            self._turn = (self._turn + 1) % n
+        while self._waiting and len(out) < max_groups:
+            got = self._waiting.popleft()
+            if got.group.group_id in self._delivered:
+                self.duplicates_dropped += 1
+                continue
+            self._delivered.add(got.group.group_id)
+            out.append(got)
         return out
 
-    def _take(self, worker: int) -> ReceivedGroup | None:
-        key = Keys.sample(self.hub, worker, self._next[worker])
-        data = self._store.read(key)  # None: not posted yet (or not signed by the run: ignored)
-        if data is None:
-            return None
-        got = unframe_group(GroupFrame.from_bytes(data))
-        if got.meta.seq != self._next[worker] or got.group.worker_id != worker:
-            raise ValueError(
-                f"hub {self.hub}: key {key} holds seq {got.meta.seq} of worker {got.group.worker_id}"
-            )
-        self._store.delete_key(key)
-        self._store.set(Keys.sample_ack(self.hub, worker), str(self._next[worker]))
-        self._next[worker] += 1
-        return got
-
-    def receive(self, n: int, timeout_s: float, step: int = -1) -> list[ReceivedGroup]:
-        """Block until ``n`` groups arrived; on timeout name the workers and the step.
-
-        Groups taken before a timeout are kept and returned by the next call (never lost).
-        """
-        out = self._pending
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the links (each notices within a second; one stuck in a transfer is a daemon)."""
+        self._stop.set()
         deadline = time.monotonic() + timeout_s
-        while len(out) < n:
-            out += self.poll(n - len(out))
-            if len(out) >= n:
-                break
-            if time.monotonic() > deadline:
-                peers = ", ".join(describe_peer(self._store, WORKER, w) for w in range(self._control.num_workers))
-                raise TransportTimeout(
-                    f"hub {self.hub} at step {step}: {len(out)}/{n} groups after {timeout_s:.0f} s "
-                    f"from rollout workers [{peers}]"
-                )
-            time.sleep(self._control.poll_interval_s)
-        self._pending = out[n:]
-        return out[:n]
+        for link in self._links:
+            link.thread.join(max(0.0, deadline - time.monotonic()))

@@ -51,14 +51,21 @@ class HeartbeatConfig:
             )
 
 
+CHANNEL_TRANSPORTS = ("dataplane", "store")
+
+
 @dataclass
 class ChannelConfig:
-    """Sample channel rollout -> DP hub: back-pressure and the staleness bound (DESIGN.md 3)."""
+    """Sample channel rollout -> DP hub: payload path, back-pressure, the staleness bound (DESIGN 3)."""
 
     groups_per_step: int = 1  # B: prompt groups the trainer consumes per optimizer step
     max_staleness: int = 0  # eta: groups_started <= (t + eta + 1) * groups_per_step
-    max_unacked_per_hub: int = 8  # groups a worker may have posted but not yet acked, per hub
+    max_unacked_per_hub: int = 8  # groups a worker may have handed over but not yet acked, per hub
     send_timeout_s: float = 600.0  # longest a worker waits for a hub to make room (back-pressure)
+    transport: str = "dataplane"  # payloads: "dataplane" (a worker<->hub pair group) or "store"
+    backend: str = "auto"  # data-plane pairs: "gloo", "nccl", or "auto" (nccl between distinct GPUs)
+    connect_timeout_s: float = 60.0  # building one worker<->hub pair group (both ends wait)
+    transfer_timeout_s: float = 120.0  # one group's payload on a pair; a stuck peer's pair is dropped
 
     def __post_init__(self) -> None:
         if self.groups_per_step < 1:
@@ -69,6 +76,13 @@ class ChannelConfig:
             raise ValueError(
                 f"ChannelConfig.max_unacked_per_hub must be >= 1, got {self.max_unacked_per_hub}"
             )
+        if self.transport not in CHANNEL_TRANSPORTS:
+            raise ValueError(f"ChannelConfig.transport must be one of {CHANNEL_TRANSPORTS}, got {self.transport!r}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"ChannelConfig.backend must be auto|gloo|nccl, got {self.backend!r}")
+        for name in ("connect_timeout_s", "transfer_timeout_s", "send_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ChannelConfig.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass

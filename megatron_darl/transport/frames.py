@@ -1,9 +1,9 @@
-"""Framing of a ``SampleGroup`` as two flat tensors (int64 and float32) and as bytes.
+"""Framing of a ``SampleGroup`` as two flat tensors (int64 and float32), one uint8 buffer, or bytes.
 
 Why two tensors: every field of a group is either an integer (ids, lengths, versions) or a
-float32 (behavior log-probs, rewards), so a group crosses any transport (store bytes today, a
-point-to-point NCCL/gloo send if groups grow large) as exactly two contiguous buffers with no
-pickling. Float32 log-probs round-trip bitwise: they are the behavior density and are never
+float32 (behavior log-probs, rewards), so a group crosses any transport as one contiguous uint8
+buffer (``to_buffer``: a 16-byte size prefix, the ints, the floats) with no pickling: a
+point-to-point gloo/NCCL send on the data plane, or bytes in a store key. Float32 log-probs round-trip bitwise: they are the behavior density and are never
 recomputed.
 
 Layout of ``ints`` (int64): ``[MAGIC, VERSION, group_id, prompt_id, worker_id, seq,
@@ -51,21 +51,31 @@ class GroupFrame:
     ints: torch.Tensor  # (I,) int64
     floats: torch.Tensor  # (F,) float32
 
+    def to_buffer(self) -> torch.Tensor:
+        """``(B,)`` uint8: the sizes (two little-endian uint64), the ints, the floats."""
+        sizes = torch.frombuffer(bytearray(struct.pack("<QQ", self.ints.numel(), self.floats.numel())),
+                                 dtype=torch.uint8)
+        return torch.cat([sizes, self.ints.contiguous().view(torch.uint8),
+                          self.floats.contiguous().view(torch.uint8)])
+
+    @staticmethod
+    def from_buffer(buf: torch.Tensor) -> "GroupFrame":
+        """Inverse of ``to_buffer`` (a host uint8 tensor); ``ValueError`` on a truncated one."""
+        if buf.numel() < 16:
+            raise ValueError(f"truncated group frame: {buf.numel()} bytes")
+        n_int, n_float = struct.unpack("<QQ", buf[:16].numpy().tobytes())
+        if buf.numel() != 16 + 8 * n_int + 4 * n_float:
+            raise ValueError(f"truncated group frame: {buf.numel()} bytes for {n_int} ints and {n_float} floats")
+        ints = buf[16 : 16 + 8 * n_int].clone().view(torch.int64)
+        floats = buf[16 + 8 * n_int :].clone().view(torch.float32)
+        return GroupFrame(ints=ints, floats=floats)
+
     def to_bytes(self) -> bytes:
-        ints = self.ints.contiguous().numpy().tobytes()
-        floats = self.floats.contiguous().numpy().tobytes()
-        return struct.pack("<QQ", self.ints.numel(), self.floats.numel()) + ints + floats
+        return self.to_buffer().numpy().tobytes()
 
     @staticmethod
     def from_bytes(data: bytes) -> "GroupFrame":
-        n_int, n_float = struct.unpack_from("<QQ", data, 0)
-        off = 16
-        ints = torch.frombuffer(bytearray(data[off : off + 8 * n_int]), dtype=torch.int64)
-        off += 8 * n_int
-        floats = torch.frombuffer(bytearray(data[off : off + 4 * n_float]), dtype=torch.float32)
-        if ints.numel() != n_int or floats.numel() != n_float:
-            raise ValueError(f"truncated group frame: {len(data)} bytes")
-        return GroupFrame(ints=ints, floats=floats)
+        return GroupFrame.from_buffer(torch.frombuffer(bytearray(data), dtype=torch.uint8))
 
 
 def frame_group(group: SampleGroup, meta: GroupMeta) -> GroupFrame:

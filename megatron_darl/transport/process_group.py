@@ -70,25 +70,28 @@ def resolve_backend(backend: str) -> str:
 
 
 def build_group(
-    store: ControlStore | dist.Store, name: str, rank: int, size: int, backend: str, timeout_s: float
+    store: ControlStore | dist.Store, name: str, rank: int, size: int, backend: str, timeout_s: float,
+    collective_timeout_s: float | None = None,
 ) -> DataPlaneGroup:
     """Construct a standalone group of ``size`` members under store prefix ``name``.
 
     Blocks until every member constructed it (gloo connects eagerly; NCCL lazily at the first
-    collective), at most ``timeout_s``.
+    collective), at most ``timeout_s``; ``collective_timeout_s`` (default ``timeout_s``) is the
+    group's own timeout of each operation (for NCCL, its watchdog's).
     """
     if not 0 <= rank < size:
         raise ValueError(f"{name}: rank {rank} outside group of size {size}")
     backend = resolve_backend(backend)
     raw = store.data_plane if isinstance(store, ControlStore) else store
     prefixed = dist.PrefixStore(f"dp/{name}/", raw)
+    op_timeout_s = timeout_s if collective_timeout_s is None else collective_timeout_s
     timeout = _dt.timedelta(seconds=timeout_s)
     try:
         if backend == "gloo":
             pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
         elif backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
+            opts._timeout = _dt.timedelta(seconds=op_timeout_s)
             pg = dist.ProcessGroupNCCL(prefixed, rank, size, opts)
         else:
             raise ValueError(f"WeightSyncConfig.backend: unknown backend {backend!r}")
@@ -96,4 +99,4 @@ def build_group(
         raise TransportTimeout(
             f"data-plane group {name}: rank {rank}/{size} could not connect within {timeout_s:.0f} s: {exc}"
         ) from exc
-    return DataPlaneGroup(pg=pg, rank=rank, size=size, backend=backend, name=name, timeout_s=timeout_s)
+    return DataPlaneGroup(pg=pg, rank=rank, size=size, backend=backend, name=name, timeout_s=op_timeout_s)

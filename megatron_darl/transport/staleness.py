@@ -45,6 +45,18 @@ def release_reservations(store: ControlStore, worker_id: int) -> int:
     return max(n, 0)
 
 
+def mark_delivered(store: ControlStore, worker_id: int) -> None:
+    """One group started by ``worker_id`` is at its hub: no longer outstanding.
+
+    Called by whoever makes the group durable: the worker once its group sits in the store
+    (``store`` transport), the hub once it received it (``dataplane``), so a worker that dies with
+    groups in flight has exactly those given back by ``release_reservations``. A worker that keeps
+    no count (a gate without ``worker_id``) is left at zero.
+    """
+    if store.add(_outstanding_key(worker_id), -1) < 0:
+        store.add(_outstanding_key(worker_id), 1)
+
+
 class StalenessGate:
     """Reserve group starts against the global staleness bound.
 
@@ -73,7 +85,7 @@ class StalenessGate:
     def posted(self, ticket: StartTicket) -> None:
         """The group started under ``ticket`` reached its hub: no longer outstanding."""
         if self.worker_id is not None:
-            self._store.add(_outstanding_key(self.worker_id), -1)
+            mark_delivered(self._store, self.worker_id)
 
     def started(self) -> int:
         """Groups started so far by all workers."""

@@ -12,13 +12,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import random
-import re
 import socket
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Mapping
 
 import torch.distributed as dist
 
@@ -29,52 +25,6 @@ from megatron_darl.transport.control_store import (  # noqa: F401 (re-exported)
 
 TRAINER = "trainer"  # role of a Megatron trainer rank (hub, stage leader or rank 0)
 WORKER = "rollout"  # role of a rollout worker
-
-
-_HANDED_OUT: set[int] = set()  # ports free_port gave this process, never given twice
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux default
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port for a server that will listen on ``host`` a few seconds from now.
-
-    ``bind(port 0)`` hands out a port from the kernel's ephemeral range, and any outgoing
-    connection on the machine may take that port as its local end before the server (a process
-    still importing torch) listens on it: EADDRINUSE, seen in CI. So the port is drawn at random
-    (from the OS, not the seeded ``random`` module, so that processes do not draw alike) from
-    the 12,000 ports below the ephemeral range, which outgoing connections never use, checked
-    bindable now, and never handed out twice by this process. Where the ephemeral range starts
-    too low to leave room, it falls back to port 0.
-    """
-    low = _ephemeral_low()
-    first = max(1024, low - 12000)
-    rng = random.SystemRandom()
-    for _ in range(200 if low - first >= 1000 else 0):
-        port = rng.randrange(first, low)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port = int(sock.getsockname()[1])
-    _HANDED_OUT.add(port)
-    return port
-
-
-class PeerLostError(RuntimeError):
-    """A peer stopped heartbeating or closed its connection; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +84,16 @@ class Keys:
     @staticmethod
     def sample_ack(hub: int, worker: int) -> str:
         return f"ch/{hub}/{worker}/acked"
+
+    @staticmethod
+    def sample_epoch(hub: int, worker: int) -> str:
+        """counter: the worker's data-plane pair to ``hub`` is rebuilt under a new epoch."""
+        return f"ch/{hub}/{worker}/epoch"
+
+    @staticmethod
+    def hub_info(hub: int) -> str:
+        """JSON: the hub's host and GPU (the worker picks the pair's backend from it)."""
+        return f"ch/{hub}/info"
 
 
 def serve_store(cfg: ControlPlaneConfig) -> ControlStore:
@@ -241,22 +201,3 @@ def wait_for_exits(store: ControlStore, role: str, ranks: list[int], timeout_s: 
         if left:
             time.sleep(poll_s)
     return left
-
-
-def first_slurm_host(env: Mapping[str, str]) -> str:
-    """First host of ``SLURM_JOB_NODELIST`` (e.g. ``gpu[03-05],gpu09`` -> ``gpu03``).
-
-    Called only from ``launch/`` (the one place that reads the environment), which passes
-    ``os.environ``; the trainer's first node serves the store.
-    """
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        raise ValueError("SLURM_JOB_NODELIST is not set: pass control.host explicitly")
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    if match is None:
-        raise ValueError(f"SLURM_JOB_NODELIST {nodelist!r} is not a Slurm node list")
-    prefix, ranges = match.group(1), match.group(2)
-    if ranges is None:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first

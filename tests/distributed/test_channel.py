@@ -22,7 +22,10 @@ def test_two_workers_500_groups_exactly_once_bounded_staleness_stall_isolated(tm
                   trainer_args=["--hub-delay-s", "0.01", "--join-timeout", "2"],
                   worker_args={w: ["--batch", "5", "--n", "2", "--max-new", "3", "--join-timeout", "2"]
                                for w in range(2)})
-    sc.worker_args[1] += ["--stall-at", "6", "--stall-s", "4"]
+    # from its 20th engine call (both workers are producing by then, whichever started late) for
+    # 6 s: each weight sync meanwhile waits join_timeout (2 s) for the stalled worker, so the trainer
+    # takes at least two steps during the stall whatever the other worker had queued before it
+    sc.worker_args[1] += ["--stall-at", "20", "--stall-s", "6"]
     procs = sc.launch()
     try:
         codes = {name: procs.wait(name, 200) for name in ["trainer0", "worker0", "worker1"]}

@@ -73,16 +73,16 @@ def _hf_logprobs(model) -> torch.Tensor:
             ids = batch.input_ids[offs[i] : offs[i + 1]]
             logp = torch.log_softmax(model(ids[None]).logits[0].float(), -1)
             ref[offs[i] + 1 : offs[i + 1]] = logp[:-1].gather(-1, ids[1:, None]).squeeze(-1)
-    return ref * batch.loss_mask
+    return ref[batch.loss_mask]  # the scored layout, as compute_logprobs returns it
 
 
 def _full_logp(run: dict, which: int) -> torch.Tensor:
-    """Reassemble the global batch's log-probs from every DP replica's shard."""
-    batch = trainer_procs.make_batch()
-    offs = batch.offsets
-    full = torch.zeros(batch.num_tokens)
+    """Reassemble the global batch's (scored-layout) log-probs from every DP replica's shard."""
+    scored = [n - trainer_procs.PROMPT_LEN for n in trainer_procs.SEQ_LENS]
+    offs = [0] + torch.cumsum(torch.tensor(scored), 0).tolist()
+    full = torch.zeros(offs[-1])
     for _dp, shard, *logps in run["all_logp"]:
-        idx = torch.cat([torch.arange(int(offs[i]), int(offs[i + 1])) for i in shard])
+        idx = torch.cat([torch.arange(offs[i], offs[i + 1]) for i in shard])
         full[idx] = logps[which]
     return full
 

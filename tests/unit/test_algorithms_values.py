@@ -23,6 +23,7 @@ from megatron_darl.algorithms import (
     needs_logprob_pass,
     policy_loss,
     score_samples,
+    score_tokens,
     select_groups,
     variance_score,
     variant_spec,
@@ -285,3 +286,34 @@ def test_batch_behavior_weights_refuses_missing_mixture_rows():
         batch_behavior_weights("darl", lc, lpv, versions, bv, mask)
     with pytest.raises(ValueError, match="not in versions"):
         batch_behavior_weights("darl", lc, lpv, torch.tensor([5, 4]), bv, mask)
+
+
+def test_the_packed_layout_gives_the_padded_values():
+    """The loop's packed layout ((n,) tokens end to end, per-token advantages and versions)
+    computes exactly what the padded (N, T) rows give, for scores, weights and the loss."""
+    lc, lpv, versions, bv, mask = _batch()
+    lens = mask.sum(1)  # (2,) 1 and 3 tokens
+    index = torch.repeat_interleave(torch.arange(2), lens)  # (n,)
+    lb = lpv[0]  # any behavior rows
+    for kind in ("chi2", "kl", "ess", "fifo"):
+        padded = score_samples(kind, lc, lb, mask, behavior_version=bv)
+        packed = score_tokens(kind, lc[mask], lb[mask], index, 2, behavior_version=bv)
+        torch.testing.assert_close(packed, padded, rtol=0, atol=1e-12)
+    for variant in ("darl", "decoupled", "async"):
+        want = batch_behavior_weights(variant, lc, lpv, versions, bv, mask, clip=2.0)
+        got = batch_behavior_weights(variant, lc[mask], lpv[:, mask], versions, bv[index],
+                                     torch.ones(int(lens.sum()), dtype=torch.bool), clip=2.0)
+        assert torch.equal(got.weights, want.weights[mask]) and torch.equal(got.logp_base, want.logp_base[mask])
+        torch.testing.assert_close(got.alpha, want.alpha)
+    logp_new, prox, weights, adv, lmask = _loss_batch()
+    want, want_stats = policy_loss(logp_new, prox, weights, adv, lmask)
+    per_token = adv.repeat_interleave(lmask.sum(1))
+    flat = logp_new.detach()[lmask].clone().requires_grad_()
+    got, got_stats = policy_loss(flat, prox[lmask], weights[lmask], per_token)  # no mask: all tokens
+    assert got.item() == pytest.approx(want.item())
+    assert got_stats.as_dict() == pytest.approx(want_stats.as_dict())
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(flat.grad, logp_new.grad[lmask])
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(flat, prox[lmask], weights[lmask], adv)  # 3 per-sample values for 4 tokens

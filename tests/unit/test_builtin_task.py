@@ -9,7 +9,6 @@ from megatron_darl.data import (
     build_builtin_tokenizer,
     builtin_prompts,
     builtin_records,
-    builtin_reward,
     encode_prompt,
     load_data_config,
     load_dataset,
@@ -17,6 +16,7 @@ from megatron_darl.data import (
 )
 from megatron_darl.data.builtin import SPECIAL_TOKENS, parse_problem
 from megatron_darl.rewards import get_reward_fn, score
+from megatron_darl.rewards.builtin_answer import builtin_reward
 
 
 def test_prompts_are_seeded_and_varied():

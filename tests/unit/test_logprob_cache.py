@@ -1,4 +1,4 @@
-"""LogProbCache: sources and precedence, gather/padding, backfill, eviction, bytes, state."""
+"""LogProbCache: sources and precedence, packed gather, backfill, eviction, bytes, state."""
 
 import io
 
@@ -33,22 +33,20 @@ def test_put_get_versions_and_source_precedence():
         cache.put(2, 6, row([0.0]), "guess")
 
 
-def test_gather_pads_with_zero_and_marks_missing_rows():
+def test_gather_packs_rows_and_marks_missing_rows():
     cache = LogProbCache()
     cache.put(10, 1, row([-1.0, -2.0, -3.0]), "engine")
     cache.put(11, 1, row([-4.0]), "trainer")
     cache.put(11, 2, row([-5.0]), "engine")
     out = cache.gather([10, 11], [1, 2])
-    assert out.shape == (2, 2, 3) and out.dtype == torch.float32
-    assert torch.equal(out[0], row([[-1.0, -2.0, -3.0], [-4.0, 0.0, 0.0]]))
-    assert torch.equal(out[1, 1], row([-5.0, 0.0, 0.0]))
-    assert torch.isneginf(out[1, 0]).all()  # sample 10 has no version-2 row
-    assert cache.gather([11], [2], t_max=5).shape == (1, 1, 5)
+    assert out.shape == (2, 4) and out.dtype == torch.float32  # (K, n): 3 + 1 tokens
+    assert torch.equal(out[0], row([-1.0, -2.0, -3.0, -4.0]))
+    assert out[1, 3].item() == -5.0
+    assert torch.isneginf(out[1, :3]).all()  # sample 10 has no version-2 row
+    assert cache.gather([11, 10], [1]).tolist() == [[-4.0, -1.0, -2.0, -3.0]]  # in the given order
     assert cache.missing([10, 11], [1, 2]) == [(10, 2)]
     with pytest.raises(KeyError, match=r"\(10, 2\)"):
         cache.gather([10, 11], [1, 2], strict=True)
-    with pytest.raises(ValueError, match="t_max"):
-        cache.gather([10], [1], t_max=2)
 
 
 def test_backfill_nearest_counts_and_picks_nearest_exact_row():
@@ -110,13 +108,13 @@ def test_state_round_trip_is_exact():
     assert restored.versions(9) == []
 
 
-def test_put_batch_cuts_rows_to_length_and_respects_precedence():
+def test_put_packed_cuts_rows_by_length_and_respects_precedence():
     cache = LogProbCache()
     cache.put(2, 4, row([-1.0]), "engine")
-    padded = torch.tensor([[-0.1, -0.2, -0.3], [-0.4, 0.0, 0.0]])
-    assert cache.put_batch([1, 2], 4, padded, [3, 1], "trainer") == 1  # sample 2 keeps engine
+    packed = torch.tensor([-0.1, -0.2, -0.3, -0.4])
+    assert cache.put_packed([1, 2], 4, packed, [3, 1], "trainer") == 1  # sample 2 keeps engine
     assert torch.equal(cache.get(1, 4), row([-0.1, -0.2, -0.3]))
     assert torch.equal(cache.get(2, 4), row([-1.0]))
     assert cache.bytes() == 4 * 4
-    with pytest.raises(ValueError, match="lengths"):
-        cache.put_batch([1, 2], 5, padded, [4, 1], "trainer")
+    with pytest.raises(ValueError, match="packed"):
+        cache.put_packed([1, 2], 5, packed, [4, 1], "trainer")

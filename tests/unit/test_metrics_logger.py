@@ -1,5 +1,7 @@
-"""Metrics: DP reduction of sums, derived values, jsonl round trip, TensorBoard, plot, summary."""
+"""Metrics: DP reduction of the typed step statistics, derived values, jsonl round trip,
+TensorBoard, plot, summary."""
 
+import dataclasses
 import json
 import math
 
@@ -7,22 +9,25 @@ import pytest
 import torch
 
 from megatron_darl.loop.config import LoopConfig, WandbConfig
-from megatron_darl.loop.metrics import MetricsLogger, reduce_stats, score_sums, step_metrics
+from megatron_darl.loop.metrics import MetricsLogger, step_metrics
+from megatron_darl.loop.stats import Reduction, StepStats
 
 
 def shard_sums(seed):
     g = torch.Generator().manual_seed(seed)
-    return {
-        "reward_sum": 3.0 + seed, "samples_received": 8.0, "response_tokens_received": 40.0,
-        "groups_received": 2.0, "staleness_hist": torch.tensor([1.0, 1.0, 0.0]),
-        "selected_hist": torch.tensor([2.0, 0.0, 0.0]), "groups_selected": 2.0,
-        "samples_selected": 8.0, "selected_score_sum": 0.5, "w_sum": 30.0, "w_sq_sum": 36.0,
-        "w_tokens": 30.0, "w_clipped": 1.0, "mismatch_k3_sum": 0.3, "mismatch_tokens": 30.0,
-        "cache_bytes": 1024.0, **score_sums({1: float(torch.rand(1, generator=g)), 2: 0.25}),
-    }
+    score = float(torch.rand(1, generator=g))
+    return StepStats(
+        reward_sum=3.0 + seed, samples_received=8.0, response_tokens_received=40.0,
+        groups_received=2.0, staleness_hist=torch.tensor([1.0, 1.0, 0.0]),
+        selected_hist=torch.tensor([2.0, 0.0, 0.0]), groups_selected=2.0,
+        samples_selected=8.0, selected_score_sum=0.5, w_sum=30.0, w_sq_sum=36.0,
+        w_tokens=30.0, w_clipped=1.0, mismatch_k3_sum=0.3, mismatch_tokens=30.0,
+        cache_bytes=1024.0, score_sum=score + 0.25, score_count=2.0, score_max=max(score, 0.25),
+        selected_staleness_max=float(seed),
+    )
 
 
-def test_reduce_stats_sums_and_maxes_across_two_shards():
+def test_step_stats_declare_their_reduction_and_reduce_across_two_shards():
     a, b = shard_sums(0), shard_sums(1)
     seen = {}
 
@@ -32,12 +37,14 @@ def test_reduce_stats_sums_and_maxes_across_two_shards():
             return t
         return op
 
-    reduce_stats(b, capture("sum"), capture("max"))
-    total = reduce_stats(a, lambda t: t + seen["sum"], lambda t: torch.maximum(t, seen["max"]))
-    assert total["reward_sum"] == 7.0 and total["samples_received"] == 16.0
-    assert torch.equal(total["staleness_hist"], torch.tensor([2.0, 2.0, 0.0], dtype=torch.float64))
-    assert total["score_max"] == max(a["score_max"], b["score_max"])
-    assert reduce_stats(a, lambda t: None)["reward_sum"] == 3.0  # in-place ops return None
+    b.reduce(capture("sum"), capture("max"))
+    total = a.reduce(lambda t: t + seen["sum"], lambda t: torch.maximum(t, seen["max"]))
+    assert total.reward_sum == 7.0 and total.samples_received == 16.0
+    assert torch.equal(total.staleness_hist, torch.tensor([2.0, 2.0, 0.0], dtype=torch.float64))
+    assert total.score_max == max(a.score_max, b.score_max) and total.selected_staleness_max == 1.0
+    assert a.reduce(lambda t: None, lambda t: None).reward_sum == 3.0  # in-place ops return None
+    maxima = {f.name for f in dataclasses.fields(StepStats) if f.metadata["reduce"] is Reduction.MAX}
+    assert maxima == {"score_max", "selected_staleness_max", "times_selected_max"}
 
 
 def test_step_metrics_values():
@@ -48,7 +55,7 @@ def test_step_metrics_values():
     assert m["mismatch_kl"] == pytest.approx(0.01)
     assert m["staleness_hist"] == [1.0, 1.0, 0.0] and m["staleness_mean"] == 0.5
     assert m["selected_mean"] == 0.0 and m["clip_frac_low"] == 0.1
-    empty = step_metrics({})
+    empty = step_metrics(StepStats.empty(3))
     assert all(math.isfinite(v) for v in empty.values() if isinstance(v, float))
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from megatron_darl.algorithms import grpo_advantages
-from megatron_darl.replay import LogProbCache, ReplayBuffer, shard_of
-from megatron_darl.samples import Sample, SampleGroup
+from megatron_darl.replay import LogProbCache, ReplayBuffer, VersionWindow
+from megatron_darl.samples import Sample, SampleGroup, shard_of
 
 
 def make_group(group_id, version, rewards=(1.0, 0.0), length=3):
@@ -26,7 +26,7 @@ def make_group(group_id, version, rewards=(1.0, 0.0), length=3):
 
 
 def test_advantages_computed_on_arrival():
-    buf = ReplayBuffer(k=2)
+    buf = ReplayBuffer(VersionWindow(2))
     entry = buf.add(make_group(1, 0, rewards=(1.0, 0.0, 0.0, 1.0)), step=0)
     expected = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long))
     assert torch.equal(entry.advantages, expected)
@@ -36,7 +36,7 @@ def test_advantages_computed_on_arrival():
 
 
 def test_eviction_exactly_at_window_edge():
-    buf = ReplayBuffer(k=3)
+    buf = ReplayBuffer(VersionWindow(3))
     for gid, version in enumerate([2, 3, 4, 5]):
         buf.add(make_group(gid, version), step=version)
     # t = 5: window [3, 5]; version 2 is the only one out
@@ -48,7 +48,7 @@ def test_eviction_exactly_at_window_edge():
 
 
 def test_evicted_sample_ids_drop_cache_rows():
-    buf, cache = ReplayBuffer(k=1), LogProbCache()
+    buf, cache = ReplayBuffer(VersionWindow(1)), LogProbCache()
     for gid, version in enumerate([0, 1]):
         group = buf.add(make_group(gid, version), step=version).group
         for s in group.samples:
@@ -60,7 +60,7 @@ def test_evicted_sample_ids_drop_cache_rows():
 
 
 def test_quota_per_shard_takes_lowest_scores():
-    buf = ReplayBuffer(k=4, num_shards=2)
+    buf = ReplayBuffer(VersionWindow(4), num_shards=2)
     for gid in range(12):
         buf.add(make_group(gid, version=3), step=3)
     scores = {gid: float((gid * 7) % 12) for gid in range(12)}
@@ -75,7 +75,7 @@ def test_quota_per_shard_takes_lowest_scores():
 
 
 def test_ties_go_to_fresher_group():
-    buf = ReplayBuffer(k=4)
+    buf = ReplayBuffer(VersionWindow(4))
     for gid, version in [(1, 2), (2, 4), (3, 3), (4, 4)]:
         buf.add(make_group(gid, version), step=version)
     chosen = buf.select(step=9, quota=3, scores={1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5})
@@ -83,18 +83,18 @@ def test_ties_go_to_fresher_group():
 
 
 def test_degenerate_groups_excluded():
-    buf = ReplayBuffer(k=4)
+    buf = ReplayBuffer(VersionWindow(4))
     buf.add(make_group(1, 0, rewards=(1.0, 1.0, 1.0)), step=0)
     buf.add(make_group(2, 0), step=0)
     assert buf.entry(1).degenerate
     assert [e.group_id for e in buf.select(1, 2, scores={1: 0.0, 2: 9.0})] == [2]
-    keep = ReplayBuffer(k=4, drop_degenerate=False)
+    keep = ReplayBuffer(VersionWindow(4), drop_degenerate=False)
     keep.add(make_group(1, 0, rewards=(1.0, 1.0)), step=0)
     assert [e.group_id for e in keep.select(1, 2, scores={1: 0.0})] == [1]
 
 
 def test_warmup_takes_freshest_and_ignores_scores():
-    buf = ReplayBuffer(k=4, warmup=2)
+    buf = ReplayBuffer(VersionWindow(4), warmup=2)
     for gid, version in [(1, 0), (2, 1), (3, 1)]:
         buf.add(make_group(gid, version), step=version)
     low_for_old = {1: 0.0, 2: 5.0, 3: 9.0}
@@ -105,7 +105,7 @@ def test_warmup_takes_freshest_and_ignores_scores():
 
 
 def test_replay_counts_and_cap():
-    buf = ReplayBuffer(k=4, max_replays=2)
+    buf = ReplayBuffer(VersionWindow(4), max_replays=2)
     buf.add(make_group(1, 0), step=0)
     buf.add(make_group(2, 0), step=0)
     scores = {1: 0.0, 2: 1.0}
@@ -126,16 +126,16 @@ def test_shard_of_stable_and_balanced():
 
 
 def test_state_round_trip_is_exact():
-    buf = ReplayBuffer(k=3, num_shards=2, warmup=1, max_replays=4)
+    buf = ReplayBuffer(VersionWindow(3), num_shards=2, warmup=1, max_replays=4)
     for gid, version in enumerate([1, 2, 2, 3]):
         buf.add(make_group(gid, version, rewards=(float(gid), 0.5, 2.0)), step=version)
     buf.select(3, 1, scores={g: float(g) for g in range(4)})
     blob = io.BytesIO()
     torch.save(buf.state_dict(), blob)
     blob.seek(0)
-    restored = ReplayBuffer(k=1)
+    restored = ReplayBuffer(VersionWindow(1))
     restored.load_state_dict(torch.load(blob, weights_only=True))
-    assert (restored.k, restored.num_shards, restored.warmup, restored.max_replays) == (3, 2, 1, 4)
+    assert (restored.window.k, restored.num_shards, restored.warmup, restored.max_replays) == (3, 2, 1, 4)
     assert len(restored) == len(buf)
     for a, b in zip(buf.entries(), restored.entries()):
         assert (a.group_id, a.shard, a.arrival_step, a.behavior_version, a.arrival_seq,
@@ -152,17 +152,29 @@ def test_state_round_trip_is_exact():
 
 
 def test_groups_without_a_score_are_not_selected_after_warmup():
-    buf = ReplayBuffer(k=4)
+    buf = ReplayBuffer(VersionWindow(4))
     for gid in (1, 2, 3):
         buf.add(make_group(gid, 0), step=0)
     assert [e.group_id for e in buf.select(1, 3, scores={2: 0.4, 3: 0.2})] == [3, 2]
     assert buf.entry(1).times_selected == 0
 
 
-def test_shard_of_agrees_with_the_sample_channel_routing():
-    # the channel routes a group to a hub and the buffer files it under a shard: they must agree
-    channel = pytest.importorskip("megatron_darl.transport.channel")
-    ids = list(range(500)) + [(w << 40) | i for w in range(4) for i in range(50)]
+def test_the_buffer_files_a_group_under_the_shard_the_channel_routes_it_to():
+    # one function next to SampleGroup: the channel's hub and the buffer's shard cannot differ
     for num_shards in (1, 2, 3, 8):
-        assert [shard_of(g, num_shards) for g in ids] == [
-            channel.shard_of(g, num_shards) for g in ids]
+        buf = ReplayBuffer(VersionWindow(4), num_shards=num_shards)
+        for gid in [*range(40), *((w << 40) | i for w in range(1, 5) for i in range(10))]:
+            assert buf.add(make_group(gid, 0), step=0).shard == shard_of(gid, num_shards)
+
+
+def test_version_window_is_the_one_definition_of_the_window():
+    w = VersionWindow(3)
+    assert w.versions(0) == [0] and w.versions(5) == [3, 4, 5] and w.oldest(1) == 0
+    assert w.holds(3, 5) and not w.holds(2, 5) and not w.holds(6, 5)
+    buf = ReplayBuffer(w)
+    for gid, v in enumerate([2, 3, 5]):
+        buf.add(make_group(gid, v), step=5)
+    buf.evict(5)
+    assert sorted(e.behavior_version for e in buf.entries()) == [3, 5]  # the window at 5
+    with pytest.raises(ValueError, match="replay.k"):
+        VersionWindow(0)

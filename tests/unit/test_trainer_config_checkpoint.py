@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from megatron_darl.models.qwen3.config import spec_from_hf
+from megatron_darl.replay import VersionWindow
 from megatron_darl.trainer.checkpoint import load_checkpoint
 from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
 from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig
@@ -69,12 +70,12 @@ def test_snapshots_swap_and_restore():
     with torch.no_grad():
         p.add_(10.0)
     snaps.take(1)
-    snaps.keep_last(2)
+    snaps.retain([0, 1, 7])
     with snaps.swapped_in(0):
         assert p.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert p.tolist() == [10.0, 11.0, 12.0, 13.0]
     assert snaps.bytes() == 2 * 4 * 4 and snaps.versions == [0, 1]
-    snaps.keep_last(1)
+    snaps.retain(VersionWindow(1).versions(1))
     with pytest.raises(ValueError, match="no parameter snapshot of version 0"):
         with snaps.swapped_in(0):
             pass

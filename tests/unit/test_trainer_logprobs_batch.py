@@ -1,5 +1,7 @@
 """Unit tests of the trainer's batch contract, micro-batch planning and chunked log-probs."""
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -7,12 +9,21 @@ from megatron_darl.trainer.batch import TrainBatch, make_microbatch, plan_microb
 from megatron_darl.trainer.logprobs import vocab_parallel_logprobs
 
 
+@dataclass
+class Inputs:
+    """A loss's typed per-token inputs (the trainer only slices them)."""
+
+    w: torch.Tensor  # (n,)
+    adv: torch.Tensor  # (n,)
+
+
 def _batch(lens=(5, 3, 7), prompt=2):
     g = torch.Generator().manual_seed(0)
     tokens = [torch.randint(0, 50, (n,), generator=g) for n in lens]
     masks = [torch.arange(n) >= prompt for n in lens]
-    fields = {"w": [torch.rand(n, generator=g) for n in lens]}
-    return TrainBatch.from_sequences(tokens, masks, fields, {"adv": torch.tensor([1.0, -2.0, 3.0])})
+    scored = [n - prompt for n in lens]  # 3, 1, 5
+    adv = torch.repeat_interleave(torch.tensor([1.0, -2.0, 3.0]), torch.tensor(scored))
+    return TrainBatch.from_sequences(tokens, masks, Inputs(torch.rand(sum(scored), generator=g), adv))
 
 
 def test_logprobs_match_log_softmax_and_grad():
@@ -59,31 +70,25 @@ def test_plan_respects_budget_and_sorts():
 
 def test_microbatch_alignment_and_fields():
     batch = _batch()
-    mb = make_microbatch(batch, [2, 0], batch.loss_mask, pad_multiple=4, device=torch.device("cpu"))
+    mb = make_microbatch(batch, [2, 0], pad_multiple=4, device=torch.device("cpu"))
     sub = mb.batch
     assert mb.shape == (2, 8)
     # every scored token's logits row points at the previous position of the same row
     flat = mb.input_ids.flatten()
     assert torch.equal(flat[mb.pred_rows + 1], mb.targets)
-    assert torch.equal(batch.input_ids[mb.source_index], mb.targets)
+    assert torch.equal(batch.input_ids[batch.loss_mask][mb.scored_index], mb.targets)
     assert torch.equal(sub.input_ids[sub.loss_mask], mb.targets)
-    assert sub.masked("w").shape == (sub.num_loss_tokens,)
-    assert sub.per_token("adv").tolist() == [3.0] * 5 + [1.0] * 3
+    # the loss inputs follow their tokens: sequence 2's five, then sequence 0's three
+    assert torch.equal(sub.loss_inputs.w, batch.loss_inputs.w[mb.scored_index])
+    assert sub.loss_inputs.adv.tolist() == [3.0] * 5 + [1.0] * 3
+    assert mb.scored_index.tolist() == [4, 5, 6, 7, 8, 0, 1, 2]
 
 
 def test_bad_batches_raise():
     with pytest.raises(ValueError, match="first token"):
         TrainBatch.from_sequences([torch.arange(3)], [torch.tensor([True, True, False])])
-    with pytest.raises(ValueError, match="token_fields\\['x'\\]"):
-        TrainBatch(torch.arange(4), torch.tensor([4]), torch.zeros(4, dtype=torch.bool),
-                   token_fields={"x": torch.zeros(3)})
-
-
-def test_scored_to_padded_feeds_an_nt_loss():
-    batch = _batch()  # lens 5, 3, 7 with 2 prompt tokens -> 3, 1, 5 scored
-    values = torch.arange(9.0, requires_grad=True)
-    padded, mask = batch.scored_to_padded(values)
-    assert padded.shape == (3, 5) and mask.sum(1).tolist() == [3, 1, 5]
-    assert padded[1].tolist() == [3.0, 0, 0, 0, 0] and padded[2].tolist() == [4.0, 5, 6, 7, 8]
-    (padded * mask).sum().backward()
-    assert values.grad.tolist() == [1.0] * 9
+    with pytest.raises(ValueError, match=r"loss_inputs.w must be \(3,\)"):
+        TrainBatch(torch.arange(4), torch.tensor([4]), torch.arange(4) > 0,
+                   loss_inputs=Inputs(torch.zeros(2), torch.zeros(3)))
+    with pytest.raises(TypeError, match="dataclass"):
+        TrainBatch(torch.arange(4), torch.tensor([4]), torch.arange(4) > 0, loss_inputs={"w": torch.zeros(3)})

@@ -1,21 +1,27 @@
-"""Sample channel pieces in one process over a real TCPStore: framing, exactly-once, resume,
-back-pressure, hub sharding, the staleness gate and the config/Slurm edges."""
+"""Sample channel in one process over a real TCPStore and real gloo pair groups (threads): framing,
+exactly-once, resume, back-pressure, hub sharding, a slow or dead worker next to a live one, the
+staleness gate and the config edges. Both transports (data plane, store) where they differ."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
-from megatron_darl.samples import Sample, SampleGroup
+from megatron_darl.samples import Sample, SampleGroup, shard_of
 from megatron_darl.transport import (
     ChannelConfig, ControlPlaneConfig, GroupFrame, GroupMeta, HeartbeatConfig, SampleHub, SampleSender,
-    StalenessGate, StartTicket, TransportTimeout, release_reservations, first_slurm_host, frame_group, serve_store, shard_of,
+    StalenessGate, StartTicket, TransportTimeout, frame_group, release_reservations, serve_store,
     staleness_capacity, unframe_group,
 )
+from megatron_darl.transport.links import Header
+from megatron_darl.transport.process_group import build_group
 from megatron_darl.transport.store import Keys
 from tests.distributed.procs.launcher import free_port
+
+TRANSPORTS = ("dataplane", "store")
 
 
 def _group(gid: int, worker: int = 0, g: int = 3) -> SampleGroup:
@@ -36,15 +42,31 @@ def _store(workers=1, hubs=1):
     return control, serve_store(control)
 
 
+def _cfg(transport: str, **kw) -> ChannelConfig:
+    kw.setdefault("connect_timeout_s", 10.0)
+    kw.setdefault("transfer_timeout_s", 10.0)
+    return ChannelConfig(transport=transport, **kw)
+
+
+def _take(hub: SampleHub, n: int, timeout_s: float = 20.0) -> list:
+    out, deadline = [], time.monotonic() + timeout_s
+    while len(out) < n:
+        out += hub.poll(n - len(out))
+        assert time.monotonic() < deadline, f"{len(out)}/{n} groups after {timeout_s} s"
+        time.sleep(0.002)
+    return out
+
+
 def test_frame_round_trip_is_bitwise():
     group = _group(11)
-    got = unframe_group(GroupFrame.from_bytes(frame_group(group, GroupMeta(5, 2, 9)).to_bytes()))
-    assert got.meta == GroupMeta(5, 2, 9)
-    assert (got.group.group_id, got.group.prompt_id, got.group.worker_id) == (11, 77, 0)
-    for a, b in zip(group.samples, got.group.samples):
-        assert a.sample_id == b.sample_id and a.reward == b.reward and a.truncated == b.truncated
-        for name in ("prompt_ids", "response_ids", "behavior_logprobs", "token_versions"):
-            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    for got in (unframe_group(GroupFrame.from_bytes(frame_group(group, GroupMeta(5, 2, 9)).to_bytes())),
+                unframe_group(GroupFrame.from_buffer(frame_group(group, GroupMeta(5, 2, 9)).to_buffer()))):
+        assert got.meta == GroupMeta(5, 2, 9)
+        assert (got.group.group_id, got.group.prompt_id, got.group.worker_id) == (11, 77, 0)
+        for a, b in zip(group.samples, got.group.samples):
+            assert a.sample_id == b.sample_id and a.reward == b.reward and a.truncated == b.truncated
+            for name in ("prompt_ids", "response_ids", "behavior_logprobs", "token_versions"):
+                assert torch.equal(getattr(a, name), getattr(b, name)), name
 
 
 def test_malformed_frame_is_rejected():
@@ -53,6 +75,8 @@ def test_malformed_frame_is_rejected():
         unframe_group(GroupFrame(frame.ints[:-1], frame.floats))
     with pytest.raises(ValueError, match="magic"):
         unframe_group(GroupFrame(torch.zeros(20, dtype=torch.int64), frame.floats))
+    with pytest.raises(ValueError, match="truncated"):
+        GroupFrame.from_buffer(frame.to_buffer()[:-1])
 
 
 def test_shard_of_is_stable_and_balanced_even_for_worker_folded_ids():
@@ -63,63 +87,139 @@ def test_shard_of_is_stable_and_balanced_even_for_worker_folded_ids():
         shard_of(1, 0)
 
 
-def test_exactly_once_in_order_with_a_restarted_sender():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_exactly_once_in_order_with_a_restarted_sender(transport):
     control, store = _store()
-    cfg = ChannelConfig(max_unacked_per_hub=100)
+    cfg = _cfg(transport, max_unacked_per_hub=100)
     sender = SampleSender(store, control, cfg, 0)
-    hub = SampleHub(store, control, 0)
+    hub = SampleHub(store, control, cfg, 0)
     for gid in range(0, 10, 2):
         sender.send(_group(gid), StartTicket(0, gid + 1))
-    first = hub.poll(max_groups=2)
-    restarted = SampleSender(store, control, cfg, 0)  # worker restarted: resumes after posted seqs
+    first = _take(hub, 2)
+    if transport == "dataplane":  # a restart resumes after the acked groups: let them arrive
+        assert sender.flush(20) == 0
+    sender.close()
+    restarted = SampleSender(store, control, cfg, 0)
     restarted.send(_group(100), StartTicket(0, 100))
-    rest = hub.receive(4, timeout_s=5)
-    got = first + rest
+    got = first + _take(hub, 4)
     assert [r.group.group_id for r in got] == [0, 2, 4, 6, 8, 100]
     assert [r.meta.seq for r in got] == list(range(6))
-    assert hub.poll() == [] and not store.check([Keys.sample(0, 0, 0)])
+    assert restarted.flush(20) == 0 and hub.poll() == [] and not store.check([Keys.sample(0, 0, 5)])
     # a re-sent group (same id, e.g. replayed after a crash) is dropped, not delivered twice
     restarted.send(_group(4), StartTicket(0, 4))
-    assert hub.poll() == [] and hub.duplicates_dropped == 1
+    assert restarted.flush(20) == 0 and hub.poll() == [] and hub.duplicates_dropped == 1
+    restarted.close()
+    hub.close()
 
 
-def test_back_pressure_blocks_then_times_out_naming_the_hub():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_back_pressure_blocks_then_times_out_naming_the_hub(transport):
     control, store = _store()
-    sender = SampleSender(store, control, ChannelConfig(max_unacked_per_hub=2, send_timeout_s=0.3), 0)
+    cfg = _cfg(transport, max_unacked_per_hub=2, send_timeout_s=0.3)
+    sender = SampleSender(store, control, cfg, 0)
     sender.send(_group(0), StartTicket(0, 1))
     sender.send(_group(2), StartTicket(0, 2))
     assert sender.unacked(0) == 2
     with pytest.raises(TransportTimeout, match=r"hub 0 acked nothing .*trainer 0 \(not joined\)"):
         sender.send(_group(4), StartTicket(0, 3))
-    SampleHub(store, control, 0).poll()
-    assert sender.unacked(0) == 0
+    hub = SampleHub(store, control, cfg, 0)  # the hub comes: its link takes both, then room again
+    assert [r.group.group_id for r in _take(hub, 2)] == [0, 2]
+    assert sender.flush(20) == 0
     sender.send(_group(4), StartTicket(0, 3))
+    assert [r.group.group_id for r in _take(hub, 1)] == [4]
+    sender.close()
+    hub.close()
 
 
-def test_back_pressure_wait_ends_on_stop_without_posting():
+def test_back_pressure_wait_ends_on_stop_without_sending():
     control, store = _store()
-    sender = SampleSender(store, control, ChannelConfig(max_unacked_per_hub=1, send_timeout_s=30.0), 0)
+    cfg = _cfg("dataplane", max_unacked_per_hub=1, send_timeout_s=30.0)
+    sender = SampleSender(store, control, cfg, 0)
     sender.send(_group(0), StartTicket(0, 1))
     polls = []
     hub = sender.send(_group(2), StartTicket(0, 2), stopped=lambda: polls.append(1) or len(polls) > 3)
     assert hub is None and len(polls) == 4  # returned at the 4th poll, long before the timeout
-    assert [r.group.group_id for r in SampleHub(store, control, 0).poll()] == [0]  # 2 never posted
+    receiver = SampleHub(store, control, cfg, 0)
+    assert [r.group.group_id for r in _take(receiver, 1)] == [0]
+    time.sleep(0.3)
+    assert receiver.poll() == []  # 2 was never sent
+    sender.close()
+    receiver.close()
 
 
-def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker(transport):
     control, store = _store(workers=3, hubs=2)
-    senders = [SampleSender(store, control, ChannelConfig(max_unacked_per_hub=1000), w) for w in range(2)]
+    cfg = _cfg(transport, max_unacked_per_hub=1000)
+    hubs = [SampleHub(store, control, cfg, h) for h in range(2)]
+    senders = [SampleSender(store, control, cfg, w) for w in range(2)]  # worker 2 never sends
     for local in range(30):
         for w, s in enumerate(senders):
             s.send(_group(local * 3 + w, worker=w), StartTicket(0, 1))
-    hubs = [SampleHub(store, control, h) for h in range(2)]
-    got = [hubs[h].receive(sum(shard_of(local * 3 + w, 2) == h for local in range(30) for w in range(2)), 5)
-           for h in range(2)]  # worker 2 never posts anything
+    got = [_take(hubs[h], sum(shard_of(local * 3 + w, 2) == h for local in range(30) for w in range(2)))
+           for h in range(2)]
     for h in range(2):
         assert all(shard_of(r.group.group_id, 2) == h for r in got[h])
     assert sorted(r.group.group_id for g in got for r in g) == sorted(l * 3 + w for l in range(30) for w in range(2))
-    with pytest.raises(TransportTimeout, match=r"hub 0 at step 7: 0/1 groups .*rollout 2 \(not joined\)"):
-        hubs[0].receive(1, timeout_s=0.2, step=7)
+    start = time.monotonic()
+    assert hubs[0].poll() == [] and time.monotonic() - start < 0.05  # nothing there: no wait
+    for x in senders + hubs:
+        x.close()
+
+
+def test_a_slow_worker_mid_transfer_does_not_hold_up_another():
+    """Worker 1 posts a header, joins its pair and then stalls 2 s before sending the payload;
+    worker 0's groups to the same hub arrive meanwhile."""
+    control, store = _store(workers=2)
+    cfg = _cfg("dataplane", max_unacked_per_hub=100)
+    hub = SampleHub(store, control, cfg, 0)
+    slow = frame_group(_group(1, worker=1), GroupMeta(0, 0, 1)).to_buffer()
+    sent = {}
+
+    def stalled_worker():
+        epoch = store.add(Keys.sample_epoch(0, 1), 1)
+        store.set(Keys.sample(0, 1, 0), Header(0, epoch, "gloo", slow.numel(), 1).to_bytes())
+        pair = build_group(store, f"ch/0/1/{epoch}", 1, 2, "gloo", 10)
+        time.sleep(2.0)
+        sent["at"] = time.monotonic()
+        pair.pg.send([slow], 0, 0).wait()
+
+    thread = threading.Thread(target=stalled_worker)
+    thread.start()
+    time.sleep(0.5)  # worker 1's link is now waiting in its receive
+    fast = SampleSender(store, control, cfg, 0)
+    for gid in range(0, 10, 2):
+        fast.send(_group(gid), StartTicket(0, 1))
+    got = _take(hub, 5, timeout_s=1.8)  # all of worker 0's, well before worker 1 sends
+    assert sorted(r.group.group_id for r in got) == [0, 2, 4, 6, 8] and "at" not in sent
+    late = _take(hub, 1, timeout_s=10)
+    assert late[0].group.group_id == 1 and late[0].group.worker_id == 1
+    thread.join(10)
+    fast.close()
+    hub.close()
+
+
+def test_a_dead_workers_pair_is_dropped_and_its_restart_delivers():
+    """A worker that dies after posting its header (its pair is never built): the hub's link for
+    it gives up that pair after connect_timeout_s, the restarted worker re-posts the same seq on a
+    new epoch and it is delivered; the other worker's groups flowed the whole time."""
+    control, store = _store(workers=2)
+    cfg = _cfg("dataplane", max_unacked_per_hub=100, connect_timeout_s=1.0)
+    hub = SampleHub(store, control, cfg, 0)
+    epoch = store.add(Keys.sample_epoch(0, 1), 1)
+    store.set(Keys.sample(0, 1, 0), Header(0, epoch, "gloo", 100, 99).to_bytes())  # then it died
+    live = SampleSender(store, control, cfg, 0)
+    for gid in range(0, 6, 2):
+        live.send(_group(gid), StartTicket(0, 1))
+    assert sorted(r.group.group_id for r in _take(hub, 3)) == [0, 2, 4]
+    time.sleep(1.5)  # the link's build of the dead epoch has failed by now
+    restarted = SampleSender(store, control, cfg, 1)
+    restarted.send(_group(7, worker=1), StartTicket(0, 2))
+    got = _take(hub, 1, timeout_s=15)
+    assert got[0].group.group_id == 7 and got[0].meta.seq == 0
+    assert store.add(Keys.sample_epoch(0, 1), 0) == epoch + 1  # a new pair
+    for x in (live, restarted, hub):
+        x.close()
 
 
 def test_staleness_gate_holds_globally_under_concurrency():
@@ -158,14 +258,34 @@ def test_a_dead_workers_reservations_are_given_back():
     assert [gate.try_start().index for _ in range(2)] == [2, 3] and gate.try_start() is None
 
 
-def test_config_and_slurm_edges():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_group_stops_being_outstanding_once_durable_at_the_hub(transport):
+    control, store = _store()
+    cfg = _cfg(transport, groups_per_step=4, max_staleness=0, max_unacked_per_hub=10)
+    gate = StalenessGate(store, cfg, worker_id=0)
+    sender = SampleSender(store, control, cfg, 0, gate=gate)
+    tickets = [gate.try_start() for _ in range(3)]
+    for gid, t in zip((0, 2), tickets):
+        sender.send(_group(gid), t)
+    if transport == "dataplane":  # no hub yet: in flight, still outstanding
+        time.sleep(0.3)
+        assert store.add("stale/outstanding/0", 0) == 3
+    hub = SampleHub(store, control, cfg, 0)
+    _take(hub, 2)
+    assert sender.flush(20) == 0
+    assert release_reservations(store, 0) == 1  # only the never-sent third one
+    sender.close()
+    hub.close()
+
+
+def test_config_edges():
     with pytest.raises(ValueError, match="num_workers"):
         ControlPlaneConfig(num_workers=0)
     with pytest.raises(ValueError, match="max_staleness"):
         ChannelConfig(max_staleness=-1)
+    with pytest.raises(ValueError, match="transport"):
+        ChannelConfig(transport="carrier pigeon")
+    with pytest.raises(ValueError, match="backend"):
+        ChannelConfig(backend="mpi")
     with pytest.raises(ValueError, match="timeout_s"):
         HeartbeatConfig(interval_s=1.0, timeout_s=1.5)
-    assert first_slurm_host({"SLURM_JOB_NODELIST": "gpu[03-05,09],cpu1"}) == "gpu03"
-    assert first_slurm_host({"SLURM_JOB_NODELIST": "node7"}) == "node7"
-    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST"):
-        first_slurm_host({})

@@ -47,18 +47,3 @@ def test_data_plane_group_is_independent_of_the_default_group():
     t = torch.arange(4.0)
     group.broadcast(t, 0, "solo tensor")
     assert torch.equal(t, torch.arange(4.0)) and group.size == 1
-
-
-def test_free_port_is_outside_the_ephemeral_range_and_never_repeats():
-    import socket
-
-    from megatron_darl.transport.store import _ephemeral_low
-    from megatron_darl.transport.store import free_port as store_free_port
-
-    low = _ephemeral_low()
-    ports = [store_free_port() for _ in range(50)]
-    assert len(set(ports)) == 50
-    if low - max(1024, low - 12000) >= 1000:
-        assert all(max(1024, low - 12000) <= p < low for p in ports)
-    with socket.socket() as s:  # each is bindable right after it was handed out
-        s.bind(("127.0.0.1", store_free_port()))

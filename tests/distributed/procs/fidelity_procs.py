@@ -3,8 +3,8 @@
 One gloo process builds the Megatron trainer from a tiny HF Qwen3 (temperature 0.7) and:
 
 * ``density``: generates with the ``hf`` engine at temperature 0.7 (top-p/top-k off) and scores
-  the same tokens with the trainer (``compute_logprobs`` through ``ShardPlanner.store_logprobs``,
-  the production mismatch metric), and once more with the trainer at temperature 1 (the old
+  the same tokens with the trainer (``compute_logprobs`` through ``ShardPlanner.step``, the
+  production mismatch metric), and once more with the trainer at temperature 1 (the old
   behaviour, the negative control);
 * ``ppo``: runs one ``StepRunner`` step of the ``sync`` variant with 2 PPO mini-batches on those
   samples, recording, per mini-batch, the log-probs the loss saw, the proximal log-probs and
@@ -75,11 +75,9 @@ def _density(trainer, groups) -> dict:
         trainer.temperature = temp
         p = ShardPlanner(AlgorithmConfig(variant="sync", groups_per_step=len(groups),
                                          max_staleness=0), ReplayConfig(k=1))
-        p.receive(groups, 0, 0)
-        cand = p.candidate_batch()
-        sums = p.store_logprobs(cand, trainer.compute_logprobs(cand.batch), 0)
-        result[label] = sums["mismatch_k3_sum"] / sums["mismatch_tokens"]
-        result[f"{label}_tokens"] = sums["mismatch_tokens"]
+        stats = p.step(groups, 0, 0, trainer.compute_logprobs).stats
+        result[label] = stats.mismatch_k3_sum / stats.mismatch_tokens
+        result[f"{label}_tokens"] = stats.mismatch_tokens
     trainer.temperature = TEMPERATURE
     return result
 
@@ -94,29 +92,25 @@ def _ppo_step(trainer, ps, groups) -> dict:
     replay = ReplayConfig(k=1, max_replays=1)
     planner = ShardPlanner(algo, replay)
     runner = StepRunner(algo, replay, planner, trainer, ps)
-    calls, order = [], []
-    inner_loss, inner_tb = runner.loss_fn, planner.training_batch
+    calls, inner_loss = [], runner.loss_fn
 
     def loss_fn(logp, b):  # one record per sequence of the micro-batch
-        counts = [int(m.sum()) for m in b.split_by_sequence(b.loss_mask)]
-        rows = zip(b.split_by_sequence(b.input_ids), logp.detach().split(counts),
-                   b.masked("logp_base").split(counts), b.masked("weights").split(counts),
-                   b.seq_fields["advantages"].tolist())
+        lens = b.seq_lens.tolist()
+        counts = [int(m.sum()) for m in b.loss_mask.split(lens)]
+        x = b.loss_inputs
+        rows = zip(b.input_ids.split(lens), logp.detach().split(counts), x.logp_base.split(counts),
+                   x.weights.split(counts), x.advantages.split(counts))
         for ids, lp, prox, w, adv in rows:
             calls.append({"step": trainer.step, "ids": tuple(ids.tolist()), "logp": lp.clone(),
-                          "prox": prox.clone(), "w": w.clone(), "adv": adv})
+                          "prox": prox.clone(), "w": w.clone(), "adv": float(adv[0])})
         return inner_loss(logp, b)
 
-    def training_batch(sel, tokens, version):
-        order.extend(s.sample_id for s in sel.samples)
-        return inner_tb(sel, tokens, version)
-
-    runner.loss_fn, planner.training_batch = loss_fn, training_batch
-    sums, result = runner.run(groups, 0)
+    runner.loss_fn = loss_fn
+    plan, result = runner.run(groups, 0)
     params = {k: v.detach().clone() for k, v in trainer.export_hf_stage()}
-    return {"calls": calls, "order": order, "stats": result.stats, "optimizer_steps": result.optimizer_steps,
-            "version": trainer.version, "step": trainer.step, "params": params,
-            "w_clipped": sums["w_clipped"]}
+    return {"calls": calls, "order": [s.sample_id for s in plan.samples], "stats": result.stats,
+            "optimizer_steps": result.optimizer_steps, "version": trainer.version, "step": trainer.step,
+            "params": params, "w_clipped": plan.stats.w_clipped}
 
 
 def fidelity_worker(rank: int, world_size: int, hf_dir: str, out_path: str) -> None:

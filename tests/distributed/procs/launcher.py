@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from megatron_darl.transport.store import free_port  # noqa: F401 (the tests' port picker)
+from megatron_darl.ports import free_port  # noqa: F401 (the tests' port picker)
 
 REPO = Path(__file__).resolve().parents[3]
 

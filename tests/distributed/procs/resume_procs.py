@@ -31,7 +31,8 @@ def _configs():
     return algo, ReplayConfig(k=K)
 
 
-def _trainer(hf_dir: str):
+def tiny_trainer(hf_dir: str, tp: int = 1, pp: int = 1):
+    """The tiny Qwen3 trainer of these tests at TP x PP, initialised from ``hf_dir``."""
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
     from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
@@ -39,7 +40,7 @@ def _trainer(hf_dir: str):
     from megatron_darl.trainer.policy_trainer import PolicyTrainer
     from trainer_procs import tiny_hf_config_dict
 
-    ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=300))
+    ps = init_parallel(ParallelConfig(tp=tp, pp=pp, timeout_s=300))
     cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-3, adam_eps=1e-6),
                         micro_batch=MicroBatchConfig(token_budget=64, max_seq_len=64, pad_multiple=8),
                         bf16=False)
@@ -48,9 +49,10 @@ def _trainer(hf_dir: str):
     return PolicyTrainer(cfg, ps, tiny_hf_config_dict(), model_chunks=chunks), ps
 
 
-def generate(trainer, step: int) -> list:
-    """GROUPS groups of version ``step``: random tokens, behavior rows = trainer rows + noise."""
-    from megatron_darl.loop.sequences import response_rows, sequence_batch
+def generate(trainer, step: int, logprobs=None) -> list:
+    """GROUPS groups of version ``step``: random tokens, behavior rows = trainer rows + noise
+    (``logprobs``: the pass to take them from; default the trainer's own)."""
+    from megatron_darl.loop.sequences import response_lengths, sequence_batch
     from megatron_darl.samples import Sample, SampleGroup
 
     g = torch.Generator().manual_seed(1000 + step)
@@ -67,23 +69,24 @@ def generate(trainer, step: int) -> list:
                 reward=float((i + j) % 2 if i < 2 else int(torch.randint(0, 2, (1,), generator=g)))))
         groups.append(SampleGroup(group_id=gid, prompt_id=gid, samples=samples, worker_id=0))
     flat = [s for grp in groups for s in grp.samples]
-    batch = sequence_batch(flat)
-    for s, row in zip(flat, response_rows(batch, flat, trainer.compute_logprobs(batch))):
+    logp = (logprobs or trainer.compute_logprobs)(sequence_batch(flat), trainer.version)
+    for s, row in zip(flat, logp.split(response_lengths(flat).tolist())):
         s.behavior_logprobs = row + 0.05 * torch.randn(row.shape, generator=g)
     return groups
 
 
-def _record_backfill(planner, rows: list) -> None:
-    inner = planner.store_backfill
+def _recording(trainer, rows: list):
+    """The runner's log-prob source, recording every row of a snapshot (backfill) pass."""
+    def logprobs(batch, version):
+        logp = trainer.compute_logprobs(batch, version)
+        if version != trainer.version:
+            lens = batch.seq_lens.tolist()
+            counts = [int(m.sum()) for m in batch.loss_mask.split(lens)]
+            for ids, n, row in zip(batch.input_ids.split(lens), counts, logp.split(counts)):
+                rows.append((ids[: len(ids) - n], ids[len(ids) - n:], version, row.clone()))
+        return logp
 
-    def store_backfill(batch, samples, logp, version):
-        from megatron_darl.loop.sequences import response_rows
-
-        for s, row in zip(samples, response_rows(batch, samples, logp)):
-            rows.append((s.prompt_ids, s.response_ids, version, row.clone()))
-        return inner(batch, samples, logp, version)
-
-    planner.store_backfill = store_backfill
+    return logprobs
 
 
 def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str, groups_path: str,
@@ -91,31 +94,31 @@ def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str,
     from megatron_darl.loop.endpoints import dp_sum
     from megatron_darl.loop.planner import ShardPlanner
     from megatron_darl.loop.step import StepRunner
-    from megatron_darl.replay import shard_of
+    from megatron_darl.samples import shard_of
     from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
     from trainer_procs import gather_hf_params
 
     algo, replay = _configs()
-    trainer, ps = _trainer(hf_dir)
+    trainer, ps = tiny_trainer(hf_dir)
     planner = ShardPlanner(algo, replay, shard=ps.dp_rank, num_shards=ps.dp_size)
     runner = StepRunner(algo, replay, planner, trainer, ps)
     rows: list = []
-    _record_backfill(planner, rows)
+    runner.logprobs = _recording(trainer, rows)
     first, made = 0, {}
     if mode != "straight":
         resumed = load_checkpoint(trainer, ckpt, with_snapshots=mode == "resume")
         planner.load_state_dict(resumed.extra_states[ps.dp_rank]["planner"])
         made, first = torch.load(groups_path, weights_only=False), RESUME_AT
-    trainer.snapshot(keep_last=K)  # as TrainerLoop.run does
+    trainer.snapshot(keep=replay.window.versions(trainer.version))  # as TrainerLoop.run does
     out = {"params": {}, "backfill": {}, "snapshots_at_start": trainer.snapshots.versions}
     for step in range(first, STEPS):
         if mode == "straight":
             made[step] = generate(trainer, step)
         arrivals = [grp for s, lst in made.items() for grp in lst if s + grp.group_id % 3 == step]
         mine = [grp for grp in arrivals if shard_of(grp.group_id, ps.dp_size) == ps.dp_rank]
-        sums, _ = runner.run(mine, step)
-        planner.evict(trainer.version)
-        counts = dp_sum(torch.tensor([sums["backfill_snapshot"], sums["backfill_nearest"]]), ps)
+        plan, _ = runner.run(mine, step)
+        planner.evict(trainer.version, plan.stats)
+        counts = dp_sum(torch.tensor([plan.stats.backfill_snapshot, plan.stats.backfill_nearest]), ps)
         out["backfill"][step] = counts.tolist()
         out["params"][step] = gather_hf_params(trainer, ps)
         if mode == "straight" and step + 1 == RESUME_AT:

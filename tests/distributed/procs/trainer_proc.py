@@ -36,7 +36,7 @@ def parse() -> argparse.Namespace:
         ("workers", int, 1), ("hubs", int, 1), ("stages", int, 1), ("steps", int, 1),
         ("gps", int, 1), ("eta", int, 0), ("hub-delay-s", float, 0.0), ("hb-interval", float, 0.25),
         ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0), ("timeout", float, 60.0),
-        ("drain-timeout", float, 30.0),
+        ("drain-timeout", float, 30.0), ("channel", str, "dataplane"),
         ("out", str, ""), ("model-dir", str, ""), ("secret", str, ""), ("source", str, "tests.distributed.procs.sources:hf_stages"),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
@@ -71,7 +71,9 @@ def main() -> int:
     sync_cfg = WeightSyncConfig(backend="gloo", bucket_bytes=64 * 1024, join_timeout_s=a.join_timeout,
                                 collective_timeout_s=a.timeout, ack_timeout_s=a.timeout)
     sender = WeightSender(store, control, sync_cfg, a.rank, hb) if a.rank < a.stages else None
-    hub = SampleHub(store, control, a.rank) if a.rank < a.hubs else None
+    channel = ChannelConfig(a.gps, a.eta, transport=a.channel, connect_timeout_s=a.timeout,
+                            transfer_timeout_s=a.timeout)
+    hub = SampleHub(store, control, channel, a.rank) if a.rank < a.hubs else None
     source = load_source(a.source)
     per_hub = a.gps // a.hubs
     for step in range(1, a.steps + 1):
@@ -92,15 +94,24 @@ def main() -> int:
         live = [w for w in range(a.workers) if hb.is_alive(WORKER, w)]
         wait_for_exits(store, WORKER, live, a.timeout)
     dist.monitored_barrier(timeout=dt.timedelta(seconds=a.timeout))
+    if hub is not None:
+        hub.close()
     hb.close()
     dist.destroy_process_group()
     return 0
 
 
 def _receive(a: argparse.Namespace, hub: SampleHub, n: int, step: int) -> None:
-    for got in hub.receive(n, a.timeout, step=step):
-        time.sleep(a.hub_delay_s)
-        _record(a, hub, got, step)
+    """Take ``n`` groups (as the loop's receive does, polling), each after ``--hub-delay-s``."""
+    deadline, got = time.monotonic() + a.timeout, 0
+    while got < n:
+        for group in hub.poll(n - got):
+            time.sleep(a.hub_delay_s)
+            _record(a, hub, group, step)
+            got += 1
+        if time.monotonic() > deadline:
+            raise TransportTimeout(f"hub {hub.hub} at step {step}: {got}/{n} groups after {a.timeout:.0f} s")
+        time.sleep(0.005)
 
 
 def _record(a: argparse.Namespace, hub: SampleHub, got, step: int) -> None:

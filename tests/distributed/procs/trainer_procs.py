@@ -9,6 +9,8 @@ Rank 0 writes the results to ``out_path`` with ``torch.save``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -27,24 +29,35 @@ def tiny_hf_config_dict() -> dict:
     )
 
 
+@dataclass
+class ToyInputs:
+    """The toy loss's per-token inputs, in the scored layout (the trainer only slices them)."""
+
+    prox: torch.Tensor  # (n,) ratio base
+    w: torch.Tensor  # (n,) weights
+    adv: torch.Tensor  # (n,) the sequence's advantage, per token
+
+
 def make_batch(indices: list[int] | None = None):
-    """The fixed test batch (or the sequences ``indices`` of it), with two loss fields."""
+    """The fixed test batch (or the sequences ``indices`` of it), with typed loss inputs."""
     from megatron_darl.trainer.batch import TrainBatch
 
     g = torch.Generator().manual_seed(7)
     tokens = [torch.randint(0, VOCAB, (n,), generator=g) for n in SEQ_LENS]
     masks = [torch.arange(n) >= PROMPT_LEN for n in SEQ_LENS]
-    prox = [-5.5 + 0.1 * torch.randn(n, generator=g) for n in SEQ_LENS]
-    weight = [0.5 + torch.rand(n, generator=g) for n in SEQ_LENS]
-    adv = torch.randn(len(SEQ_LENS), generator=g)
-    full = TrainBatch.from_sequences(tokens, masks, {"prox": prox, "w": weight}, {"adv": adv})
+    scored = torch.tensor([n - PROMPT_LEN for n in SEQ_LENS])
+    prox = -5.5 + 0.1 * torch.randn(int(scored.sum()), generator=g)
+    weight = 0.5 + torch.rand(int(scored.sum()), generator=g)
+    adv = torch.repeat_interleave(torch.randn(len(SEQ_LENS), generator=g), scored)
+    full = TrainBatch.from_sequences(tokens, masks, ToyInputs(prox, weight, adv))
     return full if indices is None else full.select(indices)
 
 
 def toy_loss(logp: torch.Tensor, batch_slice):
-    """A PPO-shaped token-sum loss that uses every kind of field (trainer-agnostic)."""
-    ratio = torch.exp(logp - batch_slice.masked("prox"))
-    per_token = -ratio * batch_slice.per_token("adv") * batch_slice.masked("w")
+    """A PPO-shaped token-sum loss that uses every input (trainer-agnostic)."""
+    x = batch_slice.loss_inputs
+    ratio = torch.exp(logp - x.prox)
+    per_token = -ratio * x.adv * x.w
     return per_token.sum(), {"ratio_mean": float(ratio.mean())}
 
 
@@ -105,9 +118,10 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     result: dict = {"logp0": trainer.compute_logprobs(batch), "shard": shard}
     result["num_microbatches"] = len(trainer._microbatches(batch))
     result["export0_vs_hf"] = _export_vs_hf(gather_hf_params(trainer, ps), hf_dir)
-    got = broadcast_batch(batch if ps.tp_rank == ps.pp_rank == 0 else None, ps)
+    got = broadcast_batch(batch if ps.tp_rank == ps.pp_rank == 0 else None, ps, ToyInputs)
     result["broadcast_ok"] = bool(
-        torch.equal(got.input_ids, batch.input_ids) and torch.equal(got.masked("w"), batch.masked("w"))
+        torch.equal(got.input_ids, batch.input_ids) and torch.equal(got.loss_inputs.w, batch.loss_inputs.w)
+        and got.loss_inputs.w.device.type == "cpu"
     )
     trainer.snapshot()  # version 0
     step = trainer.train_step(batch, toy_loss)

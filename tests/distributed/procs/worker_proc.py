@@ -62,7 +62,7 @@ def parse() -> argparse.Namespace:
         ("hb-interval", float, 0.25), ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0),
         ("timeout", float, 60.0), ("stall-at", int, 0), ("stall-s", float, 0.0), ("out", str, ""),
         ("model-dir", str, ""), ("die-at-load", int, 0), ("chunk-tokens", int, 0), ("max-inflight", int, 0),
-        ("update-mode", str, "finish"), ("secret", str, ""),
+        ("update-mode", str, "finish"), ("secret", str, ""), ("channel", str, "dataplane"),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
     return p.parse_args()
@@ -78,7 +78,7 @@ def main() -> int:
                                    secret=a.secret),
         heartbeat=HeartbeatConfig(a.hb_interval, a.hb_timeout),
         channel=ChannelConfig(groups_per_step=a.gps, max_staleness=a.eta, max_unacked_per_hub=4,
-                              send_timeout_s=a.timeout),
+                              send_timeout_s=a.timeout, transport=a.channel),
         weight_sync=WeightSyncConfig(backend="gloo", join_timeout_s=a.join_timeout,
                                      collective_timeout_s=a.timeout, ack_timeout_s=a.timeout),
     )

@@ -1,5 +1,11 @@
 """HF <-> Megatron (dist_checkpointing) conversion of Qwen3, as per-rank worker functions.
 
+The application side of the two converters (``convert_hf_to_megatron.py`` and back): input
+validation, staging and manifests, the worker ranks. It lives with the tools, not in
+``megatron_darl/models``: the model layer keeps only the HF<->Megatron mapping
+(``models/qwen3/mapping.py``) that the converters, checkpoint loading and weight sync share, and
+must not import the trainer, which this module does.
+
 Why multi-rank: each of the ``tp * pp`` gloo ranks builds only its own model shard, streams only
 its own HF tensors from the memory-mapped safetensors and writes only its own checkpoint shards,
 so peak memory per process is ~1/(tp*pp) of the model and the code path is exactly the one the
@@ -7,7 +13,7 @@ trainer uses to load and save (``load_hf_checkpoint``, ``sharded_state_dict``,
 ``megatron_to_hf_stage``). A single process would have to hold the full model. The dist
 checkpoint itself is layout-independent: it reloads at any TP/PP.
 
-The tools in ``tools/`` validate inputs (``validate_hf_dir``, ``validate_megatron_dir``) before
+The tools validate inputs (``validate_hf_dir``, ``validate_megatron_dir``) before
 spawning anything, so bad input fails fast with one line naming the file. The output never
 overlaps the input (``check_no_overlap``: an ``--out-dir`` equal to or above the input once let
 ``--force`` delete the model being converted), and ``--force`` replaces only what an earlier

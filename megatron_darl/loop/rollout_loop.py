@@ -1,0 +1,96 @@
+"""The rollout side of a run: one worker's engine, prompts and reward, wired and served.
+
+The counterpart of ``trainer_loop``: ``run_rollout(cfg, worker_id)`` is to ``launch.rollout``
+what ``run_trainer(cfg, env)`` is to ``launch.trainer``. It builds the engine on the initial
+policy, this worker's shard of the prompts (chat-templated token ids), the task's reward function,
+waits for the trainer's go (and, on a resumed run, continues after the groups the trainer
+already received from this worker), and runs ``RolloutWorker`` until the trainer raises the stop
+flag (0). When the worker stops for a reason of its own (the engine cannot load the weights, the
+trainer is gone) it raises ``RolloutAborted`` with the exit code and the one line saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from megatron_darl.loop.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class RolloutAborted(RuntimeError):
+    """The worker stopped on its own: ``code`` is its exit code, the message the one line why
+    (empty when the worker gave none)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int):
+    """This worker's shard of the dataset (tokenized prompts) and the dataset's size."""
+    from megatron_darl.data import encode_prompt, load_dataset
+    from megatron_darl.rollout.prompts import PromptRecord, PromptSource
+
+    records = load_dataset(cfg.data).records
+    prompts = [PromptRecord(r.prompt_id, tuple(encode_prompt(tokenizer, r.messages)), r) for r in records]
+    source = PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
+                          seed=cfg.sampling.seed)
+    return source, len(prompts)
+
+
+def resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) -> None:
+    """Wait for the trainer's go; continue after the groups it already received from us."""
+    from megatron_darl.loop.resume import prompt_position, worker_groups_made
+    from megatron_darl.transport import connect_store
+
+    control = cfg.transport.control
+    store = connect_store(control, who=f"rollout {worker_id} (start)")
+    try:
+        made = worker_groups_made(store, worker_id, control.store_timeout_s)
+    finally:
+        store.close()
+    if made:
+        shard_size = len(range(worker_id, num_prompts, control.num_workers))
+        worker.load_state_dict({"prompts": prompt_position(made, shard_size), "groups_made": made})
+        log.info("rollout %d: resuming after %d groups", worker_id, made)
+
+
+def engine_config(cfg: RunConfig):
+    """The engine's config, its model path defaulting to the policy's (``model.path``)."""
+    if not cfg.model.path:
+        raise ValueError("model.path is empty: start workers through launch.train (it resolves the "
+                         "warm-started policy) or pass model.path=<HF checkpoint dir>")
+    return cfg.engine if cfg.engine.model_path else dataclasses.replace(cfg.engine, model_path=cfg.model.path)
+
+
+def run_rollout(cfg: RunConfig, worker_id: int) -> int:
+    """Entry of one rollout worker (called by ``launch.rollout``): 0 after the trainer's stop flag.
+
+    Raises:
+        RolloutAborted: the worker stopped on its own, with its exit code and why.
+    """
+    from transformers import AutoTokenizer
+
+    from megatron_darl.rewards.registry import get_reward_fn
+    from megatron_darl.rollout.engines import build_engine
+    from megatron_darl.rollout.worker import RolloutWorker
+
+    engine_cfg = engine_config(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    source, num_prompts = build_prompt_source(cfg, tokenizer, worker_id)
+    engine = build_engine(engine_cfg)
+    try:
+        worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
+                               engine, source, cfg.sampling, get_reward_fn(cfg.data.task),
+                               lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        resume_position(cfg, worker, worker_id, num_prompts)
+        code = worker.run()
+        log.info("rollout %d: exit %d after %d groups sent; last weights version loaded %d",
+                 worker_id, code, worker.groups_sent, worker.weights_version)
+    finally:
+        engine.close()
+    if code:
+        raise RolloutAborted(code, worker.exit_reason)
+    return 0

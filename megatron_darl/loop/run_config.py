@@ -1,0 +1,130 @@
+"""The run's one typed config: ``RunConfig``, made of the components' own dataclasses.
+
+Every process of a run (trainer ranks, rollout workers, the launcher) holds the same
+``RunConfig``; the loop types its argument with it (``trainer_loop``, ``rollout_loop``).
+Composition from ``configs/`` is Hydra's job in ``launch/config.py``, which registers this class
+as the structured schema every preset is checked against and converts the composed config to it
+once; nothing here knows Hydra. ``check_consistent`` holds the cross-component checks, each
+``ValueError`` naming both fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from megatron_darl.data.config import DataConfig
+from megatron_darl.loop.config import (
+    AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig, density_temperature,
+)
+from megatron_darl.loop.warmstart import WarmStartConfig
+from megatron_darl.rollout.engines.base import EngineConfig, SamplingConfig
+from megatron_darl.rollout.worker import RolloutWorkerConfig
+from megatron_darl.trainer.config import TrainerConfig
+from megatron_darl.trainer.parallel import ParallelConfig
+from megatron_darl.transport.config import TransportConfig
+
+ROLLOUT_FAILURE = ("continue", "abort")
+
+
+@dataclass
+class ClusterConfig:
+    """How ``launch.train`` lays the roles out on one machine (``configs/cluster/*.yaml``).
+
+    Device lists are CUDA ordinals given to each role through ``CUDA_VISIBLE_DEVICES``; ``[]``
+    hides every GPU (CPU run); ``null`` means auto: GPU 0 for the trainer when there is a GPU,
+    and for rollout GPU 1 when there are two, GPU 0 (shared) when there is one.
+    """
+
+    trainer_ranks: int = 1  # trainer processes (TP x PP x DP), one per device on GPU
+    rollout_workers: int = 1  # rollout worker processes (one engine each)
+    trainer_devices: Optional[list[int]] = None  # CUDA ordinals of trainer ranks; [] = CPU
+    rollout_devices: Optional[list[int]] = None  # CUDA ordinals of rollout workers; [] = CPU
+    master_addr: str = "127.0.0.1"  # torch.distributed rendezvous host of the trainer ranks
+    master_port: int = 0  # torch.distributed rendezvous port; 0 = a free one (the store: transport's)
+    threads_per_process: int = 0  # OMP/torch threads per child; 0 = cores / processes
+    rollout_failure: str = "continue"  # a dead worker: "continue" with the others, or "abort"
+    grace_s: float = 30.0  # after SIGTERM, seconds before children are killed
+
+    def __post_init__(self) -> None:
+        for name in ("trainer_ranks", "rollout_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"cluster.{name} must be >= 1, got {getattr(self, name)}")
+        if self.rollout_failure not in ROLLOUT_FAILURE:
+            raise ValueError(f"cluster.rollout_failure={self.rollout_failure!r}: use one of {ROLLOUT_FAILURE}")
+        if self.grace_s < 0 or self.threads_per_process < 0:
+            raise ValueError("cluster.grace_s and cluster.threads_per_process must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs; the same object in every process of the run."""
+
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # variant and PPO knobs
+    replay: ReplayConfig = field(default_factory=ReplayConfig)  # window K, warmup, replays
+    loop: LoopConfig = field(default_factory=LoopConfig)  # steps, run dir, logging, checkpoints
+    model: ModelConfig = field(default_factory=ModelConfig)  # initial policy
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # embedded default policy
+    data: DataConfig = field(default_factory=DataConfig)  # prompts and reward task
+    engine: EngineConfig = field(default_factory=EngineConfig)  # rollout backend
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=8))  # n = G
+    worker: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)  # rollout worker knobs
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # optimisation, batching
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # TP/PP layout
+    transport: TransportConfig = field(default_factory=lambda: _transport(8, 2))  # B, eta
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # local process layout
+
+    def __post_init__(self) -> None:
+        check_consistent(self)
+
+    @property
+    def dp_size(self) -> int:
+        return self.cluster.trainer_ranks // (self.parallel.tp * self.parallel.pp)
+
+
+def _transport(groups_per_step: int, max_staleness: int) -> TransportConfig:
+    """Transport defaults that agree with ``AlgorithmConfig``'s (the YAML interpolates them)."""
+    cfg = TransportConfig()
+    cfg.channel.groups_per_step, cfg.channel.max_staleness = groups_per_step, max_staleness
+    return cfg
+
+
+def check_consistent(cfg: RunConfig) -> None:
+    """Cross-component checks: each ValueError names both fields."""
+    pairs = [
+        ("sampling.n", cfg.sampling.n, "algorithm.group_size", cfg.algorithm.group_size),
+        ("transport.channel.groups_per_step", cfg.transport.channel.groups_per_step,
+         "algorithm.groups_per_step", cfg.algorithm.groups_per_step),
+        ("transport.channel.max_staleness", cfg.transport.channel.max_staleness,
+         "algorithm.max_staleness", cfg.algorithm.max_staleness),
+        ("transport.control.num_workers", cfg.transport.control.num_workers,
+         "cluster.rollout_workers", cfg.cluster.rollout_workers),
+        ("transport.control.num_stages", cfg.transport.control.num_stages, "parallel.pp", cfg.parallel.pp),
+    ]
+    for a, va, b, vb in pairs:
+        if va != vb:
+            raise ValueError(f"{a}={va} must equal {b}={vb}")
+    _check_sampling(cfg.sampling)
+    mp = cfg.parallel.tp * cfg.parallel.pp
+    if cfg.cluster.trainer_ranks % mp:
+        raise ValueError(f"cluster.trainer_ranks={cfg.cluster.trainer_ranks} is not a multiple of "
+                         f"parallel.tp x parallel.pp = {mp}")
+    dp = cfg.cluster.trainer_ranks // mp
+    if cfg.transport.control.num_hubs != dp:
+        raise ValueError(f"transport.control.num_hubs={cfg.transport.control.num_hubs} must equal "
+                         f"the DP size {dp} (cluster.trainer_ranks / (tp x pp))")
+    if cfg.algorithm.groups_per_step % dp:
+        raise ValueError(f"algorithm.groups_per_step={cfg.algorithm.groups_per_step} must be a "
+                         f"multiple of the DP size {dp}")
+    # the trainer scores the sampler's density: refuses truncated sampling (names the fields)
+    density_temperature(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k)
+
+
+def _check_sampling(s) -> None:
+    """Values the engines would only reject in a child process (or silently misuse)."""
+    for name, ok, rule in (("max_new_tokens", s.max_new_tokens >= 1, ">= 1"), ("n", s.n >= 1, ">= 1"),
+                           ("temperature", s.temperature >= 0, ">= 0 (0: greedy)"),
+                           ("top_p", 0 < s.top_p <= 1, "in (0, 1]"),
+                           ("top_k", s.top_k == -1 or s.top_k >= 1, ">= 1, or -1 (off)")):
+        if not ok:
+            raise ValueError(f"sampling.{name}={getattr(s, name)} must be {rule}")

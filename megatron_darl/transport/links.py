@@ -1,0 +1,261 @@
+"""The two ends of one worker -> hub sample link, each a thread of its own (see ``channel.py``).
+
+``OutLink`` (rollout worker, one per hub) takes framed groups from a queue and, per group, posts
+its header in the control store and sends the payload; ``InLink`` (trainer hub, one per worker)
+waits for the next header, takes the payload, hands the group to the hub and acks it. With the
+``dataplane`` transport the payload crosses a two-member process group of the pair's own (rank 0
+the hub, rank 1 the worker; gloo, or NCCL between distinct GPUs) built lazily under an epoch:
+the worker draws a new epoch (a store counter) whenever it (re)builds, the header names it, and a
+hub that sees a new epoch builds that pair. A transfer that fails or outlasts
+``transfer_timeout_s`` drops its pair on both sides; the worker retries the group once on a new
+epoch, and the hub waits for a header of a newer epoch (a dead worker's pair is never used
+again). With the ``store`` transport the payload rides inside the header value.
+
+Each link owns its store connection and blocks only itself: a slow, frozen or dead peer stalls
+one thread, never the hub's loop or the other links. Every wait has a deadline (store calls, pair
+construction, transfers). An idle hub link looks for its next header with one store read,
+backing off from 0.5 ms to 50 ms (a native store wait would log a warning at every timed-out
+slice), so the first group after an idle spell waits at most 50 ms and a busy link hardly waits.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import queue
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
+from megatron_darl.transport.frames import GroupFrame, ReceivedGroup, unframe_group
+from megatron_darl.transport.process_group import DataPlaneGroup, build_group
+from megatron_darl.transport.staleness import mark_delivered
+from megatron_darl.transport.store import ControlStore, Keys, TransportTimeout, connect_store, get_int
+
+log = logging.getLogger(__name__)
+BACKENDS = ("store", "gloo", "nccl")  # where a header says the payload is
+_FIRST_POLL_S = 0.0005  # first sleep after a look found no header (a busy worker posts the next soon)
+_IDLE_POLL_S = 0.05  # longest sleep between two looks for the next header (backs off to it)
+_FAILURES = (TransportTimeout, RuntimeError, dist.DistError, ValueError)
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the store carries per group (plus the payload itself with the ``store`` transport)."""
+
+    seq: int  # per (worker, hub) sequence number
+    epoch: int  # the pair the payload crosses (0: no pair, ``store`` transport)
+    backend: str  # one of BACKENDS
+    nbytes: int  # payload bytes (``GroupFrame.to_buffer``)
+    group_id: int  # for error messages
+
+    _FMT = "<4sqqBqq"
+
+    def to_bytes(self, payload: bytes = b"") -> bytes:
+        return struct.pack(self._FMT, b"DCH1", self.seq, self.epoch, BACKENDS.index(self.backend),
+                           self.nbytes, self.group_id) + payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> tuple["Header", bytes]:
+        size = struct.calcsize(cls._FMT)
+        magic, seq, epoch, backend, nbytes, group_id = struct.unpack_from(cls._FMT, data, 0)
+        if magic != b"DCH1" or backend >= len(BACKENDS):
+            raise ValueError("not a sample-channel header")
+        return cls(seq, epoch, BACKENDS[backend], nbytes, group_id), data[size:]
+
+
+def _finish(work, pair: DataPlaneGroup, timeout_s: float, what: str) -> None:
+    """Wait for one send/recv, at most ``timeout_s``. gloo: its own timed wait. NCCL: poll the
+    work's CUDA event (a timed NCCL wait would leave it to the watchdog) and abort the pair's
+    communicator past the deadline, so a stuck peer costs this link its pair, not the process."""
+    if pair.backend != "nccl":
+        work.wait(_dt.timedelta(seconds=timeout_s))
+        return
+    deadline = time.monotonic() + timeout_s
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            for name in ("abort", "_abort", "shutdown", "_shutdown"):  # names differ across torch releases
+                if callable(getattr(pair.pg, name, None)):
+                    getattr(pair.pg, name)()
+                    break
+            raise TransportTimeout(f"{pair.name}: {what} not done after {timeout_s:.0f} s")
+        time.sleep(0.0005)
+    work.wait()
+
+
+def _pair_name(hub: int, worker: int, epoch: int) -> str:
+    return f"ch/{hub}/{worker}/{epoch}"
+
+
+class InLink:
+    """Hub side of one worker's link: receive its groups in order, hand them over, ack them."""
+
+    def __init__(self, control: ControlPlaneConfig, cfg: ChannelConfig, hub: int, worker: int,
+                 device: torch.device, deliver: Callable[[ReceivedGroup], None], stop: threading.Event) -> None:
+        self.control, self.cfg, self.hub, self.worker, self.device = control, cfg, hub, worker, device
+        self._deliver, self._stop = deliver, stop
+        self._pair: DataPlaneGroup | None = None
+        self._epoch = -1  # epoch of ``_pair``
+        self._dead: set[int] = set()  # epochs whose pair failed: never built again
+        self.thread = threading.Thread(target=self._run, name=f"channel-in-{hub}-{worker}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        store = None
+        try:
+            store = connect_store(self.control, who=f"hub {self.hub} (link of rollout {self.worker})")
+            seq = get_int(store, Keys.sample_ack(self.hub, self.worker), -1) + 1
+            nap = _FIRST_POLL_S
+            while not self._stop.is_set():
+                if self._take(store, seq):
+                    seq, nap = seq + 1, _FIRST_POLL_S
+                else:  # idle: look less often, up to _IDLE_POLL_S (the store serves every link)
+                    self._stop.wait(nap)
+                    nap = min(2 * nap, _IDLE_POLL_S)
+        except Exception as exc:  # noqa: BLE001 - the link ends; the hub's progress watch names the worker
+            if not self._stop.is_set():
+                log.error("hub %d: the link of rollout %d ended: %s", self.hub, self.worker, exc)
+        finally:
+            self._pair = None
+            if store is not None:
+                store.close()
+
+    def _take(self, store: ControlStore, seq: int) -> bool:
+        """Receive group ``seq`` if its header is there; True when taken (never waits for one)."""
+        key = Keys.sample(self.hub, self.worker, seq)
+        raw = store.read(key)  # one round trip: absent, or foreign (unsigned): not there
+        if raw is None:
+            return False
+        head, inline = Header.from_bytes(raw)
+        if head.backend == "store":
+            buf = torch.frombuffer(bytearray(inline), dtype=torch.uint8)
+        elif head.epoch in self._dead:  # the worker has not re-posted on a new pair yet
+            return False
+        else:
+            buf = self._receive(store, head)
+            if buf is None:
+                return False
+        got = unframe_group(GroupFrame.from_buffer(buf))
+        if got.meta.seq != seq or got.group.worker_id != self.worker:
+            raise ValueError(f"key {key} holds seq {got.meta.seq} of worker {got.group.worker_id}")
+        self._deliver(got)
+        store.delete_key(key)
+        store.set(Keys.sample_ack(self.hub, self.worker), str(seq))
+        if head.backend != "store":  # at the hub now: no longer outstanding (staleness.py)
+            mark_delivered(store, self.worker)
+        return True
+
+    def _receive(self, store: ControlStore, head: Header) -> torch.Tensor | None:
+        """The payload over the pair of ``head.epoch`` (built first when new), or None on failure."""
+        try:
+            if head.epoch != self._epoch:
+                self._pair, self._epoch = None, head.epoch
+                self._pair = build_group(store, _pair_name(self.hub, self.worker, head.epoch), 0, 2,
+                                         head.backend, self.cfg.connect_timeout_s,
+                                         collective_timeout_s=self.cfg.transfer_timeout_s + 60)
+            pair = self._pair
+            buf = torch.empty(head.nbytes, dtype=torch.uint8, device=pair.device)
+            _finish(pair.pg.recv([buf], 1, 0), pair, self.cfg.transfer_timeout_s, f"group {head.group_id}")
+            return buf.cpu()
+        except _FAILURES as exc:
+            log.warning("hub %d: rollout %d's group %d (seq %d) did not arrive on pair epoch %d: %s; "
+                        "dropping that pair", self.hub, self.worker, head.group_id, head.seq, head.epoch, exc)
+            self._dead.add(head.epoch)
+            self._pair, self._epoch = None, -1
+            return None
+
+
+@dataclass
+class Outgoing:
+    """A framed group on its way to a hub."""
+
+    seq: int  # per (worker, hub) sequence number
+    buffer: torch.Tensor  # (B,) uint8 ``GroupFrame.to_buffer``
+    group_id: int  # for error messages
+    posted: Callable[[], None]  # called once the group is durable at the hub's side of the store
+
+
+class OutLink:
+    """Worker side of the link to one hub: send queued groups in order, each exactly once."""
+
+    def __init__(self, control: ControlPlaneConfig, cfg: ChannelConfig, worker: int, hub: int,
+                 device: torch.device, backend: Callable[[ControlStore], str]) -> None:
+        self.control, self.cfg, self.worker, self.hub, self.device = control, cfg, worker, hub, device
+        self._backend = backend  # the pair's backend, decided once per pair from the hub's info
+        self._queue: queue.Queue[Outgoing | None] = queue.Queue()
+        self._busy = 0  # queued or being sent
+        self._lock = threading.Lock()
+        self.error = ""  # why the link gave up ("" while it works)
+        self._pair: DataPlaneGroup | None = None
+        self._epoch = 0  # epoch of ``_pair``
+        self.thread = threading.Thread(target=self._run, name=f"channel-out-{worker}-{hub}", daemon=True)
+        self.thread.start()
+
+    def put(self, item: Outgoing) -> None:
+        with self._lock:
+            self._busy += 1
+        self._queue.put(item)
+
+    def busy(self) -> int:
+        """Groups queued or being sent."""
+        with self._lock:
+            return self._busy
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the thread once the queue is sent (at most ``timeout_s``; it is a daemon)."""
+        self._queue.put(None)
+        self.thread.join(timeout_s)
+
+    def _run(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        store = None
+        try:
+            store = connect_store(self.control, who=f"rollout {self.worker} (link to hub {self.hub})")
+            while (item := self._queue.get()) is not None:
+                self._send(store, item)
+                with self._lock:
+                    self._busy -= 1
+        except Exception as exc:  # noqa: BLE001 - surfaced by SampleSender.send in the worker's thread
+            self.error = str(exc)
+            log.error("rollout %d: the link to hub %d gave up: %s", self.worker, self.hub, exc)
+        finally:
+            self._pair = None
+            if store is not None:
+                store.close()
+
+    def _send(self, store: ControlStore, item: Outgoing) -> None:
+        key, nbytes = Keys.sample(self.hub, self.worker, item.seq), int(item.buffer.numel())
+        if self.cfg.transport == "store":
+            store.set(key, Header(item.seq, 0, "store", nbytes, item.group_id).to_bytes(item.buffer.numpy().tobytes()))
+            item.posted()
+            return
+        failure: Exception | None = None
+        for _ in range(2):  # a failed transfer is retried once, on a new pair
+            try:
+                if self._pair is None:  # header first: the hub builds the pair the header names
+                    self._epoch = store.add(Keys.sample_epoch(self.hub, self.worker), 1)
+                    backend = self._backend(store)
+                    store.set(key, Header(item.seq, self._epoch, backend, nbytes, item.group_id).to_bytes())
+                    self._pair = build_group(store, _pair_name(self.hub, self.worker, self._epoch), 1, 2,
+                                             backend, 2 * self.cfg.connect_timeout_s,
+                                             collective_timeout_s=self.cfg.transfer_timeout_s + 60)
+                else:
+                    store.set(key, Header(item.seq, self._epoch, self._pair.backend, nbytes,
+                                          item.group_id).to_bytes())
+                buf = item.buffer.to(self._pair.device)
+                _finish(self._pair.pg.send([buf], 0, 0), self._pair, self.cfg.transfer_timeout_s,
+                        f"group {item.group_id}")
+                return
+            except _FAILURES as exc:
+                failure, self._pair = exc, None
+        raise TransportTimeout(f"rollout {self.worker}: group {item.group_id} (seq {item.seq}) did not reach "
+                               f"hub {self.hub} in two tries: {failure}")
