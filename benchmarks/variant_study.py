@@ -8,9 +8,11 @@ format-only warm start (``tools/task_warmstart.py``) so the skill is learned by 
 checkpoints every ``--eval-every`` steps; after the run ``megatron_darl.eval.heldout`` scores
 every checkpoint on the test split (greedy by default) and deletes it. Per run the record keeps:
 
-- ``curve``: ``[step, samples_generated, wall_seconds, test_accuracy]`` per evaluation;
-- ``final_accuracy``, ``samples_to_target`` (first evaluation at or above ``--target``; None when
-  never), ``wall_seconds``, ``staleness_mean`` (realized, of the samples received);
+- ``curve``: ``[step, samples_consumed, wall_seconds, test_accuracy, samples_generated]`` per
+  evaluation, samples consumed = step x B x G (what enters training; the same for every case);
+- ``final_accuracy``, ``samples_to_target`` (samples consumed at the first evaluation at or above
+  ``--target``; None when never), ``wall_seconds``, ``staleness_mean`` (realized: mean age of
+  the trained samples, t - v);
 - ``train``: per evaluation interval the means of the training reward, the staleness of the
   selected samples, ``weight_ess``, ``weight_clip_frac``, ``clip_frac_low/high``, the score,
   and the selected-version histogram summed over the interval.
@@ -19,12 +21,17 @@ Cases are ``<variant>_eta<eta>``: ``sync`` (eta 0, once per seed) and, per max s
 ``async`` (naive), ``async_is`` (async + rollout IS at 2.0), ``decoupled`` (AReaL's masked cap at
 2.0: with the truncating cap it would compute exactly what ``async_is`` computes,
 docs/algorithm.md section 6), ``darl``, ``darl_nofilter``, ``darl_nomis``; the window is
-``K = max(preset K, eta + 1)`` so that every arrival is inside it. Every run gets the same
-steps, groups and group size, so the same number of generated samples. ``--rollout-batch
-window`` (default) makes the staleness real whatever the speed of the hardware: the rollout
-worker generates ``(eta + 1) * B`` groups per engine call at one weights version, so the groups
-of one call are trained at staleness 0..eta; ``step`` generates B per call (staleness then
-depends on which side is faster).
+``K = max(preset K, eta + 1)`` so that every arrival is inside it.
+
+How the staleness is made real. The loop's trainer waits for B new groups per step, the rollout
+worker may run ``eta`` versions ahead, and a weight sync waits for the worker's batch, so a
+worker that generates B groups per call stays one version ahead whatever eta is. With
+``--rollout-batch window`` (default) the first engine call generates ``(eta + 1) * B`` groups;
+that backlog of ``eta * B`` groups then stays in the trainer's buffer (each step adds B and
+trains B), and the queue-reading baselines (``async``, ``async_is``, ``decoupled``, with
+``algorithm.score=oldest``) train every sample exactly ``eta`` versions after it was generated
+(from step eta on), on any hardware. D-ARL's variants choose from the same buffer by their own
+score. ``--rollout-batch step`` generates B per call (the realized staleness is then ~1).
 
     python benchmarks/variant_study.py --out-dir OUT --partial OUT/partial.json --budget 540  # GPU
     python benchmarks/variant_study.py --cpu --size tiny --steps 120 --variants sync,async --staleness 4,8
@@ -57,9 +64,10 @@ REPO = Path(__file__).resolve().parents[1]
 # case -> (configs/algorithm preset, extra overrides, the preset's window K)
 CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "sync": ("sync", (), 1),
-    "async": ("async", (), 3),
-    "async_is": ("async", ("algorithm.rollout_is=2.0",), 3),
-    "decoupled": ("decoupled", ("algorithm.mis.cap_mode=mask", "algorithm.mis.clip=2.0"), 3),
+    "async": ("async", ("algorithm.score=oldest",), 3),
+    "async_is": ("async", ("algorithm.score=oldest", "algorithm.rollout_is=2.0"), 3),
+    "decoupled": ("decoupled", ("algorithm.score=oldest", "algorithm.mis.cap_mode=mask",
+                                "algorithm.mis.clip=2.0"), 3),
     "darl": ("darl", (), 4),
     "darl_nofilter": ("darl_nofilter", (), 4),
     "darl_nomis": ("darl_nomis", (), 4),
@@ -122,26 +130,30 @@ def _interval_means(rows: list[dict], lo: int, hi: int) -> dict:
     return out
 
 
-def summarize(rows: list[dict], points: list[dict], target: float) -> dict:
-    """The run's curve, final accuracy, samples to target, realized staleness, diagnostics."""
+def summarize(rows: list[dict], points: list[dict], target: float, per_step: int) -> dict:
+    """The run's curve, final accuracy, samples to target, realized staleness, diagnostics.
+
+    Samples consumed at step s are ``s * per_step`` (B groups of G enter training per step in
+    every variant); ``samples_generated`` also counts the backlog the rollout ran ahead.
+    """
     curve, train, prev = [], [], 0
     for p in points:
         step = p["step"]
         row = rows[step - 1] if step > 0 else None
-        samples = row["samples_generated"] if row else 0.0
         wall = row["wall_seconds"] - rows[0]["wall_seconds"] if row else 0.0
-        curve.append([step, samples, wall, p["accuracy"]])
+        curve.append([step, float(step * per_step), wall, p["accuracy"],
+                      row["samples_generated"] if row else 0.0])
         if step > prev:
             train.append({"step": step, **_interval_means(rows, prev, step)})
             prev = step
     reached = next((c for c in curve if c[3] >= target), None)
-    staleness = [r["staleness_mean"] for r in rows if isinstance(r.get("staleness_mean"), (int, float))]
+    selected = [r["selected_mean"] for r in rows if isinstance(r.get("selected_mean"), (int, float))]
     return {"curve": curve, "train": train, "final_accuracy": curve[-1][3],
             "initial_accuracy": curve[0][3], "samples_to_target": reached[1] if reached else None,
             "steps": len(rows), "samples_generated": rows[-1]["samples_generated"],
             "samples_trained": rows[-1].get("samples_trained"),
             "wall_seconds": rows[-1]["wall_seconds"] - rows[0]["wall_seconds"],
-            "staleness_mean": statistics.fmean(staleness) if staleness else None,
+            "staleness_mean": statistics.fmean(selected) if selected else None,
             "train_reward_last": statistics.fmean(r["reward_mean"] for r in rows[-max(1, len(rows) // 10):])}
 
 
@@ -245,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = args.run_root / key
         result = run_once(preset, seed, args.cluster, run_args, run_dir)
         points = evaluate_run(run_dir, args)
-        done[key] = summarize(result["rows"], points, args.target) | {
+        done[key] = summarize(result["rows"], points, args.target, args.groups * args.group_size) | {
             "seed": seed, "launch_seconds": result["launch_seconds"]}
         slowest = max(slowest, time.monotonic() - t0)
         save_partial(args.partial, run_config, done)

@@ -3,7 +3,7 @@
 Lower is better: a low score means the sample's behavior distribution still matches the current
 policy, so its importance weights are near 1 and its gradient estimate has low variance. The
 D-ARL score is the chi-square estimate ``mean_j (r_j - 1)^2`` of the token ratio
-``r = pi_t / mu``; ``kl``, ``ess``, ``random`` and ``fifo`` are alternatives and ablations. All
+``r = pi_t / mu``; ``kl``, ``ess``, ``random``, ``fifo`` and ``oldest`` are alternatives and ablations. All
 are reached through one table keyed by ``ScoreKind``, so a variant names its score and the loop
 calls ``score_samples`` without branching.
 
@@ -29,6 +29,7 @@ class ScoreKind(str, enum.Enum):
     ESS = "ess"  # 1 - ESS(r) / n: shortfall of the normalised effective sample size
     RANDOM = "random"  # uniform noise: no filter (ablation)
     FIFO = "fifo"  # -behavior version: freshest first
+    OLDEST = "oldest"  # +behavior version: oldest first (arrival order, a plain async queue)
 
 
 # Scores that read the token ratio pi_t / mu, i.e. need the trainer's log-prob pass at t.
@@ -111,6 +112,16 @@ def fifo_score(behavior_version: torch.Tensor) -> torch.Tensor:
     return -behavior_version.to(torch.float64)
 
 
+def oldest_score(behavior_version: torch.Tensor) -> torch.Tensor:
+    """``behavior_version`` as ``(N,)`` float64: the oldest samples score lowest.
+
+    Consuming groups in the order they were generated is what an asynchronous trainer reading a
+    queue does: with the rollout ``eta`` versions ahead, every trained sample is ``eta`` stale.
+    ``fifo`` (freshest first) instead skips the backlog, so a staleness bound is never reached.
+    """
+    return behavior_version.to(torch.float64)
+
+
 # Every score takes (logp_current, logp_behavior, mask, behavior_version, generator).
 ScoreFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Generator | None"],
@@ -130,14 +141,18 @@ def _random(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform
     return random_score(lc.shape[0], generator, lc.device)
 
 
-def _fifo(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
-    if behavior_version is None:
-        raise ValueError("behavior_version is required for the fifo score")
-    if behavior_version.shape != lc.shape[:1]:
-        raise ValueError(
-            f"behavior_version shape {tuple(behavior_version.shape)} must be ({lc.shape[0]},)"
-        )
-    return fifo_score(behavior_version)
+def _by_version(order: Callable[[torch.Tensor], torch.Tensor], name: str) -> ScoreFn:
+    def score(lc, lb, mask, behavior_version, generator):  # noqa: ARG001 (uniform signature)
+        if behavior_version is None:
+            raise ValueError(f"behavior_version is required for the {name} score")
+        if behavior_version.shape != lc.shape[:1]:
+            raise ValueError(
+                f"behavior_version shape {tuple(behavior_version.shape)} must be ({lc.shape[0]},)"
+            )
+        return order(behavior_version)
+
+    score.__doc__ = order.__doc__
+    return score
 
 
 SCORES: dict[ScoreKind, ScoreFn] = {
@@ -145,7 +160,8 @@ SCORES: dict[ScoreKind, ScoreFn] = {
     ScoreKind.KL: _ratio_based(kl_score),
     ScoreKind.ESS: _ratio_based(ess_score),
     ScoreKind.RANDOM: _random,
-    ScoreKind.FIFO: _fifo,
+    ScoreKind.FIFO: _by_version(fifo_score, "fifo"),
+    ScoreKind.OLDEST: _by_version(oldest_score, "oldest"),
 }
 
 
@@ -161,9 +177,10 @@ def score_samples(
 
     Args:
         kind: a ``ScoreKind`` or its value (``"chi2"``, ``"kl"``, ``"ess"``, ``"random"``,
-            ``"fifo"``).
+            ``"fifo"``, ``"oldest"``).
         logp_current, logp_behavior, mask: ``(N, T)`` as in ``variance_score``.
-        behavior_version: ``(N,)`` int behavior version of each sample; required for ``fifo``.
+        behavior_version: ``(N,)`` int behavior version of each sample; required for ``fifo``
+            and ``oldest``.
         generator: random source for ``random`` (reproducible ablations).
 
     Returns:
