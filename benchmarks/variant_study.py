@@ -51,7 +51,9 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,7 +103,7 @@ def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
     return preset, out
 
 
-def evaluate_run(run_dir: Path, args) -> list[dict]:
+def evaluate_run(run_dir: Path, args, devices: list[int]) -> list[dict]:
     """Score the run's checkpoints on the test split (``megatron_darl.eval.heldout``), delete them."""
     out = run_dir / "heldout.json"
     cmd = [sys.executable, "-m", "megatron_darl.eval.heldout", "--model-dir", args.model_path,
@@ -110,6 +112,8 @@ def evaluate_run(run_dir: Path, args) -> list[dict]:
            "--max-new-tokens", str(args.max_new_tokens), *args.data_overrides,
            f"{args.task_key}.split=test", f"{args.task_key}.num_prompts={args.test_prompts}"]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    if not args.cpu:
+        env["CUDA_VISIBLE_DEVICES"] = str(devices[-1])
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"held-out evaluation of {run_dir} failed ({proc.returncode}):\n"
@@ -215,6 +219,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmstart-prompts", type=int, default=16384)
     p.add_argument("--cluster", default="", help="cluster preset (default: cpu with --cpu, else gpu1)")
     p.add_argument("--cpu", action="store_true", help="CPU run (cluster=cpu)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once, each on its own GPU slot")
+    p.add_argument("--gpus-per-run", type=int, choices=(1, 2), default=1,
+                   help="1: trainer and rollout share a GPU (gpu1); 2: trainer and rollout GPUs")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     p.add_argument("--run-root", type=Path, default=Path("/tmp/variant_study_runs"))
@@ -223,7 +230,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = p.parse_args(argv)
     args.data_overrides_prefixed = [f"data.{o}" for o in args.data_overrides]
-    args.cluster = args.cluster or ("cpu" if args.cpu else "gpu1")
+    args.cluster = args.cluster or ("cpu" if args.cpu else "gpu1" if args.gpus_per_run == 1 else "gpu2")
+    if args.parallel < 1 or (args.cpu and args.parallel > 1):
+        p.error("--parallel must be >= 1, and 1 on CPU (the runs would share the cores)")
     return args
 
 
@@ -235,6 +244,59 @@ def settings(args, ws_key: str) -> dict:
     return {**{k: getattr(args, k) for k in keys}, "warmstart": ws_key}
 
 
+def slot_devices(slot: int, args) -> tuple[list[int], list[str]]:
+    """GPUs of a parallel slot and the overrides that pin the run to them (none on CPU)."""
+    if args.cpu:
+        return [], []
+    first = slot * args.gpus_per_run
+    gpus = list(range(first, first + args.gpus_per_run))
+    return gpus, [f"cluster.trainer_devices=[{gpus[0]}]", f"cluster.rollout_devices=[{gpus[-1]}]"]
+
+
+def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
+    """One run: train, score its checkpoints, summarize."""
+    t0 = time.monotonic()
+    preset, overrides = case_overrides(case, eta, args)
+    gpus, pin = slot_devices(slot, args)
+    run_args = SimpleNamespace(**{**vars(args), "overrides": overrides + pin})
+    run_dir = args.run_root / f"{case}_eta{eta}_s{seed}"
+    result = run_once(preset, seed, args.cluster, run_args, run_dir)
+    points = evaluate_run(run_dir, args, gpus)
+    out = summarize(result["rows"], points, args.target, args.groups * args.group_size)
+    return out | {"seed": seed, "launch_seconds": result["launch_seconds"],
+                  "run_seconds": time.monotonic() - t0}
+
+
+def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dict) -> list[str]:
+    """Run what ``done`` lacks, ``args.parallel`` at a time (one slot of GPUs each), saving each
+    finished run; returns the runs left when the budget stopped new starts."""
+    todo = [(c, e, s) for c, e, s in plan if f"{c}_eta{e}_s{s}" not in done]
+    started, slowest, lock = time.monotonic(), 0.0, threading.Lock()
+    free, running = list(range(args.parallel)), {}
+    with ThreadPoolExecutor(args.parallel) as pool:
+        while todo or running:
+            over = args.budget is not None and time.monotonic() - started + slowest > args.budget
+            while todo and free and not over:
+                case, eta, seed = todo.pop(0)
+                slot = free.pop(0)
+                running[pool.submit(run_case, case, eta, seed, slot, args)] = (f"{case}_eta{eta}_s{seed}", slot)
+            if not running:
+                break
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                key, slot = running.pop(fut)
+                free.append(slot)
+                summary = fut.result()
+                with lock:
+                    done[key] = summary
+                    save_partial(args.partial, run_config, done)
+                slowest = max(slowest, summary["run_seconds"])
+                print(f"{key}: test accuracy {summary['initial_accuracy']:.3f} -> "
+                      f"{summary['final_accuracy']:.3f}, realized staleness {summary['staleness_mean']:.2f}, "
+                      f"{summary['run_seconds']:.0f} s", flush=True)
+    return [f"{c}_eta{e}_s{s}" for c, e, s in todo]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     plan = plan_runs(args.variants.split(","), [int(e) for e in args.staleness.split(",") if e],
@@ -242,28 +304,10 @@ def main(argv: list[str] | None = None) -> None:
     args.model_path, ws_key = warm_start(args)
     run_config = settings(args, ws_key)
     done = load_partial(args.partial, run_config)
-    started, slowest = time.monotonic(), 0.0
-    for case, eta, seed in plan:
-        key = f"{case}_eta{eta}_s{seed}"
-        if key in done:
-            continue
-        if args.budget is not None and time.monotonic() - started + slowest > args.budget:
-            left = [f"{c}_eta{e}_s{s}" for c, e, s in plan if f"{c}_eta{e}_s{s}" not in done]
-            print(f"budget of {args.budget:.0f} s reached; {len(left)} runs left: {', '.join(left)}")
-            sys.exit(3)
-        t0 = time.monotonic()
-        preset, overrides = case_overrides(case, eta, args)
-        run_args = SimpleNamespace(**{**vars(args), "overrides": overrides})
-        run_dir = args.run_root / key
-        result = run_once(preset, seed, args.cluster, run_args, run_dir)
-        points = evaluate_run(run_dir, args)
-        done[key] = summarize(result["rows"], points, args.target, args.groups * args.group_size) | {
-            "seed": seed, "launch_seconds": result["launch_seconds"]}
-        slowest = max(slowest, time.monotonic() - t0)
-        save_partial(args.partial, run_config, done)
-        s = done[key]
-        print(f"{key}: test accuracy {s['initial_accuracy']:.3f} -> {s['final_accuracy']:.3f}, "
-              f"staleness {s['staleness_mean']:.2f}, {time.monotonic() - t0:.0f} s", flush=True)
+    left = run_plan(plan, done, args, run_config)
+    if left:
+        print(f"budget of {args.budget:.0f} s reached; {len(left)} runs left: {', '.join(left)}")
+        sys.exit(3)
     metrics, table = aggregate(done, plan)
     print_table(table)
     config = {**run_config, "variants": args.variants.split(","), "staleness": args.staleness,

@@ -124,3 +124,14 @@ def test_malformed_records_and_configs_raise_naming_the_field():
     with pytest.raises(ValueError, match="not a countdown prompt"):
         parse_prompt("3+7=")
     assert parse_prompt("3 7 5 -> 26") == CountdownProblem((3, 7, 5), 26)
+
+
+def test_launcher_refuses_countdown_without_a_task_policy(tmp_path):
+    """The embedded warm start knows the arithmetic format only: data=countdown needs model.path."""
+    from launch.config import load_run_config
+    from launch.preflight import check_task
+
+    with pytest.raises(ValueError, match="data.task='countdown' needs model.path.*task_warmstart"):
+        check_task(load_run_config(["data=countdown"]))
+    check_task(load_run_config(["data=countdown", f"model.path={tmp_path}"]))
+    check_task(load_run_config([]))  # the arithmetic default keeps its own warm start
