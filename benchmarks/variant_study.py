@@ -6,10 +6,12 @@ far is each from synchronous training? Each run is the real main job (``python -
 on a generated task with a held-out test split (default ``data=countdown``), started from a
 format-only warm start (``tools/task_warmstart.py``) so the skill is learned by RL. The trainer
 checkpoints every ``--eval-every`` steps; after the run ``megatron_darl.eval.heldout`` scores
-every checkpoint on the test split (greedy by default) and deletes it. Per run the record keeps:
+every checkpoint on the test split (greedy, and ``--eval-samples`` sampled responses per prompt at
+the training temperature) and deletes it. Per run the record keeps:
 
-- ``curve``: ``[step, samples_consumed, wall_seconds, test_accuracy, samples_generated]`` per
-  evaluation, samples consumed = step x B x G (what enters training; the same for every case);
+- ``curve``: ``[step, samples_consumed, wall_seconds, test_accuracy, samples_generated,
+  greedy_accuracy, sampled_accuracy]`` per evaluation, samples consumed = step x B x G (what
+  enters training; the same for every case), test_accuracy the ``--metric`` one;
 - ``final_accuracy``, ``samples_to_target`` (samples consumed at the first evaluation at or above
   ``--target``; None when never), ``wall_seconds``, ``staleness_mean`` (realized: mean age of
   the trained samples, t - v);
@@ -104,13 +106,16 @@ def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
 
 
 def evaluate_run(run_dir: Path, args, devices: list[int]) -> list[dict]:
-    """Score the run's checkpoints on the test split (``megatron_darl.eval.heldout``), delete them."""
+    """Score the run's checkpoints on the test split (``megatron_darl.eval.heldout``), delete them.
+
+    Scored without partial credit: the accuracy is the share of exactly correct responses."""
     out = run_dir / "heldout.json"
     cmd = [sys.executable, "-m", "megatron_darl.eval.heldout", "--model-dir", args.model_path,
            "--run-dir", str(run_dir), "--data", args.data, "--out", str(out), "--delete",
-           "--n", str(args.eval_n), "--temperature", str(args.eval_temperature),
+           "--samples", str(args.eval_samples), "--temperature", str(args.eval_temperature),
            "--max-new-tokens", str(args.max_new_tokens), *args.data_overrides,
-           f"{args.task_key}.split=test", f"{args.task_key}.num_prompts={args.test_prompts}"]
+           f"{args.task_key}.split=test", f"{args.task_key}.num_prompts={args.test_prompts}",
+           *([f"{args.task_key}.valid_chain_reward=0"] if args.task_key == "countdown" else [])]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     if not args.cpu:
         env["CUDA_VISIBLE_DEVICES"] = str(devices[-1])
@@ -134,7 +139,8 @@ def _interval_means(rows: list[dict], lo: int, hi: int) -> dict:
     return out
 
 
-def summarize(rows: list[dict], points: list[dict], target: float, per_step: int) -> dict:
+def summarize(rows: list[dict], points: list[dict], target: float, per_step: int,
+              metric: str = "greedy") -> dict:
     """The run's curve, final accuracy, samples to target, realized staleness, diagnostics.
 
     Samples consumed at step s are ``s * per_step`` (B groups of G enter training per step in
@@ -145,8 +151,9 @@ def summarize(rows: list[dict], points: list[dict], target: float, per_step: int
         step = p["step"]
         row = rows[step - 1] if step > 0 else None
         wall = row["wall_seconds"] - rows[0]["wall_seconds"] if row else 0.0
-        curve.append([step, float(step * per_step), wall, p["accuracy"],
-                      row["samples_generated"] if row else 0.0])
+        primary = p["accuracy_sampled"] if metric == "sampled" else p["accuracy"]
+        curve.append([step, float(step * per_step), wall, primary,
+                      row["samples_generated"] if row else 0.0, p["accuracy"], p.get("accuracy_sampled")])
         if step > prev:
             train.append({"step": step, **_interval_means(rows, prev, step)})
             prev = step
@@ -210,8 +217,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="data KEY=VALUE override, e.g. countdown.max_numbers=7 (train and test)")
     p.add_argument("--eval-every", type=int, default=25, help="steps between held-out evaluations")
     p.add_argument("--test-prompts", type=int, default=512, help="held-out prompts per evaluation")
-    p.add_argument("--eval-n", type=int, default=1, help="samples per test prompt")
-    p.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--eval-samples", type=int, default=4,
+                   help="sampled responses per test prompt besides the greedy one (0: greedy only)")
+    p.add_argument("--eval-temperature", type=float, default=1.0, help="temperature of the sampled pass")
+    p.add_argument("--metric", choices=("greedy", "sampled"), default="greedy",
+                   help="which held-out accuracy the summaries and the target use")
     p.add_argument("--target", type=float, default=0.5, help="test accuracy target")
     p.add_argument("--size", choices=sorted(SIZES), default="57m")
     p.add_argument("--warmstart-steps", type=int, default=1200)
@@ -233,13 +243,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cluster = args.cluster or ("cpu" if args.cpu else "gpu1" if args.gpus_per_run == 1 else "gpu2")
     if args.parallel < 1 or (args.cpu and args.parallel > 1):
         p.error("--parallel must be >= 1, and 1 on CPU (the runs would share the cores)")
+    if args.metric == "sampled" and args.eval_samples < 1:
+        p.error("--metric sampled needs --eval-samples >= 1")
     return args
 
 
 def settings(args, ws_key: str) -> dict:
     """What makes two runs comparable: a partial file only mixes runs made under these."""
     keys = ("steps", "groups", "group_size", "minibatches", "lr", "max_new_tokens", "rollout_batch",
-            "data", "data_overrides", "eval_every", "test_prompts", "eval_n", "eval_temperature",
+            "data", "data_overrides", "eval_every", "test_prompts", "eval_samples", "eval_temperature",
+            "metric",
             "size", "cluster", "overrides")
     return {**{k: getattr(args, k) for k in keys}, "warmstart": ws_key}
 
@@ -262,7 +275,7 @@ def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
     run_dir = args.run_root / f"{case}_eta{eta}_s{seed}"
     result = run_once(preset, seed, args.cluster, run_args, run_dir)
     points = evaluate_run(run_dir, args, gpus)
-    out = summarize(result["rows"], points, args.target, args.groups * args.group_size)
+    out = summarize(result["rows"], points, args.target, args.groups * args.group_size, args.metric)
     return out | {"seed": seed, "launch_seconds": result["launch_seconds"],
                   "run_seconds": time.monotonic() - t0}
 

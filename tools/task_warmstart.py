@@ -47,11 +47,13 @@ FORMAT_TARGETS: dict[str, Callable[[PromptRecord, random.Random, DataConfig], st
 
 
 def example_data(data: DataConfig, ws: WarmStartConfig) -> DataConfig:
-    """The data config of the warm-start prompts: the train split, its own seed and size."""
+    """The data config of the warm-start prompts: the train split, its own seed and size (the
+    reward's partial credit does not change the fit, so it is left out of the cache key)."""
     if data.task not in FORMAT_TARGETS:
         raise ValueError(f"data.task={data.task!r}: no format targets (known: {', '.join(FORMAT_TARGETS)}); "
                          "the arithmetic task warm-starts inside launch.train")
-    cd = dataclasses.replace(data.countdown, split="train", seed=ws.prompt_seed, num_prompts=ws.num_prompts)
+    cd = dataclasses.replace(data.countdown, split="train", seed=ws.prompt_seed, num_prompts=ws.num_prompts,
+                             valid_chain_reward=0.0)
     return dataclasses.replace(data, countdown=cd)
 
 

@@ -53,6 +53,7 @@ class CountdownTaskConfig:
     operators: str = "+-*"  # operations a chain may use
     order: str = "any"  # "left": targets come from left-to-right chains (choose the operators);
     # "any": from chains over any pair order (the full countdown search)
+    valid_chain_reward: float = 0.0  # reward of a valid chain that misses the target (partial credit)
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_numbers <= self.max_numbers:
@@ -71,6 +72,8 @@ class CountdownTaskConfig:
             raise ValueError(f"countdown: test_fraction={self.test_fraction} must be in (0, 1)")
         if self.num_prompts < 1:
             raise ValueError(f"countdown: num_prompts={self.num_prompts} must be >= 1")
+        if not 0.0 <= self.valid_chain_reward < 1.0:
+            raise ValueError(f"countdown: valid_chain_reward={self.valid_chain_reward} must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,7 @@ def countdown_records(cfg: CountdownTaskConfig) -> list[PromptRecord]:
             prompt_id=i, prompt=problem.text, messages=[{"role": "user", "content": problem.text}],
             task=TASK, reference=str(problem.target),
             metadata={"numbers": list(problem.numbers), "solution": chain_text(steps),
-                      "split": cfg.split},
+                      "split": cfg.split, "valid_chain_reward": cfg.valid_chain_reward},
         ))
     return records
 

@@ -37,19 +37,19 @@ _STEP = re.compile(r"step_(\d+)")
 
 @dataclass
 class HeldoutConfig:
-    """How each checkpoint is sampled on the held-out prompts."""
+    """How each checkpoint is scored on the held-out prompts: greedy, and optionally sampled."""
 
-    n: int = 1  # samples per prompt
-    temperature: float = 0.0  # 0 = greedy (the accuracy of the mode); > 0 samples
+    samples: int = 0  # responses sampled per prompt at ``temperature`` besides the greedy one (0: none)
+    temperature: float = 1.0  # sampling temperature of the sampled pass (the training temperature)
     max_new_tokens: int = 48  # response length limit (as in training)
     batch_prompts: int = 256  # prompts per engine call
     seed: int = 0  # sampling seed (same seed for every checkpoint)
 
     def __post_init__(self) -> None:
-        if self.n < 1 or self.max_new_tokens < 1 or self.batch_prompts < 1:
-            raise ValueError("HeldoutConfig.n, max_new_tokens and batch_prompts must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"HeldoutConfig.temperature must be >= 0, got {self.temperature}")
+        if self.samples < 0 or self.max_new_tokens < 1 or self.batch_prompts < 1:
+            raise ValueError("HeldoutConfig.samples must be >= 0, max_new_tokens and batch_prompts >= 1")
+        if self.temperature <= 0:
+            raise ValueError(f"HeldoutConfig.temperature must be > 0, got {self.temperature}")
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -92,11 +92,17 @@ class CheckpointWeights:
 
 
 def _score(name: str, records: list[PromptRecord], engine, tokenizer, cfg: HeldoutConfig) -> dict:
-    ecfg = EvalConfig(n=cfg.n, temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens,
-                      seed=cfg.seed, batch_prompts=cfg.batch_prompts, score_workers=1, progress=False)
-    result = evaluate_benchmark(name, records, engine, tokenizer, ecfg)
-    return {"accuracy": result.avg_at_n, "mean_response_tokens": result.mean_response_tokens,
-            "truncated_fraction": result.truncated_fraction, "seconds": result.seconds}
+    """``accuracy`` (greedy) and, with ``cfg.samples``, ``accuracy_sampled`` (mean over samples)."""
+    passes = [("", 1, 0.0)] + ([("_sampled", cfg.samples, cfg.temperature)] if cfg.samples else [])
+    out: dict = {}
+    for suffix, n, temperature in passes:
+        ecfg = EvalConfig(n=n, temperature=temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens,
+                          seed=cfg.seed, batch_prompts=cfg.batch_prompts, score_workers=1, progress=False)
+        result = evaluate_benchmark(name, records, engine, tokenizer, ecfg)
+        out |= {f"accuracy{suffix}": result.avg_at_n,
+                f"mean_response_tokens{suffix}": result.mean_response_tokens,
+                f"truncated_fraction{suffix}": result.truncated_fraction}
+    return out
 
 
 def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Path]],
@@ -117,11 +123,13 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
     loader = CheckpointWeights(checkpoints[0][1]) if checkpoints else None
     try:
         points = [{"step": 0, **_score("step_0", records, engine, tokenizer, cfg)}]
-        log(f"[heldout] step 0: accuracy {points[-1]['accuracy']:.4f}")
+        log(f"[heldout] step 0: accuracy {points[-1]['accuracy']:.4f} "
+            f"(sampled {points[-1].get('accuracy_sampled', float('nan')):.4f})")
         for step, path in checkpoints:
             engine.load_weights(loader.weights(path))
             points.append({"step": step, **_score(path.name, records, engine, tokenizer, cfg)})
-            log(f"[heldout] step {step}: accuracy {points[-1]['accuracy']:.4f}")
+            log(f"[heldout] step {step}: accuracy {points[-1]['accuracy']:.4f} "
+                f"(sampled {points[-1].get('accuracy_sampled', float('nan')):.4f})")
             if delete:
                 shutil.rmtree(path, ignore_errors=True)
     finally:
@@ -150,14 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True, help="the run dir whose checkpoints/ are scored")
     parser.add_argument("--data", default="countdown", help="configs/data preset or YAML path")
     parser.add_argument("--out", required=True, help="JSON file written with the points")
-    parser.add_argument("--n", type=int, default=1)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--samples", type=int, default=0, help="sampled responses per prompt (0: greedy only)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--delete", action="store_true", help="delete each checkpoint once scored")
     parser.add_argument("overrides", nargs="*", help="data KEY=VALUE overrides (countdown.split=test)")
     args = parser.parse_args(argv)
     try:
-        cfg = HeldoutConfig(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+        cfg = HeldoutConfig(samples=args.samples, temperature=args.temperature,
+                            max_new_tokens=args.max_new_tokens)
         records = _records(args.data, args.overrides)
         if not Path(args.model_dir).is_dir():
             raise FileNotFoundError(f"--model-dir {args.model_dir}: no such directory")

@@ -17,7 +17,7 @@ STEPS = 2
 def _study(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "benchmarks/variant_study.py", "--cpu", "--size", "tiny",
            "--variants", "darl", "--staleness", "1", "--seeds", "0", "--steps", str(STEPS),
-           "--groups", "2", "--group-size", "4", "--eval-every", "1", "--test-prompts", "8",
+           "--groups", "2", "--group-size", "4", "--eval-every", "1", "--test-prompts", "8", "--eval-samples", "2",
            "--max-new-tokens", "24", "--warmstart-steps", "4", "--warmstart-prompts", "256",
            "--target", "0.0", "--out-dir", str(tmp_path / "out"), "--run-root", str(tmp_path / "runs"),
            "--partial", str(tmp_path / "partial.json"), *extra,
@@ -44,7 +44,7 @@ def test_variant_study_runs_resumes_and_reports(tmp_path):
     assert [c[1] for c in run["curve"]] == [0.0, 8.0, 16.0]  # consumed: B x G per step
     generated = [c[4] for c in run["curve"]]  # the rollout ran eta versions ahead (a backlog)
     assert generated == sorted(generated) and generated[-1] >= 16.0
-    assert all(0.0 <= c[3] <= 1.0 for c in run["curve"])
+    assert all(0.0 <= c[3] <= 1.0 and c[3] == c[5] and 0.0 <= c[6] <= 1.0 for c in run["curve"])
     assert run["samples_to_target"] == 0.0  # target 0: reached by the initial policy
     assert len(run["train"]) == STEPS and run["train"][0]["reward_mean"] is not None
     assert not list((tmp_path / "runs").glob("*/checkpoints/step_*"))  # deleted once scored

@@ -98,6 +98,21 @@ def test_verifier_scores_correct_chains_one_and_wrong_ones_zero():
         assert why in check_chain(response, nums, target)
 
 
+def test_partial_credit_goes_to_valid_chains_that_miss_only():
+    nums, target = [3, 7, 5], 26
+    assert countdown_reward("7*3=21\n21+5=26", nums, target, 0.1) == 1.0
+    assert countdown_reward("7*3=21\n21-5=16", nums, target, 0.1) == 0.1  # valid, misses
+    assert countdown_reward("7*3=21\n21+5=27", nums, target, 0.1) == 0.0  # wrong arithmetic
+    assert countdown_reward("7*3=21", nums, target, 0.1) == 0.0  # a number left unused
+    record = countdown_records(_cfg(num_prompts=1, valid_chain_reward=0.2))[0]
+    rng = random.Random(1)
+    chains = {format_example(record, rng) for _ in range(50)}
+    assert sorted({record_reward(record, c) for c in chains}) == [0.2, 1.0]  # misses and hits
+    assert record_reward(record, "garbage") == 0.0
+    with pytest.raises(ValueError, match="valid_chain_reward"):
+        CountdownTaskConfig(valid_chain_reward=1.0)
+
+
 @pytest.mark.parametrize("garbage", ["\x00\x01", "1" * 5000, "-" * 100, "7*3=21=21", "9" * 30 + "+1=1",
                                      "__import__('os').system('true')", "7 * 3 = 21\n21 + 5 = 2 6"])
 def test_verifier_never_raises_on_malformed_responses(garbage):
