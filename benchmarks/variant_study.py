@@ -192,6 +192,8 @@ def warm_start(args) -> tuple[str, str]:
     shape = [f"warmstart.model.{k}={v}" for k, v in SIZES[args.size].items()]
     ws_set = [*shape, f"warmstart.steps={args.warmstart_steps}", f"warmstart.lr={args.warmstart_lr}",
               f"warmstart.num_prompts={args.warmstart_prompts}"]
+    if args.warmstart_cache_dir:
+        ws_set.append(f"warmstart.cache_dir={args.warmstart_cache_dir}")
     data, ws = load_configs(args.data, args.data_overrides, ws_set)
     if args.cpu:
         ws.device = "cpu"
@@ -227,6 +229,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmstart-steps", type=int, default=1200)
     p.add_argument("--warmstart-lr", type=float, default=3e-3)
     p.add_argument("--warmstart-prompts", type=int, default=16384)
+    p.add_argument("--warmstart-cache-dir", default="", help="where the fitted policy is kept (default: "
+                   "the warm start's cache, ~/.cache/megatron_darl/warmstart)")
     p.add_argument("--cluster", default="", help="cluster preset (default: cpu with --cpu, else gpu1)")
     p.add_argument("--cpu", action="store_true", help="CPU run (cluster=cpu)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once, each on its own GPU slot")
