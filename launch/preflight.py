@@ -73,6 +73,10 @@ def check_task(cfg) -> None:
     known = [t.value for t in Task]
     if cfg.data.task not in known:
         raise ValueError(f"data.task={cfg.data.task!r} is not a reward task; known: {', '.join(known)}")
+    if cfg.model.needs_warm_start and cfg.data.source == "builtin" and cfg.data.task != "builtin":
+        # the embedded warm start fits the arithmetic task's format, not another generated task's
+        raise ValueError(f"data.task={cfg.data.task!r} needs model.path: the embedded warm start knows only "
+                         f"the arithmetic task; fit one with python tools/task_warmstart.py --data {cfg.data.name}")
 
 
 def preflight(cfg) -> None:

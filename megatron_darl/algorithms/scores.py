@@ -3,7 +3,7 @@
 Lower is better: a low score means the sample's behavior distribution still matches the current
 policy, so its importance weights are near 1 and its gradient estimate has low variance. The
 D-ARL score is the chi-square estimate ``mean_j (r_j - 1)^2`` of the token ratio
-``r = pi_t / mu``; ``kl``, ``ess``, ``random`` and ``fifo`` are alternatives and ablations. All
+``r = pi_t / mu``; ``kl``, ``ess``, ``random``, ``fifo`` and ``oldest`` are alternatives and ablations. All
 are reached through one table keyed by ``ScoreKind``, so a variant names its score and the loop
 calls ``score_samples`` without branching.
 
@@ -31,6 +31,7 @@ class ScoreKind(str, enum.Enum):
     ESS = "ess"  # 1 - ESS(r) / n: shortfall of the normalised effective sample size
     RANDOM = "random"  # uniform noise: no filter (ablation)
     FIFO = "fifo"  # -behavior version: freshest first
+    OLDEST = "oldest"  # +behavior version: oldest first (arrival order, a plain async queue)
 
 
 # Scores that read the token ratio pi_t / mu, i.e. need the trainer's log-prob pass at t.
@@ -133,6 +134,16 @@ def fifo_score(behavior_version: torch.Tensor) -> torch.Tensor:
     return -behavior_version.to(torch.float64)
 
 
+def oldest_score(behavior_version: torch.Tensor) -> torch.Tensor:
+    """``behavior_version`` as ``(N,)`` float64: the oldest samples score lowest.
+
+    Consuming groups in the order they were generated is what an asynchronous trainer reading a
+    queue does: with the rollout ``eta`` versions ahead, every trained sample is ``eta`` stale.
+    ``fifo`` (freshest first) instead skips the backlog, so a staleness bound is never reached.
+    """
+    return behavior_version.to(torch.float64)
+
+
 # Every score takes the packed layout: (log_ratio (n,) f64, sample_index (n,), num_samples,
 # behavior_version (N,) or None, generator) and returns (N,) float64.
 ScoreFn = Callable[
@@ -151,14 +162,18 @@ def _random(log_ratio, sample_index, num_samples, behavior_version, generator): 
     return random_score(num_samples, generator, log_ratio.device)
 
 
-def _fifo(log_ratio, sample_index, num_samples, behavior_version, generator):  # noqa: ARG001
-    if behavior_version is None:
-        raise ValueError("behavior_version is required for the fifo score")
-    if behavior_version.shape != (num_samples,):
-        raise ValueError(
-            f"behavior_version shape {tuple(behavior_version.shape)} must be ({num_samples},)"
-        )
-    return fifo_score(behavior_version)
+def _by_version(order: Callable[[torch.Tensor], torch.Tensor], name: str) -> ScoreFn:
+    def score(log_ratio, sample_index, num_samples, behavior_version, generator):  # noqa: ARG001
+        if behavior_version is None:
+            raise ValueError(f"behavior_version is required for the {name} score")
+        if behavior_version.shape != (num_samples,):
+            raise ValueError(
+                f"behavior_version shape {tuple(behavior_version.shape)} must be ({num_samples},)"
+            )
+        return order(behavior_version)
+
+    score.__doc__ = order.__doc__
+    return score
 
 
 SCORES: dict[ScoreKind, ScoreFn] = {
@@ -166,7 +181,8 @@ SCORES: dict[ScoreKind, ScoreFn] = {
     ScoreKind.KL: _ratio_based(_k3),
     ScoreKind.ESS: _ratio_based(_ess),
     ScoreKind.RANDOM: _random,
-    ScoreKind.FIFO: _fifo,
+    ScoreKind.FIFO: _by_version(fifo_score, "fifo"),
+    ScoreKind.OLDEST: _by_version(oldest_score, "oldest"),
 }
 
 
@@ -190,9 +206,10 @@ def score_samples(
 
     Args:
         kind: a ``ScoreKind`` or its value (``"chi2"``, ``"kl"``, ``"ess"``, ``"random"``,
-            ``"fifo"``).
+            ``"fifo"``, ``"oldest"``).
         logp_current, logp_behavior, mask: ``(N, T)`` as in ``variance_score``.
-        behavior_version: ``(N,)`` int behavior version of each sample; required for ``fifo``.
+        behavior_version: ``(N,)`` int behavior version of each sample; required for ``fifo``
+            and ``oldest``.
         generator: random source for ``random`` (reproducible ablations).
 
     Returns:

@@ -11,6 +11,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from megatron_darl.data.countdown import CountdownTaskConfig
+
+
+GENERATED_TASKS = ("builtin", "countdown")  # tasks ``source: builtin`` can generate
+
 
 @dataclass
 class FieldMapConfig:
@@ -49,12 +54,13 @@ class DataConfig:
     """One prompt dataset."""
 
     name: str = "builtin"  # dataset name (logs, result tables)
-    task: str = "builtin"  # reward registry key
+    task: str = "builtin"  # reward registry key; with source "builtin" also the generator (builtin, countdown)
     source: str = "builtin"  # "builtin" (generated) or "file" (jsonl, jsonl.gz or parquet at path)
     path: str = ""  # dataset file when source is "file"
     fields: FieldMapConfig = field(default_factory=FieldMapConfig)  # column mapping
     template: TemplateConfig = field(default_factory=TemplateConfig)  # message construction
     builtin: BuiltinTaskConfig = field(default_factory=BuiltinTaskConfig)  # generator settings
+    countdown: CountdownTaskConfig = field(default_factory=CountdownTaskConfig)  # task countdown
     skip_malformed: bool = False  # skip and count bad rows instead of raising
     max_records: int = -1  # keep the first N records; -1 = all
     tests_format: str = "list"  # "list" (cases as stored) or "livecodebench" (JSON/compressed)
@@ -62,6 +68,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.source not in ("builtin", "file"):
             raise ValueError(f"data.source={self.source!r}: use 'builtin' or 'file'")
+        if self.source == "builtin" and self.task not in GENERATED_TASKS:
+            raise ValueError(f"data.task={self.task!r} with source 'builtin': the generated tasks "
+                             f"are {', '.join(GENERATED_TASKS)}")
         if self.tests_format not in ("list", "livecodebench"):
             raise ValueError(f"data.tests_format={self.tests_format!r}: use 'list' or 'livecodebench'")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from megatron_darl.data.builtin import builtin_records
+from megatron_darl.data.countdown import countdown_records
 from megatron_darl.data.config import DataConfig
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.data.testcases import decode_cases
@@ -144,5 +145,7 @@ def load_records(cfg: DataConfig) -> LoadResult:
 def load_dataset(cfg: DataConfig) -> LoadResult:
     """Records of any dataset config: generated for ``source: builtin``, read for ``file``."""
     if cfg.source == "builtin":
+        if cfg.task == "countdown":
+            return LoadResult(records=countdown_records(cfg.countdown))
         return LoadResult(records=builtin_records(cfg.builtin))
     return load_records(cfg)

@@ -1,7 +1,7 @@
 """Verifiable rewards: math answers through math-verify, code through a sandbox.
 
 ``get_reward_fn(task)`` gives the rollout worker ``reward_fn(record, response_text) -> float``
-for a dataset's task (``math``, ``gsm8k``, ``humaneval``, ``stdio``, ``builtin``).
+for a dataset's task (``math``, ``gsm8k``, ``humaneval``, ``stdio``, ``builtin``, ``countdown``).
 """
 
 from megatron_darl.rewards.code_exec import (
@@ -10,6 +10,7 @@ from megatron_darl.rewards.code_exec import (
     humaneval_reward,
     stdio_reward,
 )
+from megatron_darl.rewards.countdown import check_chain, countdown_reward
 from megatron_darl.rewards.math_answer import MathRewardConfig, extract_answer, math_reward
 from megatron_darl.rewards.registry import (
     REWARDS,
@@ -39,6 +40,8 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailableError",
     "Task",
+    "check_chain",
+    "countdown_reward",
     "extract_answer",
     "extract_code",
     "get_reward_fn",

@@ -14,6 +14,7 @@ from typing import Callable
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.rewards.builtin_answer import builtin_reward
 from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with, stdio_reward_with
+from megatron_darl.rewards.countdown import record_reward as countdown_record_reward
 from megatron_darl.rewards.math_answer import MathRewardConfig, math_reward_with
 from megatron_darl.rewards.sandbox import sandbox_mode
 
@@ -36,6 +37,7 @@ class Task(str, Enum):
     HUMANEVAL = "humaneval"  # function completion checked by the record's check()
     STDIO = "stdio"  # stdin/stdout programs (LiveCodeBench)
     BUILTIN = "builtin"  # the built-in arithmetic task, exact match on "answer: N"
+    COUNTDOWN = "countdown"  # the built-in countdown task: a correct chain from the numbers to the target
 
 
 def _math(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
@@ -57,19 +59,24 @@ def _builtin(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
     return builtin_reward(response, record.reference)
 
 
+def _countdown(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
+    return countdown_record_reward(record, response)
+
+
 REWARDS: dict[Task, Callable[[PromptRecord, str, RewardConfig], float]] = {
     Task.MATH: _math,
     Task.GSM8K: _math,
     Task.HUMANEVAL: _humaneval,
     Task.STDIO: _stdio,
     Task.BUILTIN: _builtin,
+    Task.COUNTDOWN: _countdown,
 }
 
 
 # Verifiers that are cheapest from worker threads. Math works from any thread too, but off the
 # main thread each check is a round trip to a helper process (math_pool), so batch scorers such
 # as the evaluation harness keep math in the main thread.
-THREAD_SAFE_TASKS = frozenset({Task.HUMANEVAL, Task.STDIO, Task.BUILTIN})
+THREAD_SAFE_TASKS = frozenset({Task.HUMANEVAL, Task.STDIO, Task.BUILTIN, Task.COUNTDOWN})
 
 
 def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:

@@ -198,6 +198,21 @@ def test_policy_loss_empty_mask_is_zero_with_zero_gradient():
     assert all(math.isfinite(v) for v in stats.as_dict().values())
 
 
+def test_oldest_score_consumes_the_backlog_in_generation_order():
+    """``oldest`` takes the lowest behavior versions first (``fifo`` the highest), so an async
+    trainer with a backlog of eta versions trains every sample eta versions stale."""
+    lc, lb, mask = _two_samples()
+    versions = torch.tensor([3, 5, 4])
+    oldest = score_samples("oldest", lc, lb, mask, behavior_version=versions)
+    assert oldest.tolist() == [3.0, 5.0, 4.0]
+    pick = select_groups(oldest, torch.ones(3, dtype=torch.bool), 2, versions.double())
+    assert pick.tolist() == [0, 2]
+    fifo = score_samples("fifo", lc, lb, mask, behavior_version=versions)
+    assert select_groups(fifo, torch.ones(3, dtype=torch.bool), 2, versions.double()).tolist() == [1, 2]
+    with pytest.raises(ValueError, match="required for the oldest score"):
+        score_samples("oldest", lc, lb, mask)
+
+
 def test_select_groups_lowest_first_ties_to_fresher():
     scores = torch.tensor([0.3, 0.1, 0.1, 0.5, 0.0])
     eligible = torch.tensor([True, True, True, True, False])

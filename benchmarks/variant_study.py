@@ -1,0 +1,338 @@
+"""Benchmark ``variant_study``: held-out accuracy per sample of every variant at every staleness.
+
+The question of issue 17: at an equal sample budget, how much do the staleness corrections
+(rollout IS, decoupled PPO, D-ARL and its ablations) buy over naive asynchronous PPO, and how
+far is each from synchronous training? Each run is the real main job (``python -m launch.train``)
+on a generated task with a held-out test split (default ``data=countdown``), started from a
+format-only warm start (``tools/task_warmstart.py``) so the skill is learned by RL. The trainer
+checkpoints every ``--eval-every`` steps; after the run ``megatron_darl.eval.heldout`` scores
+every checkpoint on the test split (greedy, and ``--eval-samples`` sampled responses per prompt at
+the training temperature) and deletes it. Per run the record keeps:
+
+- ``curve``: ``[step, samples_consumed, wall_seconds, test_accuracy, samples_generated,
+  greedy_accuracy, sampled_accuracy]`` per evaluation, samples consumed = step x B x G (what
+  enters training; the same for every case), test_accuracy the ``--metric`` one;
+- ``final_accuracy``, ``samples_to_target`` (samples consumed at the first evaluation at or above
+  ``--target``; None when never), ``wall_seconds``, ``staleness_mean`` (realized: mean age of
+  the trained samples, t - v);
+- ``train``: per evaluation interval the means of the training reward, the staleness of the
+  selected samples, ``weight_ess``, ``weight_clip_frac``, ``clip_frac_low/high``, the score,
+  and the selected-version histogram summed over the interval.
+
+Cases are ``<variant>_eta<eta>``: ``sync`` (eta 0, once per seed) and, per max staleness eta,
+``async`` (naive), ``async_is`` (async + rollout IS at 2.0), ``decoupled`` (AReaL's masked cap at
+2.0: with the truncating cap it would compute exactly what ``async_is`` computes,
+docs/algorithm.md section 6), ``darl``, ``darl_nofilter``, ``darl_nomis``; the window is
+``K = max(preset K, eta + 1)`` so that every arrival is inside it.
+
+How the staleness is made real. The loop's trainer waits for B new groups per step, the rollout
+worker may run ``eta`` versions ahead, and a weight sync waits for the worker's batch, so a
+worker that generates B groups per call stays one version ahead whatever eta is. With
+``--rollout-batch window`` (default) the first engine call generates ``(eta + 1) * B`` groups;
+that backlog of ``eta * B`` groups then stays in the trainer's buffer (each step adds B and
+trains B), and the queue-reading baselines (``async``, ``async_is``, ``decoupled``, with
+``algorithm.score=oldest``) train every sample exactly ``eta`` versions after it was generated
+(from step eta on), on any hardware. D-ARL's variants choose from the same buffer by their own
+score. ``--rollout-batch step`` generates B per call (the realized staleness is then ~1).
+
+    python benchmarks/variant_study.py --out-dir OUT --partial OUT/partial.json --budget 540  # GPU
+    python benchmarks/variant_study.py --cpu --size tiny --steps 120 --variants sync,async --staleness 4,8
+
+A full study outlasts one 10-minute device call: ``--partial FILE`` keeps every finished run
+(with the settings it ran under) and skips it when started again; ``--budget SECONDS`` starts no
+run past that point and exits with status 3 while runs remain. The record is written once
+every run of the plan is in the partial file. ``tools/variant_report.py`` draws the plot and
+the table of docs/results.md from the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.async_speedup import SIZES, load_partial, mean_std, run_once, save_partial  # noqa: E402
+from benchmarks.record import print_table, write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# case -> (configs/algorithm preset, extra overrides, the preset's window K)
+CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
+    "sync": ("sync", (), 1),
+    "async": ("async", ("algorithm.score=oldest",), 3),
+    "async_is": ("async", ("algorithm.score=oldest", "algorithm.rollout_is=2.0"), 3),
+    "decoupled": ("decoupled", ("algorithm.score=oldest", "algorithm.mis.cap_mode=mask",
+                                "algorithm.mis.clip=2.0"), 3),
+    "darl": ("darl", (), 4),
+    "darl_nofilter": ("darl_nofilter", (), 4),
+    "darl_nomis": ("darl_nomis", (), 4),
+}
+TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "weight_ess", "weight_clip_frac",
+              "clip_frac_low", "clip_frac_high", "selected_score_mean", "mean_ratio")
+
+
+def plan_runs(cases: list[str], etas: list[int], seeds: list[int]) -> list[tuple[str, int, int]]:
+    """(case, eta, seed) of every run: sync once per seed at eta 0, the others per eta."""
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(CASES)}")
+    if any(e < 1 for e in etas):
+        raise SystemExit(f"--staleness {etas}: every max staleness must be >= 1 (sync is eta 0)")
+    plan = [("sync", 0, s) for s in seeds] if "sync" in cases else []
+    return plan + [(c, e, s) for e in etas for c in cases if c != "sync" for s in seeds]
+
+
+def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
+    """The algorithm preset of a case and the Hydra overrides of its run."""
+    preset, extra, k = CASES[case]
+    b = args.groups
+    per_call = b * (eta + 1) if args.rollout_batch == "window" else b
+    out = [f"algorithm.max_staleness={eta}", f"replay.k={max(k, eta + 1)}", *extra,
+           f"algorithm.ppo_minibatches={args.minibatches}", f"algorithm.group_size={args.group_size}",
+           f"worker.groups_per_batch={per_call}", f"sampling.max_new_tokens={args.max_new_tokens}",
+           f"data={args.data}", *args.data_overrides_prefixed, f"model.path={args.model_path}",
+           f"loop.checkpoint_interval={args.eval_every}", "loop.receive_timeout_s=1200",
+           *args.overrides]
+    return preset, out
+
+
+def evaluate_run(run_dir: Path, args, devices: list[int]) -> list[dict]:
+    """Score the run's checkpoints on the test split (``megatron_darl.eval.heldout``), delete them.
+
+    Scored without partial credit: the accuracy is the share of exactly correct responses."""
+    out = run_dir / "heldout.json"
+    cmd = [sys.executable, "-m", "megatron_darl.eval.heldout", "--model-dir", args.model_path,
+           "--run-dir", str(run_dir), "--data", args.data, "--out", str(out), "--delete",
+           "--samples", str(args.eval_samples), "--temperature", str(args.eval_temperature),
+           "--max-new-tokens", str(args.max_new_tokens), *args.data_overrides,
+           f"{args.task_key}.split=test", f"{args.task_key}.num_prompts={args.test_prompts}",
+           *([f"{args.task_key}.valid_chain_reward=0"] if args.task_key == "countdown" else [])]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    if not args.cpu:
+        env["CUDA_VISIBLE_DEVICES"] = str(devices[-1])
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"held-out evaluation of {run_dir} failed ({proc.returncode}):\n"
+                           + proc.stdout[-2000:] + proc.stderr[-3000:])
+    return json.loads(out.read_text())["points"]
+
+
+def _interval_means(rows: list[dict], lo: int, hi: int) -> dict:
+    """Means of the training metrics over steps [lo, hi), and the summed selected histogram."""
+    part = rows[lo:hi]
+    out = {}
+    for key in TRAIN_KEYS:
+        vals = [r[key] for r in part if isinstance(r.get(key), (int, float))]
+        out[key] = statistics.fmean(vals) if vals else None
+    hists = [r.get("selected_hist") or [] for r in part]
+    width = max((len(h) for h in hists), default=0)
+    out["selected_hist"] = [sum(h[i] for h in hists if i < len(h)) for i in range(width)]
+    return out
+
+
+def summarize(rows: list[dict], points: list[dict], target: float, per_step: int,
+              metric: str = "greedy") -> dict:
+    """The run's curve, final accuracy, samples to target, realized staleness, diagnostics.
+
+    Samples consumed at step s are ``s * per_step`` (B groups of G enter training per step in
+    every variant); ``samples_generated`` also counts the backlog the rollout ran ahead.
+    """
+    curve, train, prev = [], [], 0
+    for p in points:
+        step = p["step"]
+        row = rows[step - 1] if step > 0 else None
+        wall = row["wall_seconds"] - rows[0]["wall_seconds"] if row else 0.0
+        primary = p["accuracy_sampled"] if metric == "sampled" else p["accuracy"]
+        curve.append([step, float(step * per_step), wall, primary,
+                      row["samples_generated"] if row else 0.0, p["accuracy"], p.get("accuracy_sampled")])
+        if step > prev:
+            train.append({"step": step, **_interval_means(rows, prev, step)})
+            prev = step
+    reached = next((c for c in curve if c[3] >= target), None)
+    selected = [r["selected_mean"] for r in rows if isinstance(r.get("selected_mean"), (int, float))]
+    return {"curve": curve, "train": train, "final_accuracy": curve[-1][3],
+            "initial_accuracy": curve[0][3], "samples_to_target": reached[1] if reached else None,
+            "steps": len(rows), "samples_generated": rows[-1]["samples_generated"],
+            "samples_trained": rows[-1].get("samples_trained"),
+            "wall_seconds": rows[-1]["wall_seconds"] - rows[0]["wall_seconds"],
+            "staleness_mean": statistics.fmean(selected) if selected else None,
+            "train_reward_last": statistics.fmean(r["reward_mean"] for r in rows[-max(1, len(rows) // 10):])}
+
+
+def aggregate(done: dict[str, dict], plan: list[tuple[str, int, int]]) -> tuple[dict, list[dict]]:
+    """Per case: mean and std over seeds, the runs themselves; and the printed table rows."""
+    metrics, table = {}, []
+    cases = sorted({(c, e) for c, e, _ in plan}, key=lambda ce: (ce[1], list(CASES).index(ce[0])))
+    for case, eta in cases:
+        runs = [done[f"{case}_eta{eta}_s{s}"] for c, e, s in plan if (c, e) == (case, eta)]
+        m = {key: mean_std([r[key] for r in runs]) for key in
+             ("final_accuracy", "samples_to_target", "wall_seconds", "staleness_mean",
+              "initial_accuracy", "train_reward_last")}
+        metrics[f"{case}_eta{eta}"] = {**m, "variant": case, "max_staleness": eta, "runs": runs}
+        table.append({"case": case, "eta": eta, "final_acc": m["final_accuracy"]["mean"],
+                      "+-": m["final_accuracy"]["std"], "to_target": m["samples_to_target"]["mean"],
+                      "reached": f"{m['samples_to_target']['n']}/{m['samples_to_target']['of']}",
+                      "staleness": m["staleness_mean"]["mean"], "wall_s": m["wall_seconds"]["mean"]})
+    return metrics, table
+
+
+def warm_start(args) -> tuple[str, str]:
+    """(path, cache key) of the format-only initial policy of the task, fitted when absent."""
+    from tools.task_warmstart import ensure_task_policy, load_configs, task_cache_key
+
+    shape = [f"warmstart.model.{k}={v}" for k, v in SIZES[args.size].items()]
+    ws_set = [*shape, f"warmstart.steps={args.warmstart_steps}", f"warmstart.lr={args.warmstart_lr}",
+              f"warmstart.num_prompts={args.warmstart_prompts}"]
+    if args.warmstart_cache_dir:
+        ws_set.append(f"warmstart.cache_dir={args.warmstart_cache_dir}")
+    data, ws = load_configs(args.data, args.data_overrides, ws_set)
+    if args.cpu:
+        ws.device = "cpu"
+    args.task_key = data.task
+    return str(ensure_task_policy(data, ws)), task_cache_key(data, ws)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", default=",".join(CASES), help=f"cases among {', '.join(CASES)}")
+    p.add_argument("--staleness", default="1,2,4,8", help="max staleness values (eta) of the async cases")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=300, help="trainer steps per run (the sample budget)")
+    p.add_argument("--groups", type=int, default=16, help="groups per step B")
+    p.add_argument("--group-size", type=int, default=8, help="responses per group G")
+    p.add_argument("--minibatches", type=int, default=1, help="algorithm.ppo_minibatches M (all cases)")
+    p.add_argument("--lr", type=float, default=3e-5, help="RL learning rate (trainer.optimizer.lr)")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--rollout-batch", choices=("window", "step"), default="window",
+                   help="groups per engine call: (eta+1)*B (staleness realized) or B")
+    p.add_argument("--data", default="countdown", help="configs/data preset of a generated task")
+    p.add_argument("--data-set", action="append", default=[], dest="data_overrides",
+                   help="data KEY=VALUE override, e.g. countdown.max_numbers=7 (train and test)")
+    p.add_argument("--eval-every", type=int, default=25, help="steps between held-out evaluations")
+    p.add_argument("--test-prompts", type=int, default=512, help="held-out prompts per evaluation")
+    p.add_argument("--eval-samples", type=int, default=4,
+                   help="sampled responses per test prompt besides the greedy one (0: greedy only)")
+    p.add_argument("--eval-temperature", type=float, default=1.0, help="temperature of the sampled pass")
+    p.add_argument("--metric", choices=("greedy", "sampled"), default="greedy",
+                   help="which held-out accuracy the summaries and the target use")
+    p.add_argument("--target", type=float, default=0.5, help="test accuracy target")
+    p.add_argument("--size", choices=sorted(SIZES), default="57m")
+    p.add_argument("--warmstart-steps", type=int, default=1200)
+    p.add_argument("--warmstart-lr", type=float, default=3e-3)
+    p.add_argument("--warmstart-prompts", type=int, default=16384)
+    p.add_argument("--warmstart-cache-dir", default="", help="where the fitted policy is kept (default: "
+                   "the warm start's cache, ~/.cache/megatron_darl/warmstart)")
+    p.add_argument("--cluster", default="", help="cluster preset (default: cpu with --cpu, else gpu1)")
+    p.add_argument("--cpu", action="store_true", help="CPU run (cluster=cpu)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once, each on its own GPU slot")
+    p.add_argument("--gpus-per-run", type=int, choices=(1, 2), default=1,
+                   help="1: trainer and rollout share a GPU (gpu1); 2: trainer and rollout GPUs")
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
+    p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
+    p.add_argument("--run-root", type=Path, default=Path("/tmp/variant_study_runs"))
+    p.add_argument("--partial", type=Path, default=None, help="JSON of finished runs (resumable)")
+    p.add_argument("--budget", type=float, default=None, help="seconds after which no run starts (exit 3)")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = p.parse_args(argv)
+    args.data_overrides_prefixed = [f"data.{o}" for o in args.data_overrides]
+    args.cluster = args.cluster or ("cpu" if args.cpu else "gpu1" if args.gpus_per_run == 1 else "gpu2")
+    if args.parallel < 1 or (args.cpu and args.parallel > 1):
+        p.error("--parallel must be >= 1, and 1 on CPU (the runs would share the cores)")
+    if args.metric == "sampled" and args.eval_samples < 1:
+        p.error("--metric sampled needs --eval-samples >= 1")
+    return args
+
+
+def settings(args, ws_key: str) -> dict:
+    """What makes two runs comparable: a partial file only mixes runs made under these."""
+    keys = ("steps", "groups", "group_size", "minibatches", "lr", "max_new_tokens", "rollout_batch",
+            "data", "data_overrides", "eval_every", "test_prompts", "eval_samples", "eval_temperature",
+            "metric",
+            "size", "cluster", "overrides")
+    return {**{k: getattr(args, k) for k in keys}, "warmstart": ws_key}
+
+
+def slot_devices(slot: int, args) -> tuple[list[int], list[str]]:
+    """GPUs of a parallel slot and the overrides that pin the run to them (none on CPU)."""
+    if args.cpu:
+        return [], []
+    first = slot * args.gpus_per_run
+    gpus = list(range(first, first + args.gpus_per_run))
+    return gpus, [f"cluster.trainer_devices=[{gpus[0]}]", f"cluster.rollout_devices=[{gpus[-1]}]"]
+
+
+def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
+    """One run: train, score its checkpoints, summarize."""
+    t0 = time.monotonic()
+    preset, overrides = case_overrides(case, eta, args)
+    gpus, pin = slot_devices(slot, args)
+    run_args = SimpleNamespace(**{**vars(args), "overrides": overrides + pin})
+    run_dir = args.run_root / f"{case}_eta{eta}_s{seed}"
+    result = run_once(preset, seed, args.cluster, run_args, run_dir)
+    points = evaluate_run(run_dir, args, gpus)
+    out = summarize(result["rows"], points, args.target, args.groups * args.group_size, args.metric)
+    return out | {"seed": seed, "launch_seconds": result["launch_seconds"],
+                  "run_seconds": time.monotonic() - t0}
+
+
+def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dict) -> list[str]:
+    """Run what ``done`` lacks, ``args.parallel`` at a time (one slot of GPUs each), saving each
+    finished run; returns the runs left when the budget stopped new starts."""
+    todo = [(c, e, s) for c, e, s in plan if f"{c}_eta{e}_s{s}" not in done]
+    started, slowest, lock = time.monotonic(), 0.0, threading.Lock()
+    free, running = list(range(args.parallel)), {}
+    with ThreadPoolExecutor(args.parallel) as pool:
+        while todo or running:
+            over = args.budget is not None and time.monotonic() - started + slowest > args.budget
+            while todo and free and not over:
+                case, eta, seed = todo.pop(0)
+                slot = free.pop(0)
+                running[pool.submit(run_case, case, eta, seed, slot, args)] = (f"{case}_eta{eta}_s{seed}", slot)
+            if not running:
+                break
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                key, slot = running.pop(fut)
+                free.append(slot)
+                summary = fut.result()
+                with lock:
+                    done[key] = summary
+                    save_partial(args.partial, run_config, done)
+                slowest = max(slowest, summary["run_seconds"])
+                print(f"{key}: test accuracy {summary['initial_accuracy']:.3f} -> "
+                      f"{summary['final_accuracy']:.3f}, realized staleness {summary['staleness_mean']:.2f}, "
+                      f"{summary['run_seconds']:.0f} s", flush=True)
+    return [f"{c}_eta{e}_s{s}" for c, e, s in todo]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    plan = plan_runs(args.variants.split(","), [int(e) for e in args.staleness.split(",") if e],
+                     [int(s) for s in args.seeds.split(",")])
+    args.model_path, ws_key = warm_start(args)
+    run_config = settings(args, ws_key)
+    done = load_partial(args.partial, run_config)
+    left = run_plan(plan, done, args, run_config)
+    if left:
+        print(f"budget of {args.budget:.0f} s reached; {len(left)} runs left: {', '.join(left)}")
+        sys.exit(3)
+    metrics, table = aggregate(done, plan)
+    print_table(table)
+    config = {**run_config, "variants": args.variants.split(","), "staleness": args.staleness,
+              "seeds": args.seeds, "target": args.target, "model": SIZES[args.size],
+              "warmstart_steps": args.warmstart_steps, "warmstart_lr": args.warmstart_lr,
+              "samples_per_run": args.steps * args.groups * args.group_size}
+    print(write_result("variant_study", config, metrics, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Held-out accuracy of a training run's checkpoints: the curves of the variant study.
+
+Why from the outside: the trainer loop does not evaluate, but it saves a checkpoint every
+``loop.checkpoint_interval`` steps. This module loads each of them into one Megatron model in
+this process (TP 1 / PP 1; a checkpoint reloads at any layout), hands the HF-named weights to
+one ``hf`` engine through its weight-sync entry (``load_weights``, the path the rollout worker
+uses) and scores a prompt set through the evaluation harness and the reward registry. One
+process, one model build and one engine serve all the checkpoints of a run, so a curve of ten
+points costs ten generations, not ten conversions.
+
+    python -m megatron_darl.eval.heldout --model-dir INIT --run-dir RUN --data countdown \\
+        countdown.split=test countdown.num_prompts=256 --out RUN/heldout.json
+
+The first point (step 0) is the initial policy ``--model-dir`` itself; a checkpoint
+``step_000040`` is the policy after 40 trainer steps (version 40).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from megatron_darl.data.records import PromptRecord
+from megatron_darl.eval.harness import EvalConfig, evaluate_benchmark
+
+_STEP = re.compile(r"step_(\d+)")
+
+
+@dataclass
+class HeldoutConfig:
+    """How each checkpoint is scored on the held-out prompts: greedy, and optionally sampled."""
+
+    samples: int = 0  # responses sampled per prompt at ``temperature`` besides the greedy one (0: none)
+    temperature: float = 1.0  # sampling temperature of the sampled pass (the training temperature)
+    max_new_tokens: int = 48  # response length limit (as in training)
+    batch_prompts: int = 256  # prompts per engine call
+    seed: int = 0  # sampling seed (same seed for every checkpoint)
+
+    def __post_init__(self) -> None:
+        if self.samples < 0 or self.max_new_tokens < 1 or self.batch_prompts < 1:
+            raise ValueError("HeldoutConfig.samples must be >= 0, max_new_tokens and batch_prompts >= 1")
+        if self.temperature <= 0:
+            raise ValueError(f"HeldoutConfig.temperature must be > 0, got {self.temperature}")
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(steps done, directory) of the finished ``checkpoints/step_*`` of a run, by step."""
+    found = []
+    for path in (Path(run_dir) / "checkpoints").glob("step_*"):
+        match = _STEP.fullmatch(path.name)
+        if match and path.is_dir():
+            found.append((int(match[1]), path))
+    return sorted(found)
+
+
+class CheckpointWeights:
+    """One Megatron model (TP 1, PP 1) in this process that yields a checkpoint's HF weights."""
+
+    def __init__(self, ckpt_dir: Path) -> None:
+        from megatron_darl.models.qwen3.model import build_qwen3_model
+        from megatron_darl.trainer.checkpoint_io import read_metadata
+        from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+        from megatron_darl.transport.store import free_port
+
+        self.ps = init_parallel(ParallelConfig(tp=1, pp=1), rank=0, world_size=1,
+                                init_method=f"tcp://127.0.0.1:{free_port()}")
+        meta = read_metadata(ckpt_dir)
+        self.model = build_qwen3_model(meta.hf_config, self.ps, dtype=meta.torch_dtype,
+                                       attention="sdpa", padded_vocab=meta.padded_vocab_size)
+
+    def weights(self, ckpt_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+        """Load ``ckpt_dir`` and yield its ``(hf_name, tensor)`` pairs."""
+        from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
+        from megatron_darl.trainer.checkpoint_io import load_model_checkpoint
+
+        load_model_checkpoint(self.model, ckpt_dir)
+        yield from megatron_to_hf_stage(self.model, self.ps)
+
+    def close(self) -> None:
+        from megatron_darl.trainer.parallel import destroy_parallel
+
+        destroy_parallel()
+
+
+def _score(name: str, records: list[PromptRecord], engine, tokenizer, cfg: HeldoutConfig) -> dict:
+    """``accuracy`` (greedy) and, with ``cfg.samples``, ``accuracy_sampled`` (mean over samples)."""
+    passes = [("", 1, 0.0)] + ([("_sampled", cfg.samples, cfg.temperature)] if cfg.samples else [])
+    out: dict = {}
+    for suffix, n, temperature in passes:
+        ecfg = EvalConfig(n=n, temperature=temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens,
+                          seed=cfg.seed, batch_prompts=cfg.batch_prompts, score_workers=1, progress=False)
+        result = evaluate_benchmark(name, records, engine, tokenizer, ecfg)
+        out |= {f"accuracy{suffix}": result.avg_at_n,
+                f"mean_response_tokens{suffix}": result.mean_response_tokens,
+                f"truncated_fraction{suffix}": result.truncated_fraction}
+    return out
+
+
+def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Path]],
+                         records: list[PromptRecord], cfg: HeldoutConfig,
+                         delete: bool = False, log=print) -> list[dict]:
+    """``[{"step", "accuracy", ...}]``: the initial policy (step 0), then every checkpoint.
+
+    ``delete`` removes each checkpoint once scored (the study keeps only the curve).
+    """
+    from transformers import AutoTokenizer
+
+    from megatron_darl.rollout.engines import EngineConfig, build_engine
+
+    if not records:
+        raise ValueError("evaluate_checkpoints: no held-out prompts")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    engine = build_engine(EngineConfig(backend="hf", model_path=str(model_dir)))
+    loader = CheckpointWeights(checkpoints[0][1]) if checkpoints else None
+    try:
+        points = [{"step": 0, **_score("step_0", records, engine, tokenizer, cfg)}]
+        log(f"[heldout] step 0: accuracy {points[-1]['accuracy']:.4f} "
+            f"(sampled {points[-1].get('accuracy_sampled', float('nan')):.4f})")
+        for step, path in checkpoints:
+            engine.load_weights(loader.weights(path))
+            points.append({"step": step, **_score(path.name, records, engine, tokenizer, cfg)})
+            log(f"[heldout] step {step}: accuracy {points[-1]['accuracy']:.4f} "
+                f"(sampled {points[-1].get('accuracy_sampled', float('nan')):.4f})")
+            if delete:
+                shutil.rmtree(path, ignore_errors=True)
+    finally:
+        engine.close()
+        if loader is not None:
+            loader.close()
+    return points
+
+
+def _records(preset: str, overrides: list[str]) -> list[PromptRecord]:
+    from omegaconf import OmegaConf
+
+    from megatron_darl.data.config import load_data_config
+    from megatron_darl.data.loaders import load_dataset
+
+    path = Path(preset)
+    if not preset.endswith(".yaml"):
+        path = Path(__file__).resolve().parents[2] / "configs" / "data" / f"{preset}.yaml"
+    data = load_data_config(path, OmegaConf.to_container(OmegaConf.from_dotlist(overrides)))
+    return load_dataset(data).records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", required=True, help="the run's initial HF policy (model.path)")
+    parser.add_argument("--run-dir", required=True, help="the run dir whose checkpoints/ are scored")
+    parser.add_argument("--data", default="countdown", help="configs/data preset or YAML path")
+    parser.add_argument("--out", required=True, help="JSON file written with the points")
+    parser.add_argument("--samples", type=int, default=0, help="sampled responses per prompt (0: greedy only)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--delete", action="store_true", help="delete each checkpoint once scored")
+    parser.add_argument("overrides", nargs="*", help="data KEY=VALUE overrides (countdown.split=test)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = HeldoutConfig(samples=args.samples, temperature=args.temperature,
+                            max_new_tokens=args.max_new_tokens)
+        records = _records(args.data, args.overrides)
+        if not Path(args.model_dir).is_dir():
+            raise FileNotFoundError(f"--model-dir {args.model_dir}: no such directory")
+    except (ValueError, FileNotFoundError) as err:
+        print(f"heldout: {err}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    points = evaluate_checkpoints(args.model_dir, list_checkpoints(args.run_dir), records, cfg,
+                                  delete=args.delete, log=lambda m: print(m, file=sys.stderr))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"config": asdict(cfg), "prompts": len(records), "points": points,
+                               "seconds": time.monotonic() - start}, indent=1) + "\n")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The variant study at a CI size: a real main-job run on the countdown task, its checkpoints
+scored on the held-out split, one record with the fields the report reads, a resumed second
+call that reruns nothing, and the report tool rendering the record into a results page."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 2
+
+
+def _study(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "benchmarks/variant_study.py", "--cpu", "--size", "tiny",
+           "--variants", "darl", "--staleness", "1", "--seeds", "0", "--steps", str(STEPS),
+           "--groups", "2", "--group-size", "4", "--eval-every", "1", "--test-prompts", "8", "--eval-samples", "2",
+           "--max-new-tokens", "24", "--warmstart-steps", "4", "--warmstart-prompts", "256",
+           "--target", "0.0", "--out-dir", str(tmp_path / "out"), "--run-root", str(tmp_path / "runs"),
+           "--partial", str(tmp_path / "partial.json"), *extra,
+           "transport.control.port=0", "cluster.master_port=0"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_variant_study_runs_resumes_and_reports(tmp_path):
+    proc = _study(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (record_path,) = (tmp_path / "out").glob("variant_study_*.json")
+    record = json.loads(record_path.read_text())
+    assert {"benchmark", "device", "date", "commit", "config", "metrics"} <= set(record)
+    assert record["benchmark"] == "variant_study" and record["config"]["samples_per_run"] == STEPS * 2 * 4
+    case = record["metrics"]["darl_eta1"]
+    assert case["variant"] == "darl" and case["max_staleness"] == 1
+    for key in ("final_accuracy", "samples_to_target", "wall_seconds", "staleness_mean"):
+        assert case[key]["n"] == 1 and case[key]["mean"] is not None, key
+    (run,) = case["runs"]
+    # one evaluation per step plus the initial policy, at the samples the run had generated
+    assert [c[0] for c in run["curve"]] == list(range(STEPS + 1))
+    assert [c[1] for c in run["curve"]] == [0.0, 8.0, 16.0]  # consumed: B x G per step
+    generated = [c[4] for c in run["curve"]]  # the rollout ran eta versions ahead (a backlog)
+    assert generated == sorted(generated) and generated[-1] >= 16.0
+    assert all(0.0 <= c[3] <= 1.0 and c[3] == c[5] and 0.0 <= c[6] <= 1.0 for c in run["curve"])
+    assert run["samples_to_target"] == 0.0  # target 0: reached by the initial policy
+    assert len(run["train"]) == STEPS and run["train"][0]["reward_mean"] is not None
+    assert not list((tmp_path / "runs").glob("*/checkpoints/step_*"))  # deleted once scored
+
+    # a second call with the same partial file reruns nothing and writes the same numbers
+    os.rename(tmp_path / "runs", tmp_path / "runs_first")
+    again = _study(tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()
+    records = sorted((tmp_path / "out").glob("variant_study_*.json"))
+    second = json.loads(records[-1].read_text()) if len(records) > 1 else record
+    assert second["metrics"]["darl_eta1"]["runs"] == case["runs"]
+
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nwritten by hand\n\n<!-- variant_report:begin -->\nold\n<!-- variant_report:end -->\n")
+    report = subprocess.run([sys.executable, "tools/variant_report.py", str(record_path), "--doc", str(doc)],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    text = doc.read_text()
+    assert "written by hand" in text and "\nold\n" not in text
+    assert "| darl | 1 | 1 |" in text and (tmp_path / f"{record_path.stem}.png").stat().st_size > 0

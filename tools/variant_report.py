@@ -1,0 +1,171 @@
+"""Render ``variant_study`` records into docs/results.md tables and an accuracy-per-sample plot.
+
+The record (``benchmarks/variant_study.py``) keeps every run's held-out curve and training
+diagnostics, so the picture and the tables are redrawn from the JSON alone: per max staleness
+one panel of test accuracy against samples generated, mean over seeds with a band of one
+standard deviation (sync drawn in every panel as the reference); a table of final accuracy,
+samples to the target and realized staleness per case, with the difference to sync; and a
+table of what the corrections did (weight ESS, capped-weight share, PPO clip fractions,
+staleness of the selected samples). The text between the markers of docs/results.md is
+replaced; everything else in the file is left as written.
+
+    python tools/variant_report.py benchmarks/results/variant_study_*.json --doc docs/results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tools.plot_async_speedup import mean_band  # noqa: E402
+
+BEGIN, END = "<!-- variant_report:begin -->", "<!-- variant_report:end -->"
+
+
+def _fmt(stat: dict | None, digits: int = 3) -> str:
+    if not stat or stat.get("mean") is None:
+        return "-"
+    text = f"{stat['mean']:.{digits}f}"
+    return text + (f" ± {stat['std']:.{digits}f}" if stat.get("n", 0) > 1 else "")
+
+
+def _cases(record: dict) -> list[tuple[str, dict]]:
+    return sorted(record["metrics"].items(), key=lambda kv: (kv[1]["max_staleness"], kv[0]))
+
+
+def _run_mean(runs: list[dict], key: str) -> float | None:
+    """Mean over runs of a run's mean over its training intervals (None-safe)."""
+    per_run = []
+    for r in runs:
+        vals = [t[key] for t in r.get("train", []) if t.get(key) is not None]
+        if vals:
+            per_run.append(statistics.fmean(vals))
+    return statistics.fmean(per_run) if per_run else None
+
+
+def accuracy_table(record: dict) -> str:
+    """Final accuracy, samples to target and realized staleness per case, with the sync gap."""
+    sync = record["metrics"].get("sync_eta0", {}).get("final_accuracy", {}).get("mean")
+    head = ["case", "max staleness", "seeds", "test acc. start", "test acc. final", "vs sync",
+            f"samples to {record['config'].get('target')}", "reached", "realized staleness",
+            "train reward (last 10%)", "wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in _cases(record):
+        final = m["final_accuracy"]
+        gap = "-" if sync is None or final["mean"] is None or m["variant"] == "sync" else f"{final['mean'] - sync:+.3f}"
+        reach = m["samples_to_target"]
+        lines.append("| " + " | ".join([
+            m["variant"], str(m["max_staleness"]), str(final["of"]), _fmt(m["initial_accuracy"]),
+            _fmt(final), gap, _fmt(reach, 0), f"{reach['n']}/{reach['of']}", _fmt(m["staleness_mean"], 2),
+            _fmt(m["train_reward_last"]), _fmt(m["wall_seconds"], 0)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def diagnostics_table(record: dict) -> str:
+    """What the corrections did, averaged over training and seeds."""
+    head = ["case", "max staleness", "selected staleness", "selected versions (share by age 0, 1, ...)",
+            "weight ESS", "capped weights", "PPO clip low", "PPO clip high", "selected score"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, m in _cases(record):
+        runs = m["runs"]
+        hist: list[float] = []
+        for r in runs:
+            for t in r.get("train", []):
+                for i, v in enumerate(t.get("selected_hist") or []):
+                    hist += [0.0] * (i + 1 - len(hist))
+                    hist[i] += v
+        total = sum(hist)
+        shares = " ".join(f"{v / total:.2f}" for v in hist) if total else "-"
+        cells = [_run_mean(runs, k) for k in ("selected_mean", "weight_ess", "weight_clip_frac",
+                                              "clip_frac_low", "clip_frac_high", "selected_score_mean")]
+        lines.append("| " + " | ".join([m["variant"], str(m["max_staleness"]), *(
+            "-" if c is None else f"{c:.3g}" for c in cells[:1]), shares, *(
+            "-" if c is None else f"{c:.3g}" for c in cells[1:])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(record: dict, out: Path) -> Path:
+    """One panel per max staleness: test accuracy vs samples, mean ± std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    etas = sorted({m["max_staleness"] for m in record["metrics"].values() if m["max_staleness"] > 0}) or [0]
+    fig, axes = plt.subplots(1, len(etas), figsize=(4.5 * len(etas), 4), sharey=True, squeeze=False)
+    for ax, eta in zip(axes[0], etas):
+        for name, m in _cases(record):
+            if m["max_staleness"] not in (0, eta):
+                continue
+            curves = [([c[1] for c in r["curve"]], [c[3] for c in r["curve"]]) for r in m["runs"]]
+            grid, mean, std = mean_band(curves, points=40)
+            style = {"color": "black", "linestyle": "--"} if m["variant"] == "sync" else {}
+            ax.plot(grid, mean, label=f"{m['variant']} (n={len(curves)})", **style)
+            ax.fill_between(grid, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
+                            alpha=0.15, color=style.get("color"))
+        target = record["config"].get("target")
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"max staleness {eta}")
+        ax.set_xlabel("samples generated")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    axes[0][0].set_ylabel("held-out test accuracy")
+    cfg = record["config"]
+    fig.suptitle(f"variant_study: {record['device']}, {cfg.get('size')} policy, data={cfg.get('data')}, "
+                 f"lr {cfg.get('lr')}, M={cfg.get('minibatches')}, commit {record['commit'][:7]}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def section(record: dict, record_path: Path, image: Path, doc: Path) -> str:
+    """The generated markdown of one record: settings, plot, both tables."""
+    cfg = record["config"]
+    rel = image.relative_to(doc.parent) if image.is_relative_to(doc.parent) else image
+    settings = ", ".join(f"{k}={cfg[k]}" for k in ("steps", "groups", "group_size", "minibatches", "lr",
+                                                    "rollout_batch", "data", "data_overrides", "size",
+                                                    "eval_every", "test_prompts") if k in cfg)
+    return (f"### `{record_path.name}` ({record['device']}, {record['date'][:16]}, commit {record['commit'][:7]})\n\n"
+            f"Settings: {settings}; {cfg.get('samples_per_run')} samples per run.\n\n"
+            f"![variant_study]({rel})\n\n{accuracy_table(record)}\n{diagnostics_table(record)}")
+
+
+def render(records: list[Path], doc: Path) -> str:
+    """Replace the generated part of ``doc`` with one section per record; return the new text."""
+    parts = []
+    for path in records:
+        record = json.loads(path.read_text())
+        if record.get("benchmark") != "variant_study":
+            raise SystemExit(f"{path}: not a variant_study record ({record.get('benchmark')!r})")
+        image = plot(record, doc.parent / f"{path.stem}.png")
+        parts.append(section(record, path, image, doc))
+    body = f"{BEGIN}\n<!-- generated by tools/variant_report.py from the records; do not edit -->\n\n" \
+           + "\n".join(parts) + f"\n{END}"
+    text = doc.read_text() if doc.exists() else f"# Results\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{doc}: no {BEGIN} ... {END} markers to replace")
+    head, rest = text.split(BEGIN, 1)
+    return head + body + rest.split(END, 1)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", nargs="+", type=Path)
+    parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
+    args = parser.parse_args(argv)
+    args.doc.write_text(render(args.records, args.doc))
+    print(args.doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
