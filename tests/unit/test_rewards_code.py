@@ -108,7 +108,7 @@ def test_extract_code_takes_last_fence_or_whole_text():
 
 
 def test_registry_covers_every_task_and_rejects_unknown():
-    assert {t.value for t in Task} == {"math", "gsm8k", "humaneval", "stdio", "builtin"}
+    assert {t.value for t in Task} == {"math", "gsm8k", "humaneval", "stdio", "builtin", "countdown"}
     record = PromptRecord(0, "", [], "stdio", tests=CASES[:1])
     assert get_reward_fn("stdio")(record, ECHO_SUM) == 1.0
     gsm = PromptRecord(0, "", [], "gsm8k", reference="3 + 4 = 7\n#### 7")
