@@ -7,6 +7,11 @@ processes it starts (which inherit it). What we set, and why:
   sampler cannot return (vLLM then uses its PyTorch sampler anyway); and where FlashInfer is not
   installed (the GPU machine's kit), vLLM's worker fails at start without this.
 - ``VLLM_NO_USAGE_STATS=1``: no usage reporting from cluster nodes.
+- ``VLLM_WORKER_MULTIPROC_METHOD=spawn``: the engine core starts in a fresh process. vLLM forks by
+  default and switches to spawn only when ``torch.cuda.is_initialized()``; but a plain
+  ``torch.cuda.is_available()`` or ``device_count()`` (pytest skip marks, our GPU probes) already
+  makes a fork unusable for CUDA without counting as initialized, and the forked engine then dies
+  with "Cannot re-initialize CUDA in forked subprocess" (seen on the H100 with vLLM 0.26.0).
 - ``HF_HUB_OFFLINE=1`` when the checkpoint is a local directory: no hub lookups (compute nodes
   often have no network, and a lookup then waits for a timeout).
 
@@ -24,7 +29,8 @@ from typing import MutableMapping
 
 from megatron_darl.rollout.engines.base import EngineConfig
 
-VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1"}
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
 
 def engine_env(engine: EngineConfig) -> dict[str, str]:

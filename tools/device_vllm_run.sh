@@ -12,8 +12,8 @@
 #   backend   tests/gpu/test_vllm_backend.py  (log-probs vs HF at T=1/0.7, weights in place, streaming, interrupt)
 #   bench_vllm  benchmarks/generate.py --engines vllm  (tokens/s, weight update 1.7B and 4B vs bound)
 #   mainjob   tests/gpu/test_main_job_vllm.py, update_mode=interrupt on 1 GPU (2-GPU case skips on one GPU)
-#   bench_hf  benchmarks/generate.py --engines hf --merge  (the same cases with hf; one record with both)
-#   mainjob_finish  the same main job with update_mode=finish, if time is left
+#   mainjob_finish  the same main job with update_mode=finish
+#   bench_hf  benchmarks/generate.py --engines hf --merge  (the same cases with hf; one record with both), if time is left
 set -u
 OUT=${OUT:-${1:-/tmp/darl_vllm_out}}
 mkdir -p "$OUT"
@@ -62,14 +62,14 @@ part backend 240 "$OUT/backend.log" "${PYTEST[@]}" tests/gpu/test_vllm_backend.p
 part bench_vllm 210 "$OUT/bench.log" python3 benchmarks/generate.py --engines vllm --out-dir "$OUT" \
   --partial /tmp/darl_bench_vllm.json
 part mainjob 200 "$OUT/mainjob.log" "${PYTEST[@]}" tests/gpu/test_main_job_vllm.py -k "interrupt or two_gpus"
-HF_BUDGET=$(( $(left) - 20 ))
+part mainjob_finish 150 "$OUT/mainjob.log" "${PYTEST[@]}" tests/gpu/test_main_job_vllm.py -k finish
+HF_BUDGET=$(( $(left) - 60 ))
 if [ -f /tmp/darl_bench_vllm.json ]; then
   part bench_hf 300 "$OUT/bench.log" python3 benchmarks/generate.py --engines hf --out-dir "$OUT" \
     --merge /tmp/darl_bench_vllm.json --budget-s "$HF_BUDGET"
 else
   part bench_hf 300 "$OUT/bench.log" python3 benchmarks/generate.py --engines hf --out-dir "$OUT" --budget-s "$HF_BUDGET"
 fi
-part mainjob_finish 150 "$OUT/mainjob.log" "${PYTEST[@]}" tests/gpu/test_main_job_vllm.py -k finish
 
 {
   echo "----- total $(( $(date +%s) - T0 ))s of ${BUDGET}s; commit $DARL_COMMIT"
