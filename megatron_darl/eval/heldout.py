@@ -69,7 +69,7 @@ class CheckpointWeights:
         from megatron_darl.models.qwen3.model import build_qwen3_model
         from megatron_darl.trainer.checkpoint_io import read_metadata
         from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
-        from megatron_darl.transport.store import free_port
+        from megatron_darl.ports import free_port
 
         self.ps = init_parallel(ParallelConfig(tp=1, pp=1), rank=0, world_size=1,
                                 init_method=f"tcp://127.0.0.1:{free_port()}")
