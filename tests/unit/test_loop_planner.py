@@ -160,6 +160,59 @@ def test_mixture_weights_match_the_padded_computation_after_backfill():
         assert p.cache.source(s.sample_id, s.behavior_version) is RowSource.ENGINE
 
 
+def interrupted_group(group_id, first, then):
+    """A group generated across a publish (``interrupt`` mode): each response's first tokens come
+    from version ``first`` and the rest from ``then``; the engine reports each token's log-prob
+    under the version that sampled it (its per-token behavior density)."""
+    group = make_group(group_id, first)
+    for s in group.samples:
+        n = s.num_tokens
+        switch = n // 2 if n > 1 else n  # a one-token response stays on ``first``
+        s.token_versions[switch:] = then
+        s.behavior_logprobs = torch.cat([true_logp(s.sample_id, first, n)[:switch],
+                                         true_logp(s.sample_id, then, n)[switch:]])
+    return group
+
+
+@pytest.mark.parametrize("variant", ["darl", "decoupled"])
+def test_interrupted_samples_carry_their_per_token_behavior_density(variant):
+    """A response whose tokens span versions v..t is filed under v_i = min(token_versions) with
+    the engine's per-token row (the density it was really drawn from), never used for the
+    mismatch metric, and weighted token by token: the own-behavior weight of a token sampled by
+    pi_t is exactly 1, and the mixture uses the engine row for the k = v_i term."""
+    t = 3
+    mixed, clean = interrupted_group(1, 2, t), make_group(2, t)
+    p = ShardPlanner(algo(variant, b=2), ReplayConfig(k=3 if variant == "decoupled" else 4))
+    plan = p.step([mixed, clean], t, t, fake_logprobs, exact_versions=[0, 1, 2])
+    spanning = [s for s in mixed.samples if int(s.token_versions.max()) != int(s.token_versions.min())]
+    assert spanning and mixed.behavior_version == 2
+    assert plan.stats.mixed_version_samples == len(spanning)
+    assert plan.stats.mismatch_tokens == clean.num_tokens  # only samples wholly of version t
+    for s in mixed.samples:
+        assert p.cache.source(s.sample_id, 2) is RowSource.ENGINE
+        assert torch.equal(p.cache.get(s.sample_id, 2), s.behavior_logprobs)
+    sel = plan.selection.samples
+    assert {s.sample_id for s in sel} == {s.sample_id for g in (mixed, clean) for s in g.samples}
+    t_max = max(s.num_tokens for s in sel)
+    mask = torch.arange(t_max)[None] < torch.tensor([s.num_tokens for s in sel])[:, None]
+    weights = torch.zeros(mask.shape)
+    weights[mask] = plan.loss_inputs.weights.float()
+    if variant == "decoupled":  # w = pi_t / mu per token: 1 wherever pi_t sampled the token
+        for i, s in enumerate(sel):
+            at_t = s.token_versions == t
+            assert torch.allclose(weights[i, : s.num_tokens][at_t], torch.ones(int(at_t.sum())), atol=1e-6)
+            if (~at_t).any():  # tokens of version 2: pi_3 / pi_2, not 1
+                assert not torch.allclose(weights[i, : s.num_tokens][~at_t], torch.ones(int((~at_t).sum())))
+    else:
+        by_v = torch.stack([_padded([s.behavior_logprobs if s.behavior_version == v else
+                                     true_logp(s.sample_id, v, s.num_tokens) for s in sel], t_max)
+                            for v in [2, 3]])
+        expect = batch_behavior_weights(
+            "darl", _padded([true_logp(s.sample_id, t, s.num_tokens) for s in sel], t_max),
+            by_v, torch.tensor([2, 3]), torch.tensor([s.behavior_version for s in sel]), mask)
+        assert torch.allclose(weights[mask], expect.weights[mask].float(), atol=1e-6)
+
+
 def test_nearest_backfill_fills_every_needed_row():
     p = ShardPlanner(algo("darl", b=2, mis=MisConfig(backfill="nearest")), ReplayConfig(k=4))
     plan = p.step([make_group(1, 1), make_group(2, 3)], 3, 3, fake_logprobs)  # no exact versions
