@@ -152,15 +152,24 @@ class WeightReceiver:
 
     def _receive_buckets(self, version: int, stage: int, attempt: int, group: DataPlaneGroup | None,
                          what: str) -> None:
-        """Every bucket of one attempt: broadcast over ``group``, or mapped by CUDA IPC (None)."""
-        index = 0
+        """Every bucket of one attempt: broadcast over ``group``, or mapped by CUDA IPC (None).
+
+        When the engine cannot load a broadcast bucket, this member still takes part in the
+        attempt's remaining broadcasts (without loading them) and raises the load error after the
+        last one: the leader and the other members never wait out a collective timeout on it.
+        """
+        index, failure = 0, None
         while True:
             key = SyncKeys.bucket(version, stage, attempt, index)
             wait_key(self._store, key, self.cfg.collective_timeout_s, f"{what}: bucket {index} header")
             header = json.loads(self._store.get(key))
             if header.get("aborted"):
+                if failure is not None:
+                    raise failure
                 raise TransportTimeout(f"{what}: the stage leader aborted the sync at bucket {index}")
             if header["last"]:
+                if failure is not None:
+                    raise failure
                 return
             entries = [BucketEntry(**e) for e in header["entries"]]
             if group is None:
@@ -169,7 +178,12 @@ class WeightReceiver:
             else:
                 buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
                 group.broadcast(buf, 0, f"{what} bucket {index}")
-                self._load_bucket(unpack(entries, buf), f"{what} bucket {index}")
+                if failure is None:
+                    try:
+                        self._load_bucket(unpack(entries, buf), f"{what} bucket {index}")
+                    except WeightLoadError as exc:
+                        failure = exc  # drain the rest of the attempt, then raise
+                        log.error("%s; taking the remaining buckets without loading them", exc)
             index += 1
 
     def _load_ipc_bucket(self, header: dict, entries: list[BucketEntry], what: str) -> None:

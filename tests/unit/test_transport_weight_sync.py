@@ -137,7 +137,8 @@ def _serve_until_error(receiver: WeightReceiver, errors: list, stop: threading.E
 
 def test_an_engine_that_cannot_load_is_named_and_the_others_go_on():
     """Worker 1's engine rejects the weights: it raises WeightLoadError, the sync still reaches
-    worker 0, and the report names worker 1 with its engine's reason."""
+    worker 0, and the report names worker 1 with its engine's reason. Worker 1 keeps taking the
+    remaining buckets' broadcasts, so nobody waits out the 20 s collective timeout on it."""
     control, store, hb, whbs = _world(2)
     cfg = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=5, collective_timeout_s=20,
                            ack_timeout_s=20)
@@ -154,6 +155,7 @@ def test_an_engine_that_cannot_load_is_named_and_the_others_go_on():
                threading.Thread(target=_serve_until_error, args=(bad, errors, stop), daemon=True)]
     for t in threads:
         t.start()
+    start = time.monotonic()
     try:
         report = sender.publish(1, _weights(1))
     finally:
@@ -166,6 +168,7 @@ def test_an_engine_that_cannot_load_is_named_and_the_others_go_on():
     assert len(errors) == 1 and "'model.scalar' has shape ()" in str(errors[0])
     assert any(m.startswith("rollout 1 (") and "could not load" in m for m in report.missing), report.missing
     assert bad.version == -1 and good.version == 1  # worker 1 holds a half-loaded, invalid engine
+    assert time.monotonic() - start < 10  # not the collective timeout (20 s)
 
 
 def test_a_sync_no_worker_can_take_fails_loudly_naming_each_worker():
