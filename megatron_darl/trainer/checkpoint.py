@@ -31,13 +31,6 @@ Model-only loading (``load_model_weights``) takes both our checkpoints and those
 ``tools/convert_hf_to_megatron.py``; an HF directory (``config.json`` with safetensors) is
 loaded through the Qwen3 mapping instead.
 
-Saves are synchronous. megatron-core's torch_dist writer hands its write results to the caller
-through a module-level queue that it makes, on first use, a ``multiprocessing`` Manager queue
-(built for async saves, where a background process writes): a server process started by spawn,
-which imports torch to unpickle the first results (~3 s in every trainer process, paid at its
-first save) and takes ~2 s more to stop at exit. A synchronous save puts and takes in the same
-process, so ``_in_process_results_queue`` sets that queue to a plain ``queue.Queue`` first
-(feature-detected: a release without that variable is left alone).
 """
 
 from __future__ import annotations
@@ -53,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_darl.trainer.checkpoint_io import check_shards, damaged
+from megatron_darl.trainer.checkpoint_io import check_shards, damaged, save_sharded
 
 OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
 
@@ -119,18 +112,6 @@ def _optim_kwargs(fn, optim_sharding: str) -> dict:
     return {"sharding_type": optim_sharding} if "sharding_type" in params else {}
 
 
-def _in_process_results_queue() -> None:
-    """Give megatron-core's writer an in-process results queue (synchronous saves only)."""
-    import queue
-
-    try:
-        from megatron.core.dist_checkpointing.strategies import filesystem_async
-    except ImportError:  # pragma: no cover - a layout without the async writer
-        return
-    if getattr(filesystem_async, "_results_queue", "absent") is None:
-        filesystem_async._results_queue = queue.Queue()
-
-
 def save_checkpoint(
     trainer, ckpt_dir: str | os.PathLike, extra_state: Any = None,
     optim_sharding: str = "dp_reshardable", with_snapshots: bool = False,
@@ -147,8 +128,6 @@ def save_checkpoint(
             ``fully_reshardable`` (resume at any TP/PP; gathers optimizer state on DP rank 0).
         with_snapshots: also write the parameter snapshots of older versions.
     """
-    from megatron.core import dist_checkpointing
-
     final, tmp = Path(ckpt_dir), Path(f"{ckpt_dir}.tmp")
     ps = trainer.ps
     if optim_sharding not in OPTIM_SHARDINGS:
@@ -160,8 +139,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)  # empty: dist_checkpointing warns of a "corrupted checkpoint" otherwise
     dist.barrier()
-    _in_process_results_queue()
-    dist_checkpointing.save(_sharded_state(trainer, False, True, optim_sharding), str(tmp))
+    save_sharded(_sharded_state(trainer, False, True, optim_sharding), tmp)
     if with_snapshots:
         from megatron_darl.trainer.snapshots import save_snapshots
 

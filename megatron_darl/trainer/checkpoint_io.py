@@ -128,6 +128,30 @@ def _unwrap(model):
     return model
 
 
+def save_sharded(sharded_state: dict, ckpt_dir: str | Path) -> None:
+    """``dist_checkpointing.save`` (collective), synchronously and without a helper process.
+
+    megatron-core's torch_dist writer hands its write results to the caller through a
+    module-level queue that it makes, on first use, a ``multiprocessing`` Manager queue (built for
+    async saves, where a background process writes): a server process started by spawn, which
+    imports torch to unpickle the first results (~3 s in every process, paid at its first save)
+    and takes ~2 s more to stop at exit. A synchronous save puts and takes in the same process,
+    so that queue is set to a plain ``queue.Queue`` first (feature-detected in megatron-core
+    0.16 and 0.19: a release without that variable is left alone).
+    """
+    import queue
+
+    from megatron.core import dist_checkpointing
+
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:  # pragma: no cover - a layout without the async writer
+        filesystem_async = None
+    if filesystem_async is not None and getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = queue.Queue()
+    dist_checkpointing.save(sharded_state, str(ckpt_dir))
+
+
 def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMetadata) -> None:
     """Collective over all ranks: write the model shards, then (rank 0) ``megatron_darl.json``.
 
@@ -136,10 +160,8 @@ def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMe
     """
     import megatron.core
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
-    sharded = sharded_model_state_dict(model_chunks)
-    dist_checkpointing.save(sharded, str(ckpt_dir))
+    save_sharded(sharded_model_state_dict(model_chunks), ckpt_dir)
     dist.barrier()
     if dist.get_rank() == 0:
         meta.megatron_core_version = getattr(megatron.core, "__version__", "")

@@ -112,9 +112,9 @@ def save_snapshots(trainer, ckpt_dir: Path) -> list[int]:
     Collective over all ranks (``dist_checkpointing.save``); returns the versions written.
     """
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
     from megatron_darl.trainer.checkpoint import _model_sharded
+    from megatron_darl.trainer.checkpoint_io import save_sharded
 
     versions = [v for v in trainer.snapshots.versions if v != trainer.version]
     root = Path(ckpt_dir) / SNAPSHOT_DIR
@@ -124,7 +124,7 @@ def save_snapshots(trainer, ckpt_dir: Path) -> list[int]:
     dist.barrier()
     for v in versions:
         with trainer.snapshots.swapped_in(v):
-            dist_checkpointing.save(_model_sharded(trainer), str(_version_dir(root, v)))
+            save_sharded(_model_sharded(trainer), _version_dir(root, v))
     return versions
 
 
