@@ -46,7 +46,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megatron_darl.trainer.checkpoint_io import check_shards, damaged, save_sharded
+from megatron_darl.trainer.checkpoint_io import (
+    check_shards, chunked_model_state_dict, damaged, save_sharded,
+)
 
 OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
 
@@ -59,10 +61,6 @@ class Resumed:
     version: int  # published weight version
     saved_dp_size: int  # DP size at save time
     extra_states: list[Any]  # extra_states[r] is what DP rank r passed to save_checkpoint
-
-
-def _model_sharded(trainer) -> dict:
-    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(trainer.model_chunks)}
 
 
 def _rng_object(trainer):
@@ -83,7 +81,7 @@ def _rng_object(trainer):
 
 
 def _sharded_state(trainer, is_loading: bool, with_rng: bool, optim_sharding: str) -> dict:
-    model_sd = _model_sharded(trainer)
+    model_sd = chunked_model_state_dict(trainer.model_chunks)
     flat_model = {}
     for sd in model_sd.values():
         flat_model.update(sd)

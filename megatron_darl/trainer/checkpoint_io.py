@@ -121,6 +121,12 @@ def sharded_model_state_dict(model_chunks) -> dict:
     return _unwrap(model_chunks[0]).sharded_state_dict()
 
 
+def chunked_model_state_dict(model_chunks) -> dict:
+    """``{"model<i>": chunk.sharded_state_dict()}``: the model part of a training checkpoint (and
+    of each parameter snapshot saved with it)."""
+    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model_chunks)}
+
+
 def _unwrap(model):
     """The model inside Megatron DDP / Float16Module wrappers (they nest ``.module``)."""
     while hasattr(model, "module") and not hasattr(model, "decoder"):

@@ -113,8 +113,7 @@ def save_snapshots(trainer, ckpt_dir: Path) -> list[int]:
     """
     import torch.distributed as dist
 
-    from megatron_darl.trainer.checkpoint import _model_sharded
-    from megatron_darl.trainer.checkpoint_io import save_sharded
+    from megatron_darl.trainer.checkpoint_io import chunked_model_state_dict, save_sharded
 
     versions = [v for v in trainer.snapshots.versions if v != trainer.version]
     root = Path(ckpt_dir) / SNAPSHOT_DIR
@@ -124,7 +123,7 @@ def save_snapshots(trainer, ckpt_dir: Path) -> list[int]:
     dist.barrier()
     for v in versions:
         with trainer.snapshots.swapped_in(v):
-            save_sharded(_model_sharded(trainer), _version_dir(root, v))
+            save_sharded(chunked_model_state_dict(trainer.model_chunks), _version_dir(root, v))
     return versions
 
 
@@ -136,7 +135,7 @@ def load_snapshots(trainer, ckpt_dir: Path) -> list[int]:
     """
     from megatron.core import dist_checkpointing
 
-    from megatron_darl.trainer.checkpoint import _model_sharded
+    from megatron_darl.trainer.checkpoint_io import chunked_model_state_dict
 
     snaps = trainer.snapshots
     snaps.take(trainer.version)
@@ -146,7 +145,7 @@ def load_snapshots(trainer, ckpt_dir: Path) -> list[int]:
         log.warning("%s holds no parameter snapshots: backfill of versions before %d will use "
                     "the nearest cached version", ckpt_dir, trainer.version)
     for d in dirs:
-        state = dist_checkpointing.load(_model_sharded(trainer), str(d))
+        state = dist_checkpointing.load(chunked_model_state_dict(trainer.model_chunks), str(d))
         with torch.no_grad():
             for i, chunk in enumerate(trainer.model_chunks):
                 chunk.load_state_dict(state[f"model{i}"])
