@@ -20,23 +20,18 @@ import dataclasses
 import hashlib
 import json
 import random
-import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Callable
-
-import torch
 
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_darl.data.builtin import build_builtin_tokenizer  # noqa: E402
 from megatron_darl.data.config import DataConfig, load_data_config  # noqa: E402
 from megatron_darl.data.countdown import format_example  # noqa: E402
 from megatron_darl.data.loaders import load_dataset  # noqa: E402
 from megatron_darl.data.records import PromptRecord  # noqa: E402
-from megatron_darl.loop.warmstart import WarmStartConfig, _hf_config, _resolve_device  # noqa: E402
+from megatron_darl.loop.warmstart import WarmStartConfig, cached_fit, fit_sequences  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # task -> writer of the warm-start target of a record (format only); one entry per generated task
@@ -65,69 +60,28 @@ def task_cache_key(data: DataConfig, ws: WarmStartConfig) -> str:
     return "task-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _batches(data: DataConfig, ws: WarmStartConfig, tokenizer, device: torch.device):
-    """Endless shuffled batches: (ids (B, L), labels (B, L) with -100 outside the targets)."""
+def _sequences(data: DataConfig, ws: WarmStartConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, format target ids + EOS) of the task's example records."""
     rng = random.Random(ws.seed + 1)
-    records = load_dataset(example_data(data, ws)).records
     target = FORMAT_TARGETS[data.task]
     seqs = []
-    for rec in records:
+    for rec in load_dataset(example_data(data, ws)).records:
         prompt = tokenizer(rec.prompt, add_special_tokens=True)["input_ids"]
         answer = tokenizer(target(rec, rng, data), add_special_tokens=False)["input_ids"]
         seqs.append((prompt, answer + [tokenizer.eos_token_id]))
-    gen = torch.Generator().manual_seed(ws.seed)
-    while True:
-        for idx in torch.randperm(len(seqs), generator=gen).split(ws.batch_size):
-            chunk = [seqs[i] for i in idx.tolist()]
-            width = max(len(p) + len(a) for p, a in chunk)
-            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            labels = torch.full_like(ids, -100)
-            for row, (p, a) in enumerate(chunk):
-                ids[row, : len(p) + len(a)] = torch.tensor(p + a)
-                labels[row, len(p): len(p) + len(a)] = torch.tensor(a)
-            yield ids.to(device), labels.to(device)
+    return seqs
 
 
 def fit_task_policy(data: DataConfig, ws: WarmStartConfig, out_dir: Path, log=print) -> Path:
     """Fit the tiny policy to the task's format targets and save it (HF, with tokenizer)."""
-    from transformers import Qwen3ForCausalLM
-
-    device = _resolve_device(ws.device)
-    tokenizer = build_builtin_tokenizer(out_dir)
-    torch.manual_seed(ws.seed)
-    model = Qwen3ForCausalLM(_hf_config(ws.model, tokenizer)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, ws.steps, eta_min=ws.lr * 0.1)
-    batches, start = _batches(data, ws, tokenizer, device), time.time()
-    for step in range(1, ws.steps + 1):
-        ids, labels = next(batches)
-        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
-                     labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0 or step == ws.steps:
-            log(f"[task_warmstart] step {step}/{ws.steps} loss {loss.item():.3f} ({time.time() - start:.0f}s)")
-    model.save_pretrained(str(out_dir), safe_serialization=True)
-    return out_dir
+    return fit_sequences(ws, out_dir, lambda tokenizer: _sequences(data, ws, tokenizer), log=log,
+                         tag="task_warmstart")
 
 
 def ensure_task_policy(data: DataConfig, ws: WarmStartConfig, log=print) -> Path:
     """The cached format-only policy of ``data``'s task, fitted first when absent (atomic rename)."""
-    root = Path(ws.cache_dir).expanduser()
-    final = root / task_cache_key(data, ws)
-    if (final / "config.json").exists():
-        log(f"[task_warmstart] reusing {final}")
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    log(f"[task_warmstart] fitting {data.task} format policy ({ws.steps} steps) into {final}")
-    fit_task_policy(data, ws, tmp, log=log)
-    tmp.rename(final)
-    return final
+    return cached_fit(ws, task_cache_key(data, ws), lambda tmp: fit_task_policy(data, ws, tmp, log=log),
+                      f"{data.task} format policy", log=log, tag="task_warmstart")
 
 
 def load_configs(preset: str, data_overrides: list[str], ws_overrides: list[str]) -> tuple[DataConfig, WarmStartConfig]:

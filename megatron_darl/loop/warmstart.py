@@ -25,6 +25,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -85,8 +86,8 @@ def _hf_config(cfg: TinyModelConfig, tokenizer):
     )
 
 
-def _training_batches(cfg: WarmStartConfig, tokenizer, device: torch.device):
-    """Endless shuffled batches: (ids (B, L), labels (B, L) with -100 outside solutions)."""
+def _builtin_sequences(cfg: WarmStartConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids + EOS) of the built-in task's worked solutions."""
     records = builtin_prompts(cfg.num_prompts, cfg.prompt_seed, max_operands=cfg.max_operands,
                               max_value=cfg.max_value)
     seqs = []
@@ -98,12 +99,19 @@ def _training_batches(cfg: WarmStartConfig, tokenizer, device: torch.device):
             target = target.rsplit("\n", 1)[0]
         answer = tokenizer(target, add_special_tokens=False)["input_ids"]
         seqs.append((prompt, answer + [tokenizer.eos_token_id]))
-    gen = torch.Generator().manual_seed(cfg.seed)
+    return seqs
+
+
+def shuffled_batches(seqs: list[tuple[list[int], list[int]]], batch_size: int, seed: int, pad_id: int,
+                     device: torch.device):
+    """Endless shuffled batches of (prompt, target) pairs: (ids (B, L), labels (B, L) with -100
+    outside the targets)."""
+    gen = torch.Generator().manual_seed(seed)
     while True:
-        for idx in torch.randperm(len(seqs), generator=gen).split(cfg.batch_size):
+        for idx in torch.randperm(len(seqs), generator=gen).split(batch_size):
             chunk = [seqs[i] for i in idx.tolist()]
             width = max(len(p) + len(a) for p, a in chunk)
-            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
             labels = torch.full_like(ids, -100)
             for row, (p, a) in enumerate(chunk):
                 ids[row, : len(p) + len(a)] = torch.tensor(p + a)
@@ -117,8 +125,10 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def fit_policy(cfg: WarmStartConfig, out_dir: Path, log=print) -> Path:
-    """Fit the tiny policy and save it (HF format, with tokenizer) to ``out_dir``."""
+def fit_sequences(cfg: WarmStartConfig, out_dir: Path, sequences: Callable[[Any], list],
+                  log=print, tag: str = "warmstart") -> Path:
+    """Fit the tiny policy to ``sequences(tokenizer)`` (prompt, target) pairs and save it (HF
+    format, with the built-in tokenizer) to ``out_dir``."""
     from transformers import Qwen3ForCausalLM
 
     device = _resolve_device(cfg.device)
@@ -127,7 +137,7 @@ def fit_policy(cfg: WarmStartConfig, out_dir: Path, log=print) -> Path:
     model = Qwen3ForCausalLM(_hf_config(cfg.model, tokenizer)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps, eta_min=cfg.lr * 0.1)
-    batches = _training_batches(cfg, tokenizer, device)
+    batches = shuffled_batches(sequences(tokenizer), cfg.batch_size, cfg.seed, tokenizer.pad_token_id, device)
     start = time.time()
     for step in range(1, cfg.steps + 1):
         ids, labels = next(batches)
@@ -139,27 +149,38 @@ def fit_policy(cfg: WarmStartConfig, out_dir: Path, log=print) -> Path:
         opt.step()
         sched.step()
         if step % 50 == 0 or step == cfg.steps:
-            log(f"[warmstart] step {step}/{cfg.steps} loss {loss.item():.3f} "
-                f"({time.time() - start:.0f}s)")
+            log(f"[{tag}] step {step}/{cfg.steps} loss {loss.item():.3f} ({time.time() - start:.0f}s)")
     model.save_pretrained(str(out_dir), safe_serialization=True)
     return out_dir
 
 
-def ensure_warm_policy(cfg: WarmStartConfig, log=print) -> Path:
-    """The cached warm-started policy for ``cfg``, fitted first when absent.
+def fit_policy(cfg: WarmStartConfig, out_dir: Path, log=print) -> Path:
+    """Fit the tiny policy to the built-in task and save it (HF format, with tokenizer) to ``out_dir``."""
+    return fit_sequences(cfg, out_dir, lambda tokenizer: _builtin_sequences(cfg, tokenizer), log=log)
+
+
+def cached_fit(cfg: WarmStartConfig, key: str, fit: Callable[[Path], Path], what: str, log=print,
+               tag: str = "warmstart") -> Path:
+    """``cfg.cache_dir/key``, made by ``fit(tmp_dir)`` first when absent.
 
     Fitting writes to a temporary sibling directory renamed into place only on success, so an
     interrupted run never leaves a half-written policy in the cache.
     """
     root = Path(cfg.cache_dir).expanduser()
-    final = root / cache_key(cfg)
+    final = root / key
     if (final / "config.json").exists():
-        log(f"[warmstart] reusing cached initial policy {final}")
+        log(f"[{tag}] reusing cached initial policy {final}")
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    log(f"[warmstart] fitting the initial policy ({cfg.steps} supervised steps) into {final}")
-    fit_policy(cfg, tmp, log=log)
+    log(f"[{tag}] fitting {what} ({cfg.steps} supervised steps) into {final}")
+    fit(tmp)
     tmp.rename(final)
     return final
+
+
+def ensure_warm_policy(cfg: WarmStartConfig, log=print) -> Path:
+    """The cached warm-started policy for ``cfg``, fitted first when absent (``cached_fit``)."""
+    return cached_fit(cfg, cache_key(cfg), lambda tmp: fit_policy(cfg, tmp, log=log),
+                      "the initial policy", log=log)
