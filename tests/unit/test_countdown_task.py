@@ -119,6 +119,23 @@ def test_verifier_never_raises_on_malformed_responses(garbage):
     assert countdown_reward(garbage, [3, 7, 5], 26) == 0.0
 
 
+@pytest.mark.parametrize("hostile", [
+    "1" + " " * 50_000 + "+",  # whitespace runs around the operator (regex backtracking)
+    " " * 50_000 + "1 " + " " * 50_000,
+    "3 + 7 = 10\n" * 200_000,  # a response far past any max_new_tokens
+    "3 + 3 = 6\n6 + 7 = 13\n13 * 2 = 26",  # reaches the target by using 3 twice
+    "3 + 7 = 10\n10 + 5 = 15\n15 + 11 = 26",  # a number that was never given
+])
+def test_hostile_responses_score_zero_quickly(hostile):
+    """Responses built to slow the checker or to reach the target by cheating score 0 within a
+    second (the checker is linear in the response and never evaluates it)."""
+    import time
+
+    start = time.monotonic()
+    assert countdown_reward(hostile, [3, 7, 5], 26) == 0.0
+    assert time.monotonic() - start < 1.0
+
+
 def test_malformed_records_and_configs_raise_naming_the_field():
     bad = PromptRecord(prompt_id=7, prompt="3 7 -> 10", messages=[], task="countdown", reference="ten",
                        metadata={"numbers": [3, 7]})
