@@ -5,6 +5,10 @@ is unchanged, the listener got no connection, the victim process and this worker
 process of the run survives it, and the reward is right (0 for a wrong solution, 1 for a correct
 one). Host files the program should see but not touch are exposed read-only through
 ``readonly_paths``; ``victim`` stands for the rollout worker's other processes.
+
+One file on purpose (~740 lines): it is the catalogue of attacks that docs/reliability.md renders,
+in this order (walls, limits, reward cheats, dying workers), and every test shares the same host
+fixtures (canary, listener, victim) defined below; split, each part would re-import them.
 """
 
 from __future__ import annotations
