@@ -183,6 +183,7 @@ def main() -> None:
     p.add_argument("--devices", choices=("auto", "cpu"), default="auto", help="auto: GPUs when there are")
     p.add_argument("--idle-s", type=float, default=3.0, help="quiet time before the groups flow")
     p.add_argument("--tiny", action="store_true", help="CPU smoke check: 16 groups of 4 x 256 tokens")
+    p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     a = p.parse_args()
     if a.tiny:
         a.groups, a.group_size, a.tokens, a.prompt_tokens = 16, 4, 256, 64
@@ -191,7 +192,7 @@ def main() -> None:
               "group_size": a.group_size, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens,
               "max_unacked": a.max_unacked, "devices": a.devices}
     print_table([{**config, **metrics}])
-    print(write_result("channel", config, metrics))
+    print(write_result("channel", config, metrics, a.out_dir))
 
 
 if __name__ == "__main__":

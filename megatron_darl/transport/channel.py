@@ -40,7 +40,7 @@ import torch
 
 from megatron_darl.samples import SampleGroup, shard_of
 from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
-from megatron_darl.transport.cuda_ipc import device_uuid
+from megatron_darl.transport.cuda_ipc import device_uuid, indexed
 from megatron_darl.transport.frames import GroupMeta, ReceivedGroup, frame_group
 from megatron_darl.transport.links import InLink, Outgoing, OutLink
 from megatron_darl.transport.staleness import StalenessGate, StartTicket
@@ -68,6 +68,7 @@ class SampleSender:
     def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, worker_id: int,
                  gate: StalenessGate | None = None, device: torch.device = CPU) -> None:
         self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
+        device = indexed(device)
         self._gate, self._device = gate, device
         self._next = [self._resume_seq(h) for h in range(control.num_hubs)]
         self._links = [OutLink(control, cfg, worker_id, h, device, self._backend_for(h))
@@ -161,6 +162,7 @@ class SampleHub:
     def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, hub: int,
                  device: torch.device = CPU) -> None:
         self._store, self._control, self.cfg, self.hub = store, control, cfg, hub
+        device = indexed(device)
         store.set(Keys.hub_info(hub), json.dumps(_where(device)))
         self._arrived: queue.SimpleQueue[ReceivedGroup] = queue.SimpleQueue()
         self._waiting: deque[ReceivedGroup] = deque()

@@ -22,6 +22,14 @@ from typing import Any
 import torch
 
 
+def indexed(device: torch.device) -> torch.device:
+    """``device`` with its index: a bare ``cuda`` means the current GPU (``torch.cuda.set_device``
+    in another thread, as the channel's links do, needs the index)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def device_uuid(device: torch.device | None = None) -> str:
     """UUID of a CUDA device (default: the current one), or "" without CUDA or for a CPU device."""
     if device is not None and device.type != "cuda":

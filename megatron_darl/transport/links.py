@@ -107,10 +107,10 @@ class InLink:
         self.thread.start()
 
     def _run(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
         store = None
         try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
             store = connect_store(self.control, who=f"hub {self.hub} (link of rollout {self.worker})")
             seq = get_int(store, Keys.sample_ack(self.hub, self.worker), -1) + 1
             nap = _FIRST_POLL_S
@@ -215,10 +215,10 @@ class OutLink:
         self.thread.join(timeout_s)
 
     def _run(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
         store = None
         try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
             store = connect_store(self.control, who=f"rollout {self.worker} (link to hub {self.hub})")
             while (item := self._queue.get()) is not None:
                 self._send(store, item)

@@ -147,6 +147,29 @@ def test_back_pressure_wait_ends_on_stop_without_sending():
     receiver.close()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a device whose setup fails in the link thread")
+def test_a_link_that_fails_at_setup_ends_the_next_send_not_the_send_timeout():
+    # found on the GPU machine: a bare "cuda" device made the link thread's set_device raise before
+    # its error was recorded, and the worker waited out send_timeout_s while the trainer waited too
+    control, store = _store()
+    cfg = _cfg("dataplane", max_unacked_per_hub=1, send_timeout_s=60.0)
+    sender = SampleSender(store, control, cfg, 0, device=torch.device("cuda", 0))  # no CUDA here: setup fails
+    t0 = time.monotonic()
+    with pytest.raises(TransportTimeout, match=r"rollout 0: the channel to hub 0 .* failed: "):
+        sender.send(_group(0), StartTicket(0, 1))  # the first, or at the latest the one back-pressure holds
+        sender.send(_group(2), StartTicket(0, 2))
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_a_bare_cuda_device_is_given_its_index():
+    from megatron_darl.transport.cuda_ipc import indexed
+
+    assert indexed(torch.device("cpu")) == torch.device("cpu")
+    assert indexed(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    if torch.cuda.is_available():
+        assert indexed(torch.device("cuda")) == torch.device("cuda", torch.cuda.current_device())
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker(transport):
     control, store = _store(workers=3, hubs=2)
