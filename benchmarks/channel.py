@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -82,7 +83,14 @@ def warm_ids(a, w: int) -> list[int]:
     return out
 
 
+def _threads(a) -> None:
+    """Torch threads per process as the launcher sets them (cores / processes): unbounded, every
+    process of a many-core host spins a full pool on each framing ``cat``."""
+    torch.set_num_threads(a.threads or max(1, (os.cpu_count() or 1) // (a.workers + a.hubs + 1)))
+
+
 def worker(a, port: int, w: int, results, go) -> None:
+    _threads(a)
     dev = _device(a, "worker", w)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -101,6 +109,7 @@ def worker(a, port: int, w: int, results, go) -> None:
 
 
 def hub(a, port: int, h: int, results) -> None:
+    _threads(a)
     dev = _device(a, "hub", h)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -183,6 +192,7 @@ def main() -> None:
     p.add_argument("--devices", choices=("auto", "cpu"), default="auto", help="auto: GPUs when there are")
     p.add_argument("--idle-s", type=float, default=3.0, help="quiet time before the groups flow")
     p.add_argument("--tiny", action="store_true", help="CPU smoke check: 16 groups of 4 x 256 tokens")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: cores / processes)")
     p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     a = p.parse_args()
     if a.tiny:
@@ -190,7 +200,8 @@ def main() -> None:
     metrics = run(a)
     config = {"transport": a.transport, "workers": a.workers, "hubs": a.hubs, "groups": a.groups,
               "group_size": a.group_size, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens,
-              "max_unacked": a.max_unacked, "devices": a.devices}
+              "max_unacked": a.max_unacked, "devices": a.devices,
+              "threads": a.threads or max(1, (os.cpu_count() or 1) // (a.workers + a.hubs + 1))}
     print_table([{**config, **metrics}])
     print(write_result("channel", config, metrics, a.out_dir))
 

@@ -109,7 +109,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.7)
     p.add_argument("--ways", default=",".join(WAYS), help=f"comma list among {', '.join(WAYS)}, adapter_bt<N>")
-    p.add_argument("--timeout", type=float, default=240, help="seconds per way")
+    p.add_argument("--timeout", type=float, default=360,
+                   help="seconds per way (a first start on a machine compiles and captures CUDA graphs: minutes)")
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/darl_vllm_profile"))
     p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     p.add_argument("--way", default="", help=argparse.SUPPRESS)  # child process
@@ -129,8 +130,10 @@ def main() -> None:
             if proc.returncode != 0 or not lines:
                 print(f"{way}: failed (rc {proc.returncode})\n{(proc.stdout + proc.stderr)[-3000:]}", flush=True)
                 continue
-        except subprocess.TimeoutExpired:
-            print(f"{way}: timed out after {a.timeout:.0f} s", flush=True)
+        except subprocess.TimeoutExpired as exc:  # say where it was: an engine start or a timed call
+            tail = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                           for x in (exc.stdout, exc.stderr))
+            print(f"{way}: timed out after {a.timeout:.0f} s\n{tail[-3000:]}", flush=True)
             continue
         r = json.loads(lines[-1].removeprefix("RESULT "))
         r["tokens_per_s"] = a.concurrency * a.new_tokens / r["full_s"]
