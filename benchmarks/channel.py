@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.record import print_table, write_result  # noqa: E402
+from benchmarks.stack_sampler import StackSampler  # noqa: E402
 from megatron_darl.ports import free_port  # noqa: E402
 from megatron_darl.samples import Sample, SampleGroup, shard_of  # noqa: E402
 from megatron_darl.transport import (  # noqa: E402
@@ -102,9 +103,12 @@ def worker(a, port: int, w: int, results, go) -> None:
     sender.flush(600)
     results.put(("ready", f"worker {w}"))
     go.wait(600)
+    sampler = StackSampler().start() if a.sample_stacks else None
     for gid in my_groups(a, w):
         sender.send(SampleGroup(group_id=gid, prompt_id=gid, samples=samples, worker_id=w), StartTicket(0, gid + 1))
     sender.flush(600)
+    if sampler is not None:
+        print(f"--- stacks of worker {w}\n{sampler.stop().report()}", flush=True)
     sender.close()
 
 
@@ -117,6 +121,7 @@ def hub(a, port: int, h: int, results) -> None:
     hub_ = SampleHub(connect_store(control, who=f"trainer {h}"), control, _channel(a), h, device=dev)
     expect = sum(shard_of(gid, a.hubs) == h for w in range(a.workers) for gid in my_groups(a, w))
     got, first, last, deadline = 0, None, None, time.monotonic() + 600
+    sampler = StackSampler().start() if a.sample_stacks else None
     while got < expect and time.monotonic() < deadline:
         n = sum(r.group.group_id < WARM for r in hub_.poll())
         if n:
@@ -125,6 +130,8 @@ def hub(a, port: int, h: int, results) -> None:
             got += n
         else:
             time.sleep(0.0005)
+    if sampler is not None:
+        print(f"--- stacks of hub {h}\n{sampler.stop().report()}", flush=True)
     results.put(("hub", h, got, expect, first, last))
     hub_.close()
 
@@ -192,6 +199,8 @@ def main() -> None:
     p.add_argument("--devices", choices=("auto", "cpu"), default="auto", help="auto: GPUs when there are")
     p.add_argument("--idle-s", type=float, default=3.0, help="quiet time before the groups flow")
     p.add_argument("--tiny", action="store_true", help="CPU smoke check: 16 groups of 4 x 256 tokens")
+    p.add_argument("--sample-stacks", action="store_true",
+                   help="print where each thread of each worker and hub spent the run (benchmarks/stack_sampler.py)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: cores / processes)")
     p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     a = p.parse_args()
