@@ -84,10 +84,14 @@ def warm_ids(a, w: int) -> list[int]:
     return out
 
 
-def _threads(a) -> None:
+def threads_per_process(a) -> int:
     """Torch threads per process as the launcher sets them (cores / processes): unbounded, every
     process of a many-core host spins a full pool on each framing ``cat``."""
-    torch.set_num_threads(a.threads or max(1, (os.cpu_count() or 1) // (a.workers + a.hubs + 1)))
+    return a.threads or max(1, (os.cpu_count() or 1) // (a.workers + a.hubs + 1))
+
+
+def _threads(a) -> None:
+    torch.set_num_threads(threads_per_process(a))
 
 
 def worker(a, port: int, w: int, results, go) -> None:
@@ -210,7 +214,7 @@ def main() -> None:
     config = {"transport": a.transport, "workers": a.workers, "hubs": a.hubs, "groups": a.groups,
               "group_size": a.group_size, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens,
               "max_unacked": a.max_unacked, "devices": a.devices,
-              "threads": a.threads or max(1, (os.cpu_count() or 1) // (a.workers + a.hubs + 1))}
+              "threads": threads_per_process(a)}
     print_table([{**config, **metrics}])
     print(write_result("channel", config, metrics, a.out_dir))
 

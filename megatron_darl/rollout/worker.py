@@ -47,7 +47,7 @@ from megatron_darl.transport import (
     TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
     stop_requested,
 )
-from megatron_darl.transport.cuda_ipc import device_uuid, indexed
+from megatron_darl.transport.cuda_ipc import device_uuid
 from megatron_darl.transport.store import Keys
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def channel_device(engine_device) -> torch.device:
     """Where sample payloads leave from: the engine's GPU, else this process's (a vLLM engine runs
     in processes of its own on the GPUs this one sees), else the CPU (a gloo pair)."""
     if isinstance(engine_device, torch.device) and engine_device.type == "cuda":
-        return indexed(engine_device)
+        return engine_device
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
