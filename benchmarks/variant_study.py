@@ -240,6 +240,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cluster", default="", help="cluster preset (default: cpu with --cpu, else gpu1)")
     p.add_argument("--cpu", action="store_true", help="CPU run (cluster=cpu)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once, each on its own GPU slot")
+    p.add_argument("--runs-per-gpu", type=int, default=1,
+                   help="slots that share one GPU slot (a 57M run leaves an H100 mostly idle)")
     p.add_argument("--gpus-per-run", type=int, choices=(1, 2), default=1,
                    help="1: trainer and rollout share a GPU (gpu1); 2: trainer and rollout GPUs")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
@@ -253,6 +255,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.cluster = args.cluster or ("cpu" if args.cpu else "gpu1" if args.gpus_per_run == 1 else "gpu2")
     if args.parallel < 1 or (args.cpu and args.parallel > 1):
         p.error("--parallel must be >= 1, and 1 on CPU (the runs would share the cores)")
+    if args.runs_per_gpu < 1:
+        p.error("--runs-per-gpu must be >= 1")
     if args.metric == "sampled" and args.eval_samples < 1:
         p.error("--metric sampled needs --eval-samples >= 1")
     return args
@@ -268,12 +272,17 @@ def settings(args, ws_key: str) -> dict:
 
 
 def slot_devices(slot: int, args) -> tuple[list[int], list[str]]:
-    """GPUs of a parallel slot and the overrides that pin the run to them (none on CPU)."""
+    """GPUs of a parallel slot and the overrides that pin the run to them (none on CPU).
+
+    ``--runs-per-gpu`` slots share one GPU slot; every process of every run at once then gets an
+    equal share of the cores (the launcher's default share assumes one run per machine)."""
     if args.cpu:
         return [], []
-    first = slot * args.gpus_per_run
+    first = (slot // args.runs_per_gpu) * args.gpus_per_run
     gpus = list(range(first, first + args.gpus_per_run))
-    return gpus, [f"cluster.trainer_devices=[{gpus[0]}]", f"cluster.rollout_devices=[{gpus[-1]}]"]
+    threads = max(1, (os.cpu_count() or 1) // (2 * args.parallel))  # a trainer and a rollout each
+    return gpus, [f"cluster.trainer_devices=[{gpus[0]}]", f"cluster.rollout_devices=[{gpus[-1]}]",
+                  f"cluster.threads_per_process={threads}"]
 
 
 def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
