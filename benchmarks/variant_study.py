@@ -53,6 +53,7 @@ the table of docs/results.md from the record.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -204,7 +205,20 @@ def warm_start(args) -> tuple[str, str]:
     if args.cpu:
         ws.device = "cpu"
     args.task_key = data.task
-    return str(ensure_task_policy(data, ws)), task_cache_key(data, ws)
+    path = ensure_task_policy(data, ws)
+    return str(path), f"{task_cache_key(data, ws)}:{weights_digest(path)}"
+
+
+def weights_digest(model_dir: Path) -> str:
+    """Hash of the fitted weights. The cache key names the warm start's settings, not its result:
+    a GPU fit is not bitwise reproducible (two 2x H200 machines, same key: held-out accuracy 0.057
+    and 0.037 before RL), so a partial file must not mix runs from two fits."""
+    digest = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

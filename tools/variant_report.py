@@ -2,7 +2,7 @@
 
 The record (``benchmarks/variant_study.py``) keeps every run's held-out curve and training
 diagnostics, so the picture and the tables are redrawn from the JSON alone: per max staleness
-one panel of test accuracy against samples generated, mean over seeds with a band of one
+one panel of test accuracy against samples consumed, mean over seeds with a band of one
 standard deviation (sync drawn in every panel as the reference); a table of final accuracy,
 samples to the target and realized staleness per case, with the difference to sync; and a
 table of what the corrections did (weight ESS, capped-weight share, PPO clip fractions,
@@ -96,6 +96,7 @@ def plot(record: dict, out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 (the axis formatter)
 
     etas = sorted({m["max_staleness"] for m in record["metrics"].values() if m["max_staleness"] > 0}) or [0]
     fig, axes = plt.subplots(1, len(etas), figsize=(4.5 * len(etas), 4), sharey=True, squeeze=False)
@@ -113,7 +114,8 @@ def plot(record: dict, out: Path) -> Path:
         if target is not None:
             ax.axhline(target, color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"max staleness {eta}")
-        ax.set_xlabel("samples generated")
+        ax.set_xlabel("samples consumed (steps x B x G)")  # curve[1]; every case consumes the same
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small")
     axes[0][0].set_ylabel("held-out test accuracy")
