@@ -136,7 +136,7 @@ def hub(a, port: int, h: int, results) -> None:
             time.sleep(0.0005)
     if sampler is not None:
         print(f"--- stacks of hub {h}\n{sampler.stop().report()}", flush=True)
-    results.put(("hub", h, got, expect, first, last))
+    results.put(("hub", h, got, expect, first, last, hub_.transfers_received))
     hub_.close()
 
 
@@ -177,7 +177,7 @@ def run(a) -> dict:
     samples = results.get(timeout=60)[1]
     for p in [prober, *procs]:
         p.join(60)
-    assert all(got == expect for _, _, got, expect, _, _ in hubs), hubs
+    assert all(got == expect for _, _, got, expect, *_ in hubs), hubs
     first, last = t_go, max(x[5] for x in hubs)
     group_bytes = int(frame_group(SampleGroup(0, 0, template(a.group_size, a.tokens, a.prompt_tokens), 0),
                                   GroupMeta(0, 0, 1)).to_buffer().numel())
@@ -186,6 +186,8 @@ def run(a) -> dict:
     busy = [lat for t, lat in samples if first <= t <= last]
     return {"mb_per_s": a.groups * group_bytes / seconds / 1e6, "groups_per_s": a.groups / seconds,
             "group_bytes": group_bytes, "seconds": seconds,
+            # each worker's warm-up group to each hub crossed alone (flushed before the run)
+            "groups_per_transfer": a.groups / max(1, sum(x[6] for x in hubs) - a.workers * a.hubs),
             "control_ms_p50_idle": _ms(idle, 50), "control_ms_p99_idle": _ms(idle, 99),
             "control_ms_p50_flowing": _ms(busy, 50), "control_ms_p99_flowing": _ms(busy, 99)}
 

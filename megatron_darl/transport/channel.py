@@ -3,8 +3,9 @@
 Payloads travel on the data plane (``ChannelConfig.transport="dataplane"``, the default): each
 (worker, hub) pair has a two-member process group of its own (gloo on CPU, NCCL between distinct
 GPUs; never the weight-sync group), built lazily and rebuilt under a new epoch when a transfer
-fails. The control store carries only the small per-group header (sequence number, epoch,
-backend, size), the acks and the control keys, so trainer rank 0's store is no longer the pipe
+fails. The control store carries only the small header of each transfer (first sequence number,
+group count, epoch, backend, size; a transfer carries every group queued for that hub,
+``links.py``), the acks and the control keys, so trainer rank 0's store is no longer the pipe
 every sample of every worker squeezes through. ``transport="store"`` keeps the payload inside the
 header value (the pre-data-plane path; measured against it by ``benchmarks/channel.py``).
 
@@ -171,6 +172,11 @@ class SampleHub:
         self._stop = threading.Event()
         self._links = [InLink(control, cfg, hub, w, device, self._arrived.put, self._stop)
                        for w in range(control.num_workers)]
+
+    @property
+    def transfers_received(self) -> int:
+        """Transfers taken over all links (with the data plane one carries every group queued)."""
+        return sum(link.transfers for link in self._links)
 
     def poll(self, max_groups: int = 1 << 30) -> list[ReceivedGroup]:
         """Take every group that arrived, at most ``max_groups``, in arrival order; never blocks."""

@@ -45,16 +45,17 @@ def release_reservations(store: ControlStore, worker_id: int) -> int:
     return max(n, 0)
 
 
-def mark_delivered(store: ControlStore, worker_id: int) -> None:
-    """One group started by ``worker_id`` is at its hub: no longer outstanding.
+def mark_delivered(store: ControlStore, worker_id: int, count: int = 1) -> None:
+    """``count`` groups started by ``worker_id`` are at their hub: no longer outstanding.
 
     Called by whoever makes the group durable: the worker once its group sits in the store
     (``store`` transport), the hub once it received it (``dataplane``), so a worker that dies with
     groups in flight has exactly those given back by ``release_reservations``. A worker that keeps
     no count (a gate without ``worker_id``) is left at zero.
     """
-    if store.add(_outstanding_key(worker_id), -1) < 0:
-        store.add(_outstanding_key(worker_id), 1)
+    left = store.add(_outstanding_key(worker_id), -count)
+    if left < 0:
+        store.add(_outstanding_key(worker_id), min(count, -left))
 
 
 class StalenessGate:

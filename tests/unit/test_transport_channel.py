@@ -16,6 +16,7 @@ from megatron_darl.transport import (
     StalenessGate, StartTicket, TransportTimeout, frame_group, release_reservations, serve_store,
     staleness_capacity, unframe_group,
 )
+from megatron_darl.transport.frames import split_frames
 from megatron_darl.transport.links import Header
 from megatron_darl.transport.process_group import build_group
 from megatron_darl.transport.store import Keys
@@ -220,6 +221,41 @@ def test_a_slow_worker_mid_transfer_does_not_hold_up_another():
     thread.join(10)
     fast.close()
     hub.close()
+
+
+def test_groups_queued_behind_a_transfer_cross_as_one_and_arrive_in_order():
+    """The worker sends 6 groups before the hub exists: its link waits to build the pair with the
+    first one posted, the rest queue behind it and cross in one transfer; the hub gets all six in
+    seq order, bitwise, in fewer transfers than groups, and acks the last seq."""
+    control, store = _store()
+    cfg = _cfg("dataplane", max_unacked_per_hub=100)
+    sender = SampleSender(store, control, cfg, 0)
+    groups = [_group(gid) for gid in range(0, 12, 2)]
+    for g in groups:
+        sender.send(g, StartTicket(0, 1))
+    time.sleep(0.3)
+    hub = SampleHub(store, control, cfg, 0)
+    got = _take(hub, 6)
+    assert [r.meta.seq for r in got] == list(range(6))
+    for g, r in zip(groups, got):
+        assert r.group.group_id == g.group_id
+        for a, b in zip(g.samples, r.group.samples):
+            assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+    assert 1 <= hub.transfers_received < 6
+    assert sender.flush(10) == 0 and store.read(Keys.sample_ack(0, 0)) == b"5"
+    sender.close()
+    hub.close()
+
+
+def test_frames_of_a_transfer_are_split_by_their_size_prefixes():
+    frames = [frame_group(_group(gid), GroupMeta(gid, 0, 1)).to_buffer() for gid in range(3)]
+    joined = torch.cat(frames)
+    out = split_frames(joined, 3)
+    assert [int(unframe_group(f).group.group_id) for f in out] == [0, 1, 2]
+    with pytest.raises(ValueError, match="bytes after the 2 frames"):
+        split_frames(joined, 2)
+    with pytest.raises(ValueError, match="truncated group frame"):
+        split_frames(joined[:-5], 3)
 
 
 def test_a_dead_workers_pair_is_dropped_and_its_restart_delivers():
