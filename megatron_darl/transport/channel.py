@@ -22,7 +22,9 @@ deletes its header, then acks s; a restarted worker resumes after the last acked
 data plane it re-posts there: a dead incarnation's unsent payloads died with it; with the store,
 its posted groups are still delivered) and the hub drops any group id it already delivered. A
 group goes to hub ``shard_of(group_id, num_hubs)``, the replay buffer's own shard function.
-Back-pressure: a worker waits while ``max_unacked_per_hub`` of its groups to one hub are unacked.
+Back-pressure: a worker waits while ``max_unacked_per_hub`` of its groups to one hub are unacked,
+looking again after 0.5 ms and backing off to ``poll_interval_s``: once a whole window crosses in
+one transfer, the link idles from its ack to the worker's next look, so that look comes soon.
 Staleness accounting: a group stops being "outstanding" (``staleness.mark_delivered``) when it is
 durable at the hub's side: stored (``store``) or received (``dataplane``).
 """
@@ -50,6 +52,7 @@ from megatron_darl.transport.store import (
 )
 
 CPU = torch.device("cpu")
+_FIRST_WAIT_S = 0.0005  # first sleep of a back-pressure wait (doubles up to poll_interval_s)
 
 
 def _where(device: torch.device) -> dict[str, str]:
@@ -114,6 +117,7 @@ class SampleSender:
         """
         hub = shard_of(group.group_id, self._control.num_hubs)
         deadline = time.monotonic() + self.cfg.send_timeout_s
+        nap = _FIRST_WAIT_S
         while self.unacked(hub) >= self.cfg.max_unacked_per_hub:
             self._check(hub)
             while_waiting()
@@ -125,7 +129,8 @@ class SampleSender:
                     f"({self.unacked(hub)} groups unacked); hub is "
                     f"{describe_peer(self._store, TRAINER, hub)} (group {group.group_id})"
                 )
-            time.sleep(self._control.poll_interval_s)
+            time.sleep(nap)  # an ack is due within a transfer: look again soon, then back off
+            nap = min(2 * nap, self._control.poll_interval_s)
         self._check(hub)
         seq = self._next[hub]
         meta = GroupMeta(seq=seq, start_version=ticket.version, started_index=ticket.index)
@@ -140,8 +145,10 @@ class SampleSender:
         are not. A failed link ends the wait (its groups stay unacked)."""
         deadline = time.monotonic() + timeout_s
         left = [h for h in range(self._control.num_hubs) if self.unacked(h)]
+        nap = _FIRST_WAIT_S
         while left and time.monotonic() < deadline:
-            time.sleep(self._control.poll_interval_s)
+            time.sleep(nap)
+            nap = min(2 * nap, self._control.poll_interval_s)
             left = [h for h in left if self.unacked(h) and not self._links[h].error]
         return sum(self.unacked(h) for h in range(self._control.num_hubs))
 
