@@ -263,6 +263,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-root", type=Path, default=Path("/tmp/variant_study_runs"))
     p.add_argument("--partial", type=Path, default=None, help="JSON of finished runs (resumable)")
     p.add_argument("--budget", type=float, default=None, help="seconds after which no run starts (exit 3)")
+    p.add_argument("--warmstart-only", action="store_true",
+                   help="fit (or find) the initial policy, print its path and digest, run nothing: "
+                        "a device call that has time left prepares the next one's study")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = p.parse_args(argv)
     args.data_overrides_prefixed = [f"data.{o}" for o in args.data_overrides]
@@ -348,6 +351,9 @@ def main(argv: list[str] | None = None) -> None:
     plan = plan_runs(args.variants.split(","), [int(e) for e in args.staleness.split(",") if e],
                      [int(s) for s in args.seeds.split(",")])
     args.model_path, ws_key = warm_start(args)
+    if args.warmstart_only:
+        print(f"initial policy {args.model_path} ({ws_key})")
+        return
     run_config = settings(args, ws_key)
     done = load_partial(args.partial, run_config)
     left = run_plan(plan, done, args, run_config)
