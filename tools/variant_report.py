@@ -120,8 +120,9 @@ def plot(record: dict, out: Path) -> Path:
         ax.legend(fontsize="x-small")
     axes[0][0].set_ylabel("held-out test accuracy")
     cfg = record["config"]
-    fig.suptitle(f"variant_study: {record['device']}, {cfg.get('size')} policy, data={cfg.get('data')}, "
-                 f"lr {cfg.get('lr')}, M={cfg.get('minibatches')}, commit {record['commit'][:7]}")
+    fig.suptitle(f"variant_study: {record['device']}, {cfg.get('size')} policy, data={cfg.get('data')}\n"
+                 f"lr {cfg.get('lr')}, M={cfg.get('minibatches')}, commit {record['commit'][:7]}",
+                 fontsize="medium")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
