@@ -67,11 +67,9 @@ class GroupFrame:
     @staticmethod
     def from_buffer(buf: torch.Tensor) -> "GroupFrame":
         """Inverse of ``to_buffer`` (a host uint8 tensor); ``ValueError`` on a truncated one."""
-        if buf.numel() < 16:
-            raise ValueError(f"truncated group frame: {buf.numel()} bytes")
-        n_int, n_float = struct.unpack("<QQ", buf[:16].numpy().tobytes())
-        if buf.numel() != 16 + 8 * n_int + 4 * n_float:
-            raise ValueError(f"truncated group frame: {buf.numel()} bytes for {n_int} ints and {n_float} floats")
+        if buf.numel() != (size := frame_size(buf)):
+            raise ValueError(f"truncated group frame: {buf.numel()} bytes, its prefix announces {size}")
+        n_int = struct.unpack("<Q", buf[:8].numpy().tobytes())[0]
         raw = buf.numpy()
         ints = torch.from_numpy(raw[16 : 16 + 8 * n_int].copy().view(np.int64))
         floats = torch.from_numpy(raw[16 + 8 * n_int :].copy().view(np.float32))
@@ -109,11 +107,6 @@ def split_frames(buf: torch.Tensor, count: int) -> list[GroupFrame]:
     return frames
 
 
-def concat_buffers(buffers: list[torch.Tensor]) -> torch.Tensor:
-    """One host uint8 tensor of ``buffers`` end to end (single-threaded, see the docstring)."""
-    return buffers[0] if len(buffers) == 1 else torch.from_numpy(np.concatenate([b.numpy() for b in buffers]))
-
-
 def _bytes_of(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy().view(np.uint8)
 
@@ -131,14 +124,16 @@ def frame_group(group: SampleGroup, meta: GroupMeta) -> GroupFrame:
     parts += [s.prompt_ids for s in samples] + [s.response_ids for s in samples]
     parts += [s.token_versions for s in samples]
     floats = [s.behavior_logprobs for s in samples]
-    return GroupFrame(ints=_host_cat(parts, torch.int64), floats=_host_cat(floats, torch.float32))
+    return GroupFrame(ints=host_cat(parts, torch.int64), floats=host_cat(floats, torch.float32))
 
 
-def _host_cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """1-D ``dtype`` concatenation of ``parts`` (any shapes, host or device) through numpy."""
-    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-    arrays = [p.detach().to("cpu", dtype).reshape(-1).numpy() for p in parts]
-    return torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(0, dtype=np_dtype))
+def host_cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """1-D host ``dtype`` tensor of ``parts`` (any shapes, host or device) end to end, copied by
+    numpy on one thread (module docstring); a single host part of that dtype is not copied."""
+    flat = [p.detach().to("cpu", dtype).reshape(-1) for p in parts]
+    if len(flat) == 1:
+        return flat[0]
+    return torch.from_numpy(np.concatenate([torch.empty(0, dtype=dtype).numpy()] + [f.numpy() for f in flat]))
 
 
 def unframe_group(frame: GroupFrame) -> ReceivedGroup:

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
-from megatron_darl.transport.frames import GroupFrame, ReceivedGroup, concat_buffers, split_frames, unframe_group
+from megatron_darl.transport.frames import ReceivedGroup, host_cat, split_frames, unframe_group
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.staleness import mark_delivered
 from megatron_darl.transport.store import ControlStore, Keys, TransportTimeout, connect_store, get_int
@@ -99,11 +99,11 @@ def _finish(work, pair: DataPlaneGroup, timeout_s: float, what: str) -> None:
     work.wait()
 
 
-def _what(head: Header) -> str:
-    """A transfer as error messages name it."""
-    if head.count == 1:
-        return f"group {head.group_id}"
-    return f"{head.count} groups from group {head.group_id} (seqs {head.seq}..{head.seq + head.count - 1})"
+def _what(count: int, group_id: int, seq: int) -> str:
+    """A transfer of ``count`` groups from ``group_id`` (at ``seq``) as error messages name it."""
+    if count == 1:
+        return f"group {group_id}"
+    return f"{count} groups from group {group_id} (seqs {seq}..{seq + count - 1})"
 
 
 def _pair_name(hub: int, worker: int, epoch: int) -> str:
@@ -186,7 +186,8 @@ class InLink:
                                          collective_timeout_s=self.cfg.transfer_timeout_s + 60)
             pair = self._pair
             buf = torch.empty(head.nbytes, dtype=torch.uint8, device=pair.device)
-            _finish(pair.pg.recv([buf], 1, 0), pair, self.cfg.transfer_timeout_s, _what(head))
+            _finish(pair.pg.recv([buf], 1, 0), pair, self.cfg.transfer_timeout_s,
+                    _what(head.count, head.group_id, head.seq))
             return buf.cpu()
         except _FAILURES as exc:
             log.warning("hub %d: rollout %d's group %d (seq %d) did not arrive on pair epoch %d: %s; "
@@ -282,7 +283,7 @@ class OutLink:
                           .to_bytes(item.buffer.numpy().tobytes()))
                 item.posted()
             return
-        payload = concat_buffers([item.buffer for item in batch])
+        payload = host_cat([item.buffer for item in batch], torch.uint8)
         nbytes, count = int(payload.numel()), len(batch)
         failure: Exception | None = None
         for _ in range(2):  # a failed transfer is retried once, on a new pair
@@ -299,7 +300,7 @@ class OutLink:
                                           first.group_id, count).to_bytes())
                 buf = payload.to(self._pair.device)
                 _finish(self._pair.pg.send([buf], 0, 0), self._pair, self.cfg.transfer_timeout_s,
-                        _what(Header(first.seq, self._epoch, "store", nbytes, first.group_id, count)))
+                        _what(count, first.group_id, first.seq))
                 return
             except _FAILURES as exc:
                 failure, self._pair = exc, None
