@@ -59,6 +59,12 @@ class AsyncEngineArgs:
     load_format: str = "auto"
 
 
+class UsageContext(enum.Enum):  # vllm.usage.usage_lib
+    UNKNOWN_CONTEXT = "UNKNOWN_CONTEXT"
+    LLM_CLASS = "LLM_CLASS"
+    ENGINE_CONTEXT = "ENGINE_CONTEXT"
+
+
 class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0
     DELTA = 1
@@ -137,9 +143,12 @@ class AsyncLLM:
         AsyncLLM.instances.append(self)
 
     @classmethod
-    def from_engine_args(cls, args: AsyncEngineArgs) -> "AsyncLLM":
+    def from_engine_args(cls, args: AsyncEngineArgs,
+                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT) -> "AsyncLLM":
         assert asyncio.get_running_loop() is not None
-        return cls(args)
+        engine = cls(args)
+        engine.usage_context = usage_context  # picks the scheduler defaults (max_num_batched_tokens)
+        return engine
 
     async def generate(self, prompt, params: SamplingParams, request_id: str):
         assert params.output_kind is RequestOutputKind.FINAL_ONLY and params.logprobs == 0
@@ -221,12 +230,13 @@ def install(monkeypatch) -> None:
     """Put the fake under ``vllm`` in ``sys.modules`` (undone by ``monkeypatch``)."""
     modules = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.engine", "vllm.engine.arg_utils", "vllm.v1", "vllm.v1.engine", "vllm.v1.engine.async_llm",
-        "vllm.sampling_params", "vllm.inputs", "vllm.inputs.engine")}
+        "vllm.sampling_params", "vllm.inputs", "vllm.inputs.engine", "vllm.usage", "vllm.usage.usage_lib")}
     modules["vllm"].__version__ = "0.26.0"
     modules["vllm"].SamplingParams = SamplingParams
     modules["vllm.engine.arg_utils"].AsyncEngineArgs = AsyncEngineArgs
     modules["vllm.v1.engine.async_llm"].AsyncLLM = AsyncLLM
     modules["vllm.sampling_params"].RequestOutputKind = RequestOutputKind
+    modules["vllm.usage.usage_lib"].UsageContext = UsageContext
     modules["vllm.inputs.engine"].tokens_input = lambda ids: {"type": "token", "prompt_token_ids": list(ids)}
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)

@@ -10,6 +10,7 @@ prefix-cache reset; feature detection of the release's API. The real engine is t
 
 from __future__ import annotations
 
+import sys
 import time
 from types import SimpleNamespace
 
@@ -67,6 +68,13 @@ def test_engine_args_carry_processed_logprobs_and_the_worker_extension(monkeypat
         compat.engine_args(EngineConfig(backend="vllm", model_path=model_dir, vllm_args={"no_such_field": 1}))
     with pytest.raises(ValueError, match="weight_transfer"):
         EngineConfig(backend="vllm", weight_transfer="disk")
+
+
+def test_the_engine_starts_with_the_offline_defaults_where_the_release_has_them(engine, monkeypatch):
+    # rollouts are throughput work: LLM_CLASS scheduler defaults (16384 batched tokens on an H100, not 2048)
+    assert fake_vllm.AsyncLLM.instances[-1].usage_context is fake_vllm.UsageContext.LLM_CLASS
+    monkeypatch.delitem(sys.modules, "vllm.usage.usage_lib")  # a release without usage contexts
+    assert compat.start_kwargs(fake_vllm.AsyncLLM) == {}
 
 
 def test_flat_and_dict_logprobs_give_the_sampled_tokens_values():

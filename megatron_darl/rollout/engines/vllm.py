@@ -105,7 +105,7 @@ class VLLMEngine:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._engine_paused = False
-        return AsyncLLM.from_engine_args(compat.engine_args(self.cfg))
+        return AsyncLLM.from_engine_args(compat.engine_args(self.cfg), **compat.start_kwargs(AsyncLLM))
 
     def _call(self, coro, what: str, timeout_s: float | None = None) -> Any:
         """Run ``coro`` on the loop thread and wait for it, at most ``timeout_s`` (default the config's)."""

@@ -71,6 +71,23 @@ def engine_args(cfg: EngineConfig, seed: int = 0) -> Any:
     return AsyncEngineArgs(**{k: v for k, v in wanted.items() if k in fields})
 
 
+def start_kwargs(engine_cls: Any) -> dict:
+    """Keyword arguments of ``engine_cls.from_engine_args`` beyond the engine arguments.
+
+    Rollouts are offline throughput work, so the engine takes vLLM's ``LLM``-class defaults, not
+    those of a bare engine context: on an H100 that raises ``max_num_batched_tokens`` from 2048 to
+    16384 (prefill in one chunk instead of eight; 1.7B, 256 x 256 tokens: 15.6k -> 20.3k tokens/s).
+    """
+    try:
+        from vllm.usage.usage_lib import UsageContext
+    except ImportError:  # pragma: no cover - a release without usage contexts
+        return {}
+    params = inspect.signature(engine_cls.from_engine_args).parameters
+    if "usage_context" not in params or not hasattr(UsageContext, "LLM_CLASS"):
+        return {}
+    return {"usage_context": UsageContext.LLM_CLASS}
+
+
 def token_prompt(ids: list[int]) -> Any:
     """The engine input for a tokenized prompt on the installed release."""
     try:
