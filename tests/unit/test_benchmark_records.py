@@ -93,3 +93,19 @@ def test_splits_become_cluster_overrides():
     assert async_speedup.cluster_overrides("t6r2", cpu=False) == [
         "cluster=local", "cluster.trainer_ranks=6", "cluster.rollout_workers=2"]
     assert async_speedup.cluster_overrides("t1r2", cpu=True)[0] == "cluster=cpu"
+
+
+def test_vllm_profile_measures_the_hf_way_and_goes_on_past_a_way_that_fails(tmp_path):
+    # CPU: the hf way runs (tiny model), a vLLM way fails here (no vLLM) and the record still lands
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "vllm_profile.py"), "--ways", "raw,hf",
+                           "--model", "tiny", "--concurrency", "3", "--new-tokens", "6", "--prompt-tokens", "5",
+                           "--repeats", "3", "--timeout", "120", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "raw: failed" in proc.stdout
+    (path,) = tmp_path.glob("vllm_profile_cpu_*.json")
+    record = json.loads(path.read_text())
+    assert set(record["metrics"]) == {"hf"} and record["config"]["repeats"] == 3
+    hf = record["metrics"]["hf"]
+    assert hf["full_s_min"] <= hf["full_s"] <= hf["full_s_max"] and hf["over_hf"] == 1.0
+    assert hf["tokens_per_s"] == pytest.approx(3 * 6 / hf["full_s"])
