@@ -92,6 +92,8 @@ def threads_per_process(a) -> int:
 
 def _threads(a) -> None:
     torch.set_num_threads(threads_per_process(a))
+    if a.switch_interval_ms > 0:  # how long a CPU-bound thread may hold the GIL (default 5 ms)
+        sys.setswitchinterval(a.switch_interval_ms / 1000)
 
 
 def worker(a, port: int, w: int, results, go) -> None:
@@ -207,6 +209,8 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="CPU smoke check: 16 groups of 4 x 256 tokens")
     p.add_argument("--sample-stacks", action="store_true",
                    help="print where each thread of each worker and hub spent the run (benchmarks/stack_sampler.py)")
+    p.add_argument("--switch-interval-ms", type=float, default=0.0,
+                   help="sys.setswitchinterval in hubs and workers (0: Python's default, 5 ms)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: cores / processes)")
     p.add_argument("--out-dir", type=Path, default=None, help="results dir (default benchmarks/results)")
     a = p.parse_args()
@@ -216,7 +220,7 @@ def main() -> None:
     config = {"transport": a.transport, "workers": a.workers, "hubs": a.hubs, "groups": a.groups,
               "group_size": a.group_size, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens,
               "max_unacked": a.max_unacked, "devices": a.devices,
-              "threads": threads_per_process(a)}
+              "threads": threads_per_process(a), "switch_interval_ms": a.switch_interval_ms or 5.0}
     print_table([{**config, **metrics}])
     print(write_result("channel", config, metrics, a.out_dir))
 

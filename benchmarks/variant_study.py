@@ -16,7 +16,8 @@ the training temperature) and deletes it. Per run the record keeps:
   ``--target``; None when never), ``wall_seconds``, ``staleness_mean`` (realized: mean age of
   the trained samples, t - v);
 - ``train``: per evaluation interval the means of the training reward, the staleness of the
-  selected samples, ``weight_ess``, ``weight_clip_frac``, ``clip_frac_low/high``, the score,
+  selected samples, ``weight_ess``, ``weight_clip_frac`` (and mean weight and capped share by
+  advantage sign, ``weight_mean_pos/neg``, ``weight_clip_frac_pos/neg``), ``clip_frac_low/high``, the score,
   and the selected-version histogram summed over the interval.
 
 Cases are ``<variant>_eta<eta>``: ``sync`` (eta 0, once per seed) and, per max staleness eta,
@@ -83,6 +84,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "darl_nomis": ("darl_nomis", (), 4),
 }
 TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "weight_ess", "weight_clip_frac",
+              "weight_mean_pos", "weight_mean_neg", "weight_clip_frac_pos", "weight_clip_frac_neg",
               "clip_frac_low", "clip_frac_high", "selected_score_mean", "mean_ratio")
 
 

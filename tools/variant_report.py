@@ -70,7 +70,8 @@ def accuracy_table(record: dict) -> str:
 def diagnostics_table(record: dict) -> str:
     """What the corrections did, averaged over training and seeds."""
     head = ["case", "max staleness", "selected staleness", "selected versions (share by age 0, 1, ...)",
-            "weight ESS", "capped weights", "PPO clip low", "PPO clip high", "selected score"]
+            "weight ESS", "capped weights", "capped A > 0", "capped A < 0", "mean weight A > 0",
+            "mean weight A < 0", "PPO clip low", "PPO clip high", "selected score"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, m in _cases(record):
         runs = m["runs"]
@@ -82,8 +83,9 @@ def diagnostics_table(record: dict) -> str:
                     hist[i] += v
         total = sum(hist)
         shares = " ".join(f"{v / total:.2f}" for v in hist) if total else "-"
-        cells = [_run_mean(runs, k) for k in ("selected_mean", "weight_ess", "weight_clip_frac",
-                                              "clip_frac_low", "clip_frac_high", "selected_score_mean")]
+        cells = [_run_mean(runs, k) for k in (
+            "selected_mean", "weight_ess", "weight_clip_frac", "weight_clip_frac_pos", "weight_clip_frac_neg",
+            "weight_mean_pos", "weight_mean_neg", "clip_frac_low", "clip_frac_high", "selected_score_mean")]
         lines.append("| " + " | ".join([m["variant"], str(m["max_staleness"]), *(
             "-" if c is None else f"{c:.3g}" for c in cells[:1]), shares, *(
             "-" if c is None else f"{c:.3g}" for c in cells[1:])]) + " |")
@@ -139,9 +141,9 @@ def section(record: dict, record_path: Path, image: Path, doc: Path) -> str:
     """The generated markdown of one record: settings, plot, both tables."""
     cfg = record["config"]
     rel = image.relative_to(doc.parent) if image.is_relative_to(doc.parent) else image
-    settings = ", ".join(f"{k}={cfg[k]}" for k in ("steps", "groups", "group_size", "minibatches", "lr",
-                                                    "rollout_batch", "data", "data_overrides", "size",
-                                                    "eval_every", "test_prompts") if k in cfg)
+    keys = ("steps", "groups", "group_size", "minibatches", "lr", "rollout_batch", "data", "data_overrides",
+            "size", "eval_every", "test_prompts", "overrides")  # overrides: extra Hydra ones of every run
+    settings = ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg and (cfg[k] or k != "overrides"))
     return (f"### `{record_path.name}` ({record['device']}, {record['date'][:16]}, commit {record['commit'][:7]})\n\n"
             f"Settings: {settings}; {cfg.get('samples_per_run')} samples per run.\n\n"
             f"![variant_study]({rel})\n\n{accuracy_table(record)}\n{diagnostics_table(record)}")

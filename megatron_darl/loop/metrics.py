@@ -58,6 +58,9 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
         "selected_score_mean": _ratio(g("selected_score_sum"), g("groups_selected")),
         "weight_ess": _ratio(g("w_sum") ** 2, g("w_tokens") * g("w_sq_sum"), 1.0),
         "weight_clip_frac": _ratio(g("w_clipped"), g("w_tokens")),
+        # by advantage sign: mean weight and capped share of A > 0 and A < 0 tokens
+        **{f"weight_mean_{s}": _ratio(g(f"w_{s}_sum"), g(f"w_{s}_tokens"), 1.0) for s in ("pos", "neg")},
+        **{f"weight_clip_frac_{s}": _ratio(g(f"w_{s}_clipped"), g(f"w_{s}_tokens")) for s in ("pos", "neg")},
         # engine vs trainer at equal version, over the tokens of samples generated at the
         # trainer's current version (every step in sync runs; rare when async): 0 tokens -> 0.0
         "mismatch_kl": _ratio(g("mismatch_k3_sum"), g("mismatch_tokens")),

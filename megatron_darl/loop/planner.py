@@ -321,8 +321,13 @@ class ShardPlanner:
         w = bw.weights.double()
         stats.w_sum, stats.w_sq_sum = float(w.sum()), float(w.square().sum())
         stats.w_tokens, stats.w_clipped = float(n), float(bw.capped.sum())
+        adv_t = torch.repeat_interleave(adv, lengths)  # (n,)
+        for sign, on in (("pos", adv_t > 0), ("neg", adv_t < 0)):
+            setattr(stats, f"w_{sign}_sum", float(w[on].sum()))
+            setattr(stats, f"w_{sign}_tokens", float(on.sum()))
+            setattr(stats, f"w_{sign}_clipped", float(bw.capped[on].sum()))
         return PolicyLossInputs(logp_base=bw.logp_base.float(), weights=bw.weights.float(),
-                                advantages=torch.repeat_interleave(adv, lengths))
+                                advantages=adv_t)
 
     def _minibatches(self, samples: list[Sample], inputs: PolicyLossInputs, filler: bool,
                      version: int) -> list[TrainBatch]:

@@ -75,6 +75,14 @@ class StepStats:
     w_sq_sum: float = _sum()
     w_tokens: float = _sum()
     w_clipped: float = _sum()
+    # the same split by the sign of the token's advantage: a cap that binds mostly on A > 0
+    # tokens (a stale correct answer the policy has since learned) biases the update negative
+    w_pos_sum: float = _sum()
+    w_pos_tokens: float = _sum()
+    w_pos_clipped: float = _sum()
+    w_neg_sum: float = _sum()
+    w_neg_tokens: float = _sum()
+    w_neg_clipped: float = _sum()
     # eviction, at the end of the step
     groups_evicted: float = _sum()
     rows_evicted: float = _sum()

@@ -52,7 +52,8 @@ from megatron_darl.transport.store import (
 )
 
 CPU = torch.device("cpu")
-_FIRST_WAIT_S = 0.0005  # first sleep of a back-pressure wait (doubles up to poll_interval_s)
+_FIRST_WAIT_S = 0.0005  # sleep of a back-pressure wait for its first _PATIENT_S (then doubles up to poll_interval_s)
+_PATIENT_S = 0.05  # an ack is due within a transfer: look every _FIRST_WAIT_S this long before backing off
 
 
 def _where(device: torch.device) -> dict[str, str]:
@@ -116,7 +117,8 @@ class SampleSender:
         no longer acks, raises the stop flag.
         """
         hub = shard_of(group.group_id, self._control.num_hubs)
-        deadline = time.monotonic() + self.cfg.send_timeout_s
+        start = time.monotonic()
+        deadline = start + self.cfg.send_timeout_s
         nap = _FIRST_WAIT_S
         while self.unacked(hub) >= self.cfg.max_unacked_per_hub:
             self._check(hub)
@@ -130,7 +132,8 @@ class SampleSender:
                     f"{describe_peer(self._store, TRAINER, hub)} (group {group.group_id})"
                 )
             time.sleep(nap)  # an ack is due within a transfer: look again soon, then back off
-            nap = min(2 * nap, self._control.poll_interval_s)
+            if time.monotonic() - start > _PATIENT_S:
+                nap = min(2 * nap, self._control.poll_interval_s)
         self._check(hub)
         seq = self._next[hub]
         meta = GroupMeta(seq=seq, start_version=ticket.version, started_index=ticket.index)

@@ -21,8 +21,11 @@ control store with heartbeats and acks, so they stay small.
 Each link owns its store connection and blocks only itself: a slow, frozen or dead peer stalls
 one thread, never the hub's loop or the other links. Every wait has a deadline (store calls, pair
 construction, transfers). An idle hub link looks for its next header with one store read,
-backing off from 0.5 ms to 50 ms (a native store wait would log a warning at every timed-out
-slice), so the first group after an idle spell waits at most 50 ms and a busy link hardly waits.
+every 0.5 ms while the link is busy (within 50 ms of its last transfer), then backing off to
+50 ms (a native store wait would log a warning at every timed-out slice), so the first group
+after an idle spell waits at most 50 ms and a busy link hardly waits. The back-off used to start
+at once: a worker's next header, due a few ms after a transfer, was then seen only at the next
+look of 0.5, 1.5, 3.5, 7.5 ms, which bounded a busy link by the hub's sleeps, not the work.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from megatron_darl.transport.store import ControlStore, Keys, TransportTimeout, 
 
 log = logging.getLogger(__name__)
 BACKENDS = ("store", "gloo", "nccl")  # where a header says the payload is
-_FIRST_POLL_S = 0.0005  # first sleep after a look found no header (a busy worker posts the next soon)
+_FIRST_POLL_S = 0.0005  # sleep between looks for the next header while the link is busy
+_BUSY_S = 0.05  # a link counts as busy this long after its last transfer: no back-off meanwhile
 _IDLE_POLL_S = 0.05  # longest sleep between two looks for the next header (backs off to it)
 _FAILURES = (TransportTimeout, RuntimeError, dist.DistError, ValueError)
 
@@ -131,13 +135,14 @@ class InLink:
                 torch.cuda.set_device(self.device)
             store = connect_store(self.control, who=f"hub {self.hub} (link of rollout {self.worker})")
             seq = get_int(store, Keys.sample_ack(self.hub, self.worker), -1) + 1
-            nap = _FIRST_POLL_S
+            nap, last = _FIRST_POLL_S, time.monotonic()
             while not self._stop.is_set():
                 if taken := self._take(store, seq):
-                    seq, nap = seq + taken, _FIRST_POLL_S
+                    seq, nap, last = seq + taken, _FIRST_POLL_S, time.monotonic()
                 else:  # idle: look less often, up to _IDLE_POLL_S (the store serves every link)
                     self._stop.wait(nap)
-                    nap = min(2 * nap, _IDLE_POLL_S)
+                    if time.monotonic() - last > _BUSY_S:
+                        nap = min(2 * nap, _IDLE_POLL_S)
         except Exception as exc:  # noqa: BLE001 - the link ends; the hub's progress watch names the worker
             if not self._stop.is_set():
                 log.error("hub %d: the link of rollout %d ended: %s", self.hub, self.worker, exc)

@@ -12,6 +12,7 @@ import torch
 
 from megatron_darl.algorithms import Variant, batch_behavior_weights
 from megatron_darl.loop.config import AlgorithmConfig, MisConfig, ReplayConfig
+from megatron_darl.loop.metrics import step_metrics
 from megatron_darl.loop.planner import ShardPlanner
 from megatron_darl.loop.sequences import sequence_batch
 from megatron_darl.loop.step import loss_fn_for
@@ -368,3 +369,13 @@ def test_capped_weights_counted_in_both_cap_modes():
         w = plan.loss_inputs.weights
         over = int((w >= 1.01).sum()) if mode == "clip" else int((w == 0).sum())
         assert plan.stats.w_clipped == over > 0, mode
+        # the split by advantage sign covers the same tokens and weights
+        adv, st = plan.loss_inputs.advantages, plan.stats
+        assert st.w_pos_tokens == int((adv > 0).sum()) and st.w_neg_tokens == int((adv < 0).sum())
+        assert st.w_pos_clipped + st.w_neg_clipped <= st.w_clipped
+        assert st.w_pos_sum == pytest.approx(float(w[adv > 0].sum()))
+        assert st.w_neg_sum == pytest.approx(float(w[adv < 0].sum()))
+        if mode == "clip":
+            assert st.w_pos_clipped == int((w[adv > 0] >= 1.01).sum())
+        m = step_metrics(st)
+        assert m["weight_mean_pos"] == pytest.approx(st.w_pos_sum / st.w_pos_tokens)
