@@ -320,10 +320,11 @@ def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
 
 def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dict) -> list[str]:
     """Run what ``done`` lacks, ``args.parallel`` at a time (one slot of GPUs each), saving each
-    finished run; returns the runs left when the budget stopped new starts."""
+    finished run; returns the runs left: failed ones (named, with their error, as they fail; the
+    others run on) and those the budget kept from starting."""
     todo = [(c, e, s) for c, e, s in plan if f"{c}_eta{e}_s{s}" not in done]
     started, slowest, lock = time.monotonic(), 0.0, threading.Lock()
-    free, running = list(range(args.parallel)), {}
+    free, running, failed = list(range(args.parallel)), {}, []
     with ThreadPoolExecutor(args.parallel) as pool:
         while todo or running:
             over = args.budget is not None and time.monotonic() - started + slowest > args.budget
@@ -337,6 +338,10 @@ def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dic
             for fut in finished:
                 key, slot = running.pop(fut)
                 free.append(slot)
+                if fut.exception() is not None:  # the others run on; this one stays in the plan
+                    failed.append(key)
+                    print(f"{key} FAILED: {fut.exception()}", flush=True)
+                    continue
                 summary = fut.result()
                 with lock:
                     done[key] = summary
@@ -345,7 +350,7 @@ def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dic
                 print(f"{key}: test accuracy {summary['initial_accuracy']:.3f} -> "
                       f"{summary['final_accuracy']:.3f}, realized staleness {summary['staleness_mean']:.2f}, "
                       f"{summary['run_seconds']:.0f} s", flush=True)
-    return [f"{c}_eta{e}_s{s}" for c, e, s in todo]
+    return failed + [f"{c}_eta{e}_s{s}" for c, e, s in todo]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -360,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     done = load_partial(args.partial, run_config)
     left = run_plan(plan, done, args, run_config)
     if left:
-        print(f"budget of {args.budget:.0f} s reached; {len(left)} runs left: {', '.join(left)}")
+        why = f"budget of {args.budget:.0f} s reached" if args.budget is not None else "runs failed"
+        print(f"{why}; {len(left)} runs left: {', '.join(left)}")
         sys.exit(3)
     metrics, table = aggregate(done, plan)
     print_table(table)
