@@ -265,6 +265,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-root", type=Path, default=Path("/tmp/variant_study_runs"))
     p.add_argument("--partial", type=Path, default=None, help="JSON of finished runs (resumable)")
     p.add_argument("--budget", type=float, default=None, help="seconds after which no run starts (exit 3)")
+    p.add_argument("--seed-major", action="store_true", help="run every case of a seed before the next seed")
+    p.add_argument("--reuse-trained", action="store_true",
+                   help="a run dir under --run-root whose training finished (its last checkpoint "
+                        "and every metrics row there) is evaluated, not trained again")
     p.add_argument("--warmstart-only", action="store_true",
                    help="fit (or find) the initial policy, print its path and digest, run nothing: "
                         "a device call that has time left prepares the next one's study")
@@ -304,6 +308,20 @@ def slot_devices(slot: int, args) -> tuple[list[int], list[str]]:
                   f"cluster.threads_per_process={threads}"]
 
 
+def trained_run(run_dir: Path, steps: int) -> dict | None:
+    """The rows of a run that finished training but not its evaluation (a device call ended
+    during it), or None. Its checkpoints scored before that call ended were deleted: its curve
+    lacks those points (step 0 is scored from the initial policy again)."""
+    metrics = run_dir / "metrics.jsonl"
+    if not (run_dir / "checkpoints" / f"step_{steps:06d}").is_dir() or not metrics.is_file():
+        return None
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    if len(rows) < steps:
+        return None
+    print(f"{run_dir.name}: trained earlier, evaluating its remaining checkpoints", flush=True)
+    return {"rows": rows[:steps], "launch_seconds": None}
+
+
 def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
     """One run: train, score its checkpoints, summarize."""
     t0 = time.monotonic()
@@ -311,7 +329,9 @@ def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
     gpus, pin = slot_devices(slot, args)
     run_args = SimpleNamespace(**{**vars(args), "overrides": overrides + pin})
     run_dir = args.run_root / f"{case}_eta{eta}_s{seed}"
-    result = run_once(preset, seed, args.cluster, run_args, run_dir)
+    result = trained_run(run_dir, args.steps) if args.reuse_trained else None
+    if result is None:
+        result = run_once(preset, seed, args.cluster, run_args, run_dir)
     points = evaluate_run(run_dir, args, gpus)
     out = summarize(result["rows"], points, args.target, args.groups * args.group_size, args.metric)
     return out | {"seed": seed, "launch_seconds": result["launch_seconds"],
@@ -357,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     plan = plan_runs(args.variants.split(","), [int(e) for e in args.staleness.split(",") if e],
                      [int(s) for s in args.seeds.split(",")])
+    if args.seed_major:  # every case of seed 0 first: a call cut short still compares the cases
+        plan.sort(key=lambda run: run[2])
     args.model_path, ws_key = warm_start(args)
     if args.warmstart_only:
         print(f"initial policy {args.model_path} ({ws_key})")
