@@ -76,6 +76,10 @@ class SampleSender:
         device = indexed(device)
         self._gate, self._device = gate, device
         self._next = [self._resume_seq(h) for h in range(control.num_hubs)]
+        # last ack read per hub (acks only grow, so it bounds the true count of unacked groups
+        # from above; after a store-transport restart it lies below _next - 1)
+        self._acked = [get_int(self._store, Keys.sample_ack(h, worker_id), -1)
+                       for h in range(control.num_hubs)]
         self._links = [OutLink(control, cfg, worker_id, h, device, self._backend_for(h))
                        for h in range(control.num_hubs)]
 
@@ -97,9 +101,17 @@ class SampleSender:
         return backend
 
     def unacked(self, hub: int) -> int:
-        """Groups handed to ``hub``'s link and not yet acked by the hub."""
-        acked = get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1)
-        return self._next[hub] - 1 - acked
+        """Groups handed to ``hub``'s link and not yet acked by the hub (one store read)."""
+        self._acked[hub] = get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1)
+        return self._next[hub] - 1 - self._acked[hub]
+
+    def _full(self, hub: int) -> bool:
+        """Whether ``hub`` has no room; reads the store only when the last ack read says full
+        (an ack read once stays true: the hub only moves it forward), so a worker with room
+        posts a group without a store round trip."""
+        if self._next[hub] - 1 - self._acked[hub] < self.cfg.max_unacked_per_hub:
+            return False
+        return self.unacked(hub) >= self.cfg.max_unacked_per_hub
 
     def _check(self, hub: int) -> None:
         if self._links[hub].error:
@@ -120,7 +132,7 @@ class SampleSender:
         start = time.monotonic()
         deadline = start + self.cfg.send_timeout_s
         nap = _FIRST_WAIT_S
-        while self.unacked(hub) >= self.cfg.max_unacked_per_hub:
+        while self._full(hub):
             self._check(hub)
             while_waiting()
             if stopped():

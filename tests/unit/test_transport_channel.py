@@ -132,6 +132,22 @@ def test_back_pressure_blocks_then_times_out_naming_the_hub(transport):
     hub.close()
 
 
+def test_back_pressure_holds_across_a_sender_restart():
+    """A restarted store-transport sender goes past the groups it posted and nobody consumed;
+    they still count against ``max_unacked_per_hub`` (the sender caches the last ack it read)."""
+    control, store = _store()
+    cfg = _cfg("store", max_unacked_per_hub=2, send_timeout_s=0.3)
+    first = SampleSender(store, control, cfg, 0)
+    first.send(_group(0), StartTicket(0, 1))
+    first.send(_group(2), StartTicket(0, 2))
+    first.close()
+    restarted = SampleSender(store, control, cfg, 0)
+    with pytest.raises(TransportTimeout, match=r"hub 0 acked nothing .*\(2 groups unacked\)"):
+        restarted.send(_group(4), StartTicket(0, 3))
+    assert not store.check([Keys.sample(0, 0, 2)])
+    restarted.close()
+
+
 def test_back_pressure_wait_ends_on_stop_without_sending():
     control, store = _store()
     cfg = _cfg("dataplane", max_unacked_per_hub=1, send_timeout_s=30.0)
