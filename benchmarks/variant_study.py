@@ -82,7 +82,12 @@ CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "darl": ("darl", (), 4),
     "darl_nofilter": ("darl_nofilter", (), 4),
     "darl_nomis": ("darl_nomis", (), 4),
+    # diagnostics of the corrections (not in the default plan): the decoupled objective without
+    # its behavior weights (PPO ratio against pi_t on the stale queue), and D-ARL without replay
+    "async_prox": ("sync", ("algorithm.score=oldest",), 1),
+    "darl_once": ("darl", ("replay.max_replays=1",), 4),
 }
+DEFAULT_CASES = ("sync", "async", "async_is", "decoupled", "darl", "darl_nofilter", "darl_nomis")
 TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "weight_ess", "weight_clip_frac",
               "weight_mean_pos", "weight_mean_neg", "weight_clip_frac_pos", "weight_clip_frac_neg",
               "clip_frac_low", "clip_frac_high", "selected_score_mean", "mean_ratio")
@@ -120,7 +125,7 @@ def evaluate_run(run_dir: Path, args, devices: list[int]) -> list[dict]:
     Scored without partial credit: the accuracy is the share of exactly correct responses."""
     out = run_dir / "heldout.json"
     cmd = [sys.executable, "-m", "megatron_darl.eval.heldout", "--model-dir", args.model_path,
-           "--run-dir", str(run_dir), "--data", args.data, "--out", str(out), "--delete",
+           "--run-dir", str(run_dir), "--data", args.data, "--out", str(out), "--delete", "--resume",
            "--samples", str(args.eval_samples), "--temperature", str(args.eval_temperature),
            "--max-new-tokens", str(args.max_new_tokens), *args.data_overrides,
            f"{args.task_key}.split=test", f"{args.task_key}.num_prompts={args.test_prompts}",
@@ -225,7 +230,7 @@ def weights_digest(model_dir: Path) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", default=",".join(CASES), help=f"cases among {', '.join(CASES)}")
+    p.add_argument("--variants", default=",".join(DEFAULT_CASES), help=f"cases among {', '.join(CASES)}")
     p.add_argument("--staleness", default="1,2,4,8", help="max staleness values (eta) of the async cases")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=300, help="trainer steps per run (the sample budget)")
@@ -310,10 +315,11 @@ def slot_devices(slot: int, args) -> tuple[list[int], list[str]]:
 
 def trained_run(run_dir: Path, steps: int) -> dict | None:
     """The rows of a run that finished training but not its evaluation (a device call ended
-    during it), or None. Its checkpoints scored before that call ended were deleted: its curve
-    lacks those points (step 0 is scored from the initial policy again)."""
+    during it), or None. The points scored before that call ended are in its heldout.json (each
+    written as scored): the evaluation goes on from there."""
     metrics = run_dir / "metrics.jsonl"
-    if not (run_dir / "checkpoints" / f"step_{steps:06d}").is_dir() or not metrics.is_file():
+    last = run_dir / "checkpoints" / f"step_{steps:06d}"
+    if not metrics.is_file() or not (last.is_dir() or (run_dir / "heldout.json").is_file()):
         return None
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     if len(rows) < steps:

@@ -146,7 +146,8 @@ def section(record: dict, record_path: Path, image: Path, doc: Path) -> str:
     settings = ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg and (cfg[k] or k != "overrides"))
     return (f"### `{record_path.name}` ({record['device']}, {record['date'][:16]}, commit {record['commit'][:7]})\n\n"
             f"Settings: {settings}; {cfg.get('samples_per_run')} samples per run.\n\n"
-            f"![variant_study]({rel})\n\n{accuracy_table(record)}\n{diagnostics_table(record)}")
+            + (f"Note: {cfg['note']}.\n\n" if cfg.get("note") else "")
+            + f"![variant_study]({rel})\n\n{accuracy_table(record)}\n{diagnostics_table(record)}")
 
 
 def render(records: list[Path], doc: Path) -> str:

@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -107,10 +107,13 @@ def _score(name: str, records: list[PromptRecord], engine, tokenizer, cfg: Heldo
 
 def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Path]],
                          records: list[PromptRecord], cfg: HeldoutConfig,
-                         delete: bool = False, log=print) -> list[dict]:
+                         delete: bool = False, log=print, points: list[dict] | None = None,
+                         on_point: Callable[[list[dict]], None] = lambda points: None) -> list[dict]:
     """``[{"step", "accuracy", ...}]``: the initial policy (step 0), then every checkpoint.
 
-    ``delete`` removes each checkpoint once scored (the study keeps only the curve).
+    ``points`` are those an earlier, interrupted evaluation scored: kept, and their steps (0
+    included) not scored again. ``on_point`` gets the points so far after each one. ``delete`` removes each checkpoint once scored (the study keeps only the
+    curve), renamed first so that one half deleted is never listed again.
     """
     from transformers import AutoTokenizer
 
@@ -118,20 +121,28 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
 
     if not records:
         raise ValueError("evaluate_checkpoints: no held-out prompts")
+    points = list(points or [])
+    scored = {p["step"] for p in points}
+    checkpoints = [(step, path) for step, path in checkpoints if step not in scored]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     engine = build_engine(EngineConfig(backend="hf", model_path=str(model_dir)))
     loader = CheckpointWeights(checkpoints[0][1]) if checkpoints else None
     try:
-        points = [{"step": 0, **_score("step_0", records, engine, tokenizer, cfg)}]
-        log(f"[heldout] step 0: accuracy {points[-1]['accuracy']:.4f} "
-            f"(sampled {points[-1].get('accuracy_sampled', float('nan')):.4f})")
+        if 0 not in scored:
+            points.insert(0, {"step": 0, **_score("step_0", records, engine, tokenizer, cfg)})
+            log(f"[heldout] step 0: accuracy {points[0]['accuracy']:.4f} "
+                f"(sampled {points[0].get('accuracy_sampled', float('nan')):.4f})")
+            on_point(points)
         for step, path in checkpoints:
             engine.load_weights(loader.weights(path))
             points.append({"step": step, **_score(path.name, records, engine, tokenizer, cfg)})
             log(f"[heldout] step {step}: accuracy {points[-1]['accuracy']:.4f} "
                 f"(sampled {points[-1].get('accuracy_sampled', float('nan')):.4f})")
+            on_point(points)
             if delete:
-                shutil.rmtree(path, ignore_errors=True)
+                doomed = path.with_name(path.name + ".scored")  # no longer a step_* checkpoint
+                path.rename(doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
     finally:
         engine.close()
         if loader is not None:
@@ -162,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--delete", action="store_true", help="delete each checkpoint once scored")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the points of an interrupted evaluation in --out, score the rest")
     parser.add_argument("overrides", nargs="*", help="data KEY=VALUE overrides (countdown.split=test)")
     args = parser.parse_args(argv)
     try:
@@ -173,13 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"heldout: {err}", file=sys.stderr)
         return 2
-    start = time.monotonic()
-    points = evaluate_checkpoints(args.model_dir, list_checkpoints(args.run_dir), records, cfg,
-                                  delete=args.delete, log=lambda m: print(m, file=sys.stderr))
-    out = Path(args.out)
+    start, out = time.monotonic(), Path(args.out)
+    earlier = json.loads(out.read_text())["points"] if args.resume and out.is_file() else []
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": asdict(cfg), "prompts": len(records), "points": points,
-                               "seconds": time.monotonic() - start}, indent=1) + "\n")
+
+    def write(points: list[dict]) -> None:  # after every point: an interrupted run keeps them
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps({"config": asdict(cfg), "prompts": len(records), "points": points,
+                                   "seconds": time.monotonic() - start}, indent=1) + "\n")
+        tmp.replace(out)
+
+    points = evaluate_checkpoints(args.model_dir, list_checkpoints(args.run_dir), records, cfg,
+                                  delete=args.delete, log=lambda m: print(m, file=sys.stderr),
+                                  points=earlier, on_point=write)
+    write(points)
     print(out)
     return 0
 
