@@ -88,7 +88,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "darl_once": ("darl", ("replay.max_replays=1",), 4),
 }
 DEFAULT_CASES = ("sync", "async", "async_is", "decoupled", "darl", "darl_nofilter", "darl_nomis")
-TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "weight_ess", "weight_clip_frac",
+TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "times_selected_max", "weight_ess", "weight_clip_frac",
               "weight_mean_pos", "weight_mean_neg", "weight_clip_frac_pos", "weight_clip_frac_neg",
               "clip_frac_low", "clip_frac_high", "selected_score_mean", "mean_ratio")
 
