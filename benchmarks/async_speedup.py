@@ -74,9 +74,12 @@ def parse_splits(text: str) -> list[str]:
     return labels
 
 
-def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path) -> dict:
-    """One ``launch.train`` run in a fresh ``run_dir``; returns its per-step metrics rows."""
-    shutil.rmtree(run_dir, ignore_errors=True)
+def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path, fresh: bool = True) -> dict:
+    """One ``launch.train`` run in a fresh ``run_dir`` (``fresh=False``: the caller passes
+    ``loop.resume=true`` and the run goes on from its latest checkpoint there); returns its
+    per-step metrics rows."""
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
     shape = [f"warmstart.model.{k}={v}" for k, v in SIZES[args.size].items()]
     cmd = [sys.executable, "-m", "launch.train", f"algorithm={variant}", *cluster_overrides(cluster, args.cpu),
            f"loop.run_dir={run_dir}", f"loop.steps={args.steps}", "loop.progress_bar=false",

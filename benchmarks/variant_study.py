@@ -47,7 +47,10 @@ without). Each step then trains B groups in every case; a degenerate one adds no
 A full study outlasts one 10-minute device call: ``--partial FILE`` keeps every finished run
 (with the settings it ran under) and skips it when started again; ``--budget SECONDS`` starts no
 run past that point and exits with status 3 while runs remain. The record is written once
-every run of the plan is in the partial file. ``tools/variant_report.py`` draws the plot and
+every run of the plan is in the partial file. A call that ends mid-run loses little with
+``--reuse-trained``: the next call resumes a run cut short in training from its latest checkpoint
+(every ``--eval-every`` steps) and goes on with an evaluation from the points already written
+(``tools/device_variant_study.sh`` runs it so on the GPU machine). ``tools/variant_report.py`` draws the plot and
 the table of docs/results.md from the record.
 """
 
@@ -70,6 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.async_speedup import SIZES, load_partial, mean_std, run_once, save_partial  # noqa: E402
 from benchmarks.record import print_table, write_result  # noqa: E402
+from megatron_darl.eval.heldout import list_checkpoints  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # case -> (configs/algorithm preset, extra overrides, the preset's window K)
@@ -272,8 +276,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=None, help="seconds after which no run starts (exit 3)")
     p.add_argument("--seed-major", action="store_true", help="run every case of a seed before the next seed")
     p.add_argument("--reuse-trained", action="store_true",
-                   help="a run dir under --run-root whose training finished (its last checkpoint "
-                        "and every metrics row there) is evaluated, not trained again")
+                   help="what an earlier call left under --run-root goes on: a run whose training "
+                        "finished is only evaluated (from its points so far), one cut short in "
+                        "training resumes from its latest checkpoint (loop.resume)")
     p.add_argument("--warmstart-only", action="store_true",
                    help="fit (or find) the initial policy, print its path and digest, run nothing: "
                         "a device call that has time left prepares the next one's study")
@@ -337,7 +342,11 @@ def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
     run_dir = args.run_root / f"{case}_eta{eta}_s{seed}"
     result = trained_run(run_dir, args.steps) if args.reuse_trained else None
     if result is None:
-        result = run_once(preset, seed, args.cluster, run_args, run_dir)
+        resume = args.reuse_trained and bool(list_checkpoints(run_dir))
+        if resume:  # cut short in training by an earlier call: on from its latest checkpoint
+            print(f"{run_dir.name}: resuming its training from its latest checkpoint", flush=True)
+            run_args.overrides = [*run_args.overrides, "loop.resume=true"]
+        result = run_once(preset, seed, args.cluster, run_args, run_dir, fresh=not resume)
     points = evaluate_run(run_dir, args, gpus)
     out = summarize(result["rows"], points, args.target, args.groups * args.group_size, args.metric)
     return out | {"seed": seed, "launch_seconds": result["launch_seconds"],
