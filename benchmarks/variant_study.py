@@ -50,8 +50,9 @@ run past that point and exits with status 3 while runs remain. The record is wri
 every run of the plan is in the partial file. A call that ends mid-run loses little with
 ``--reuse-trained``: the next call resumes a run cut short in training from its latest checkpoint
 (every ``--eval-every`` steps) and goes on with an evaluation from the points already written
-(``tools/device_variant_study.sh`` runs it so on the GPU machine). ``tools/variant_report.py`` draws the plot and
-the table of docs/results.md from the record.
+(``tools/device_variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
+holds only this study's runs. ``tools/variant_report.py`` draws the plot and the table of
+docs/results.md from the record.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "darl_once": ("darl", ("replay.max_replays=1",), 4),
 }
 DEFAULT_CASES = ("sync", "async", "async_is", "decoupled", "darl", "darl_nofilter", "darl_nomis")
-TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "times_selected_max", "weight_ess", "weight_clip_frac",
-              "weight_mean_pos", "weight_mean_neg", "weight_clip_frac_pos", "weight_clip_frac_neg",
+TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "times_selected_max", "weight_ess",
+              "weight_clip_frac", "weight_mean_pos", "weight_mean_neg", "weight_clip_frac_pos", "weight_clip_frac_neg",
               "clip_frac_low", "clip_frac_high", "selected_score_mean", "mean_ratio")
 
 

@@ -112,8 +112,9 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
     """``[{"step", "accuracy", ...}]``: the initial policy (step 0), then every checkpoint.
 
     ``points`` are those an earlier, interrupted evaluation scored: kept, and their steps (0
-    included) not scored again. ``on_point`` gets the points so far after each one. ``delete`` removes each checkpoint once scored (the study keeps only the
-    curve), renamed first so that one half deleted is never listed again.
+    included) not scored again. ``on_point`` gets the points so far after each one. ``delete``
+    removes each checkpoint once scored (the study keeps only the curve), renamed first so that
+    one half deleted is never listed again.
     """
     from transformers import AutoTokenizer
 
