@@ -130,16 +130,21 @@ def test_interrupt_continues_on_new_weights_with_exact_versions_and_logprobs(eng
 
 def test_an_abort_reaches_requests_that_reach_the_engine_after_it(engine):
     fake = fake_vllm.AsyncLLM.instances[-1]
-    fake.register_delay_s = 0.3  # the pause below comes before vLLM knows the requests
+    fake.register_delay_s = 0.3  # the pause below comes after the requests start, before vLLM knows them
     engine.resume(2)
     engine.submit("g", PROMPTS[0], SamplingConfig(n=2, max_new_tokens=200))
+    time.sleep(0.05)  # the adapter has started both requests (the first abort misses them)
     t0 = time.monotonic()
     engine.pause(interrupt=True)
     assert time.monotonic() - t0 < 5.0  # aborted again once registered, not left to run out
     fake.register_delay_s = 0.0
     engine.resume(3)
     gens = _wait(engine, ["g"])["g"]
-    assert all(g.token_ids.numel() == 200 and g.token_versions.tolist() == [3] * 200 for g in gens)
+    for g in gens:
+        # tokens made between registration and the next abort (<= 50 ms) are version 2's, and say so
+        versions = g.token_versions.tolist()
+        k = versions.count(2)
+        assert g.token_ids.numel() == 200 and versions == [2] * k + [3] * (200 - k) and k < 200
 
 
 def test_weights_outside_a_pause_are_loaded_between_pause_and_reset(engine, model_dir):
