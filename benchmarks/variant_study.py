@@ -88,9 +88,11 @@ CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "darl_nofilter": ("darl_nofilter", (), 4),
     "darl_nomis": ("darl_nomis", (), 4),
     # diagnostics of the corrections (not in the default plan): the decoupled objective without
-    # its behavior weights (PPO ratio against pi_t on the stale queue), and D-ARL without replay
+    # its behavior weights (PPO ratio against pi_t on the stale queue); D-ARL without replay, and
+    # with replay capped at two selections per group
     "async_prox": ("sync", ("algorithm.score=oldest",), 1),
     "darl_once": ("darl", ("replay.max_replays=1",), 4),
+    "darl_twice": ("darl", ("replay.max_replays=2",), 4),
 }
 DEFAULT_CASES = ("sync", "async", "async_is", "decoupled", "darl", "darl_nofilter", "darl_nomis")
 TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "times_selected_max", "weight_ess",
