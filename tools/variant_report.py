@@ -6,8 +6,11 @@ one panel of test accuracy against samples consumed, mean over seeds with a band
 standard deviation (sync drawn in every panel as the reference); a table of final accuracy,
 samples to the target and realized staleness per case, with the difference to sync; and a
 table of what the corrections did (weight ESS, capped-weight share, PPO clip fractions,
-staleness of the selected samples). The text between the markers of docs/results.md is
-replaced; everything else in the file is left as written.
+staleness of the selected samples). A record over several max stalenesses also gets the sweep:
+final accuracy per case against max staleness, as a table (case x staleness) and a plot, sync's
+band drawn across, which is the question the study asks (does staleness cost accuracy, and which
+correction gives it back). The text between the markers of docs/results.md is replaced;
+everything else in the file is left as written.
 
     python tools/variant_report.py benchmarks/results/variant_study_*.json --doc docs/results.md
 """
@@ -65,6 +68,32 @@ def accuracy_table(record: dict) -> str:
             _fmt(final), gap, _fmt(reach, 0), f"{reach['n']}/{reach['of']}", _fmt(m["staleness_mean"], 2),
             _fmt(m["train_reward_last"]), _fmt(m["wall_seconds"], 0)]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _etas(record: dict) -> list[int]:
+    return sorted({m["max_staleness"] for m in record["metrics"].values() if m["max_staleness"] > 0})
+
+
+def sweep_table(record: dict) -> str:
+    """Final accuracy (mean ± std over seeds) of every case at every max staleness; sync's row
+    repeats its eta-0 value in every column, the reference each cell is read against."""
+    etas, by_case = _etas(record), {}
+    for m in record["metrics"].values():
+        by_case.setdefault(m["variant"], {})[m["max_staleness"]] = m["final_accuracy"]
+    sync = by_case.pop("sync", {}).get(0)
+    head = ["case", *(f"max staleness {e}" for e in etas)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if sync is not None:
+        lines.append("| " + " | ".join(["sync (eta 0)", *(_fmt(sync) for _ in etas)]) + " |")
+    for case, finals in sorted(by_case.items(), key=lambda kv: _case_order(kv[0])):
+        lines.append("| " + " | ".join([case, *(_fmt(finals.get(e)) for e in etas)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _case_order(case: str) -> tuple[int, str]:
+    order = ("sync", "async", "async_is", "decoupled", "async_prox", "darl", "darl_once", "darl_twice",
+             "darl_nofilter", "darl_nomis")
+    return (order.index(case) if case in order else len(order), case)
 
 
 def diagnostics_table(record: dict) -> str:
@@ -137,6 +166,42 @@ def plot(record: dict, out: Path) -> Path:
     return out
 
 
+def plot_sweep(record: dict, out: Path) -> Path:
+    """Final accuracy against max staleness, one line per case (mean ± std over seeds), sync's
+    eta-0 mean and band across the whole axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    etas = _etas(record)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in record["metrics"].values():
+        if m["variant"] == "sync" and m["final_accuracy"]["mean"] is not None:
+            mean, std = m["final_accuracy"]["mean"], m["final_accuracy"]["std"] or 0.0
+            ax.axhline(mean, color="black", linestyle="--", label=f"sync (eta 0, n={m['final_accuracy']['n']})")
+            ax.axhspan(mean - std, mean + std, color="black", alpha=0.08)
+    cases = sorted({m["variant"] for m in record["metrics"].values()} - {"sync"}, key=_case_order)
+    for case in cases:
+        pts = sorted((m["max_staleness"], m["final_accuracy"]) for m in record["metrics"].values()
+                     if m["variant"] == case and m["final_accuracy"]["mean"] is not None)
+        xs = [etas.index(e) for e, _ in pts]
+        ax.errorbar(xs, [f["mean"] for _, f in pts], yerr=[f["std"] or 0.0 for _, f in pts], marker="o",
+                    capsize=3, label=case)
+    ax.set_xticks(range(len(etas)), [str(e) for e in etas])
+    ax.set_xlabel("max staleness (eta)")
+    ax.set_ylabel("final held-out test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    ax.set_title(f"{record['device']}, {record['config'].get('size')} policy, commit {record['commit'][:7]}",
+                 fontsize="medium")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def section(record: dict, record_path: Path, image: Path, doc: Path) -> str:
     """The generated markdown of one record: settings, plot, both tables."""
     cfg = record["config"]
@@ -147,7 +212,18 @@ def section(record: dict, record_path: Path, image: Path, doc: Path) -> str:
     return (f"### `{record_path.name}` ({record['device']}, {record['date'][:16]}, commit {record['commit'][:7]})\n\n"
             f"Settings: {settings}; {cfg.get('samples_per_run')} samples per run.\n\n"
             + (f"Note: {cfg['note']}.\n\n" if cfg.get("note") else "")
+            + sweep(record, record_path, doc)
             + f"![variant_study]({rel})\n\n{accuracy_table(record)}\n{diagnostics_table(record)}")
+
+
+def sweep(record: dict, record_path: Path, doc: Path) -> str:
+    """The sweep's table and plot, for a record over two or more max stalenesses ("" otherwise)."""
+    if len(_etas(record)) < 2:
+        return ""
+    image = plot_sweep(record, doc.parent / f"{record_path.stem}_sweep.png")
+    rel = image.relative_to(doc.parent) if image.is_relative_to(doc.parent) else image
+    return (f"Final held-out accuracy against max staleness (mean ± std over seeds):\n\n{sweep_table(record)}\n"
+            f"![variant_study sweep]({rel})\n\n")
 
 
 def render(records: list[Path], doc: Path) -> str:

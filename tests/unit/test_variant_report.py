@@ -1,0 +1,61 @@
+"""``tools/variant_report.py`` on records built here: the staleness sweep (case x max staleness,
+sync's eta-0 value as the reference row) is what the study's verdict is read from, so its cells
+are checked against the runs they summarize; a one-staleness record gets no sweep."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from tools import variant_report
+
+
+def _stat(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values), "of": len(values)}
+
+
+def _case(variant: str, eta: int, finals: list[float]) -> dict:
+    runs = [{"seed": i, "final_accuracy": f, "train": [{"staleness_mean": 0.5, "selected_hist": [3.0, 1.0]}],
+             "curve": [[0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [10, 1280.0, 5.0, f, 1280.0, f, f]]}
+            for i, f in enumerate(finals)]
+    none = {"mean": None, "std": None, "n": 0, "of": len(finals)}
+    return {"variant": variant, "max_staleness": eta, "runs": runs, "final_accuracy": _stat(finals),
+            "samples_to_target": none, "wall_seconds": _stat([10.0] * len(finals)),
+            "staleness_mean": _stat([0.5] * len(finals)), "initial_accuracy": _stat([0.0] * len(finals)),
+            "train_reward_last": _stat(finals)}
+
+
+def _record(cases: list[dict]) -> dict:
+    return {"benchmark": "variant_study", "device": "cpu", "date": "2026-11-25T13:00:00+00:00",
+            "commit": "0123456789abcdef", "config": {"target": 0.5, "size": "tiny", "steps": 10},
+            "metrics": {f"{c['variant']}_eta{c['max_staleness']}": c for c in cases}}
+
+
+def test_the_sweep_table_puts_each_case_under_its_staleness_beside_sync(tmp_path):
+    record = _record([_case("sync", 0, [0.08, 0.09, 0.07]), _case("darl", 4, [0.02, 0.04, 0.03]),
+                      _case("async", 1, [0.06, 0.08, 0.07]), _case("async", 4, [0.01, 0.05, 0.03]),
+                      _case("darl", 1, [0.10, 0.08, 0.09])])
+    rows = variant_report.sweep_table(record).splitlines()
+    assert rows[0] == "| case | max staleness 1 | max staleness 4 |"
+    assert rows[2] == "| sync (eta 0) | 0.080 ± 0.010 | 0.080 ± 0.010 |"
+    assert rows[3] == "| async | 0.070 ± 0.010 | 0.030 ± 0.020 |"  # the study's case order, not the alphabet's
+    assert rows[4] == "| darl | 0.090 ± 0.010 | 0.030 ± 0.010 |"
+
+    path = tmp_path / "variant_study_cpu_x.json"
+    path.write_text(json.dumps(record))
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# R\n\nby hand\n\n{variant_report.BEGIN}\nold\n{variant_report.END}\n")
+    text = variant_report.render([path], doc)
+    assert "by hand" in text and "\nold\n" not in text and "| darl | 0.090 ± 0.010 | 0.030 ± 0.010 |" in text
+    assert (tmp_path / "variant_study_cpu_x_sweep.png").stat().st_size > 0
+    assert "![variant_study sweep](variant_study_cpu_x_sweep.png)" in text
+
+
+def test_a_missing_cell_reads_as_a_dash_and_one_staleness_has_no_sweep(tmp_path):
+    record = _record([_case("sync", 0, [0.08, 0.09]), _case("async", 1, [0.06, 0.08]),
+                      _case("darl_twice", 8, [0.05, 0.07])])
+    assert "| darl_twice | - | 0.060 ± 0.014 |" in variant_report.sweep_table(record)
+    single = _record([_case("sync", 0, [0.08]), _case("async", 8, [0.05])])
+    assert variant_report.sweep(single, tmp_path / "r.json", tmp_path / "results.md") == ""
+    assert not (tmp_path / "r_sweep.png").exists()
