@@ -74,12 +74,22 @@ def _etas(record: dict) -> list[int]:
     return sorted({m["max_staleness"] for m in record["metrics"].values() if m["max_staleness"] > 0})
 
 
-def sweep_table(record: dict) -> str:
-    """Final accuracy (mean ± std over seeds) of every case at every max staleness; sync's row
-    repeats its eta-0 value in every column, the reference each cell is read against."""
+def _final(m: dict, column: int) -> dict:
+    """Mean ± std over a case's seeds of its last evaluation's ``curve`` column (3: the study's
+    metric, 5: greedy, 6: sampled)."""
+    values = [r["curve"][-1][column] for r in m["runs"] if len(r["curve"][-1]) > column]
+    values = [v for v in values if v is not None]
+    return {"mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values), "of": len(m["runs"])}
+
+
+def sweep_table(record: dict, column: int = 3) -> str:
+    """Final accuracy (mean ± std over seeds; ``curve`` column ``column``) of every case at every
+    max staleness; sync's row repeats its eta-0 value in every column, the reference each cell is
+    read against."""
     etas, by_case = _etas(record), {}
     for m in record["metrics"].values():
-        by_case.setdefault(m["variant"], {})[m["max_staleness"]] = m["final_accuracy"]
+        by_case.setdefault(m["variant"], {})[m["max_staleness"]] = _final(m, column)
     sync = by_case.pop("sync", {}).get(0)
     head = ["case", *(f"max staleness {e}" for e in etas)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -168,33 +178,38 @@ def plot(record: dict, out: Path) -> Path:
 
 def plot_sweep(record: dict, out: Path) -> Path:
     """Final accuracy against max staleness, one line per case (mean ± std over seeds), sync's
-    eta-0 mean and band across the whole axis."""
+    eta-0 mean and band across the axis; a second panel with the sampled accuracy when the record
+    has it (less test noise than greedy's one response per prompt)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    etas = _etas(record)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m in record["metrics"].values():
-        if m["variant"] == "sync" and m["final_accuracy"]["mean"] is not None:
-            mean, std = m["final_accuracy"]["mean"], m["final_accuracy"]["std"] or 0.0
-            ax.axhline(mean, color="black", linestyle="--", label=f"sync (eta 0, n={m['final_accuracy']['n']})")
-            ax.axhspan(mean - std, mean + std, color="black", alpha=0.08)
+    etas, cfg = _etas(record), record["config"]
+    panels = [(3, cfg.get("metric", "greedy"))]
+    if cfg.get("metric", "greedy") == "greedy" and cfg.get("eval_samples"):
+        panels.append((6, f"sampled ({cfg['eval_samples']} per prompt)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     cases = sorted({m["variant"] for m in record["metrics"].values()} - {"sync"}, key=_case_order)
-    for case in cases:
-        pts = sorted((m["max_staleness"], m["final_accuracy"]) for m in record["metrics"].values()
-                     if m["variant"] == case and m["final_accuracy"]["mean"] is not None)
-        xs = [etas.index(e) for e, _ in pts]
-        ax.errorbar(xs, [f["mean"] for _, f in pts], yerr=[f["std"] or 0.0 for _, f in pts], marker="o",
-                    capsize=3, label=case)
-    ax.set_xticks(range(len(etas)), [str(e) for e in etas])
-    ax.set_xlabel("max staleness (eta)")
-    ax.set_ylabel("final held-out test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small")
-    ax.set_title(f"{record['device']}, {record['config'].get('size')} policy, commit {record['commit'][:7]}",
-                 fontsize="medium")
+    for ax, (column, name) in zip(axes[0], panels):
+        for m in record["metrics"].values():
+            sync = _final(m, column)
+            if m["variant"] == "sync" and sync["mean"] is not None:
+                ax.axhline(sync["mean"], color="black", linestyle="--", label=f"sync (eta 0, n={sync['n']})")
+                ax.axhspan(sync["mean"] - sync["std"], sync["mean"] + sync["std"], color="black", alpha=0.08)
+        for i, case in enumerate(cases):
+            dodge = (i - (len(cases) - 1) / 2) * 0.05  # cases side by side at each staleness
+            pts = sorted((m["max_staleness"], _final(m, column)) for m in record["metrics"].values()
+                         if m["variant"] == case)
+            pts = [(e, f) for e, f in pts if f["mean"] is not None]
+            ax.errorbar([etas.index(e) + dodge for e, _ in pts], [f["mean"] for _, f in pts],
+                        yerr=[f["std"] for _, f in pts], marker="o", capsize=3, label=case)
+        ax.set_xticks(range(len(etas)), [str(e) for e in etas])
+        ax.set_xlabel("max staleness (eta)")
+        ax.set_ylabel(f"final held-out accuracy, {name}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    fig.suptitle(f"{record['device']}, {cfg.get('size')} policy, commit {record['commit'][:7]}", fontsize="medium")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -222,8 +237,14 @@ def sweep(record: dict, record_path: Path, doc: Path) -> str:
         return ""
     image = plot_sweep(record, doc.parent / f"{record_path.stem}_sweep.png")
     rel = image.relative_to(doc.parent) if image.is_relative_to(doc.parent) else image
-    return (f"Final held-out accuracy against max staleness (mean ± std over seeds):\n\n{sweep_table(record)}\n"
-            f"![variant_study sweep]({rel})\n\n")
+    metric = record["config"].get("metric", "greedy")
+    text = (f"Final held-out accuracy ({metric}) against max staleness (mean ± std over seeds):\n\n"
+            f"{sweep_table(record)}\n")
+    samples = record["config"].get("eval_samples")
+    if metric == "greedy" and samples:  # less test noise: samples x prompts responses per point
+        text += (f"The same with the sampled accuracy ({samples} responses per test prompt at temperature "
+                 f"{record['config'].get('eval_temperature')}):\n\n{sweep_table(record, 6)}\n")
+    return text + f"![variant_study sweep]({rel})\n\n"
 
 
 def render(records: list[Path], doc: Path) -> str:

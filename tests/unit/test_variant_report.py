@@ -17,7 +17,7 @@ def _stat(values: list[float]) -> dict:
 
 def _case(variant: str, eta: int, finals: list[float]) -> dict:
     runs = [{"seed": i, "final_accuracy": f, "train": [{"staleness_mean": 0.5, "selected_hist": [3.0, 1.0]}],
-             "curve": [[0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [10, 1280.0, 5.0, f, 1280.0, f, f]]}
+             "curve": [[0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [10, 1280.0, 5.0, f, 1280.0, f, f / 2]]}
             for i, f in enumerate(finals)]
     none = {"mean": None, "std": None, "n": 0, "of": len(finals)}
     return {"variant": variant, "max_staleness": eta, "runs": runs, "final_accuracy": _stat(finals),
@@ -28,7 +28,8 @@ def _case(variant: str, eta: int, finals: list[float]) -> dict:
 
 def _record(cases: list[dict]) -> dict:
     return {"benchmark": "variant_study", "device": "cpu", "date": "2026-11-25T13:00:00+00:00",
-            "commit": "0123456789abcdef", "config": {"target": 0.5, "size": "tiny", "steps": 10},
+            "commit": "0123456789abcdef",
+            "config": {"target": 0.5, "size": "tiny", "steps": 10, "metric": "greedy", "eval_samples": 4},
             "metrics": {f"{c['variant']}_eta{c['max_staleness']}": c for c in cases}}
 
 
@@ -41,6 +42,9 @@ def test_the_sweep_table_puts_each_case_under_its_staleness_beside_sync(tmp_path
     assert rows[2] == "| sync (eta 0) | 0.080 ± 0.010 | 0.080 ± 0.010 |"
     assert rows[3] == "| async | 0.070 ± 0.010 | 0.030 ± 0.020 |"  # the study's case order, not the alphabet's
     assert rows[4] == "| darl | 0.090 ± 0.010 | 0.030 ± 0.010 |"
+    sampled = variant_report.sweep_table(record, 6).splitlines()  # the sampled column: half, here
+    assert sampled[2] == "| sync (eta 0) | 0.040 ± 0.005 | 0.040 ± 0.005 |"
+    assert sampled[3] == "| async | 0.035 ± 0.005 | 0.015 ± 0.010 |"
 
     path = tmp_path / "variant_study_cpu_x.json"
     path.write_text(json.dumps(record))
@@ -50,6 +54,7 @@ def test_the_sweep_table_puts_each_case_under_its_staleness_beside_sync(tmp_path
     assert "by hand" in text and "\nold\n" not in text and "| darl | 0.090 ± 0.010 | 0.030 ± 0.010 |" in text
     assert (tmp_path / "variant_study_cpu_x_sweep.png").stat().st_size > 0
     assert "![variant_study sweep](variant_study_cpu_x_sweep.png)" in text
+    assert "| darl | 0.045 ± 0.005 | 0.015 ± 0.005 |" in text  # the sampled sweep follows the greedy one
 
 
 def test_a_missing_cell_reads_as_a_dash_and_one_staleness_has_no_sweep(tmp_path):
