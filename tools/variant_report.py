@@ -149,9 +149,9 @@ def plot(record: dict, out: Path) -> Path:
             curves = [([c[1] for c in r["curve"]], [c[3] for c in r["curve"]]) for r in m["runs"]]
             grid, mean, std = mean_band(curves, points=40)
             style = {"color": "black", "linestyle": "--"} if m["variant"] == "sync" else {}
-            ax.plot(grid, mean, label=f"{m['variant']} (n={len(curves)})", **style)
+            (line,) = ax.plot(grid, mean, label=f"{m['variant']} (n={len(curves)})", **style)
             ax.fill_between(grid, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
-                            alpha=0.15, color=style.get("color"))
+                            alpha=0.15, color=line.get_color())  # the band in its line's colour
             top = max([top, *(a + b for a, b in zip(mean, std))])
         ax.set_title(f"max staleness {eta}")
         ax.set_xlabel("samples consumed (steps x B x G)")  # curve[1]; every case consumes the same
