@@ -137,7 +137,10 @@ class Heartbeat:
         n, store_ok_at = 0, time.monotonic()
         while not self._stop.wait(self.cfg.interval_s):
             n += 1
-            deadline = store_ok_at + self.cfg.timeout_s  # every call below ends by then
+            # every call below ends by the timeout after the last answer, but gets two intervals at
+            # least: a thread that woke late (its own process busy, or holding the GIL) has not
+            # asked, and the store host's silence is only what it leaves unanswered when asked
+            deadline = max(store_ok_at + self.cfg.timeout_s, time.monotonic() + 2 * self.cfg.interval_s)
             try:
                 self._beat(n, deadline)
                 self._check_peers(self._store, deadline)

@@ -19,12 +19,17 @@ import pytest
 from tests.distributed.procs.launcher import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-GRACE_S = 15.0  # cluster.grace_s of the runs: SIGTERM -> SIGKILL once the launcher is gone
+GRACE_S = 30.0  # cluster.grace_s of the runs: SIGTERM -> SIGKILL once the launcher is gone
+# Two runs on two cores: a trainer's store thread was seen silent for 5 s at start-up (smoke's
+# timeout) with both runs loading at once, and each rollout worker left. The default 10 s here;
+# the grace covers a trainer that notices its lost worker only then and checkpoints.
+HB_TIMEOUT_S = 10.0
 
 
 def _start(run_dir: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "launch.train", "experiment=smoke", f"loop.run_dir={run_dir}",
-           "loop.steps=500", f"cluster.grace_s={GRACE_S}", "loop.checkpoint_interval=0"]
+           "loop.steps=500", f"cluster.grace_s={GRACE_S}", "loop.checkpoint_interval=0",
+           f"transport.heartbeat.timeout_s={HB_TIMEOUT_S}"]
     log = open(run_dir.parent / f"{run_dir.name}.launcher.log", "w")
     return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
-from megatron_darl.transport import ControlPlaneConfig, TransportTimeout, connect_store
+from megatron_darl.transport import (
+    TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, TransportTimeout, connect_store,
+)
 from megatron_darl.transport.store import ForeignValueError, Keys
 from tests.distributed.procs.launcher import Procs, free_port, wait_for
 from tests.distributed.procs.scenario import Scenario
@@ -94,6 +96,40 @@ def test_every_store_call_has_a_deadline_when_the_store_host_is_frozen(fault_rec
                                 f"{min(waited.values()):.1f}-{max(waited.values()):.1f} s (deadline "
                                 f"{cfg.call_timeout_s:.0f} s per request, a wait slice on top); served again "
                                 "after SIGCONT")
+
+
+@pytest.mark.fault(kind="process", name="a process busy past the heartbeat timeout, its store host alive")
+def test_a_heartbeat_that_woke_late_does_not_report_a_live_store_host(fault_record):
+    """This process holds the GIL for twice the heartbeat timeout; as its heartbeat thread wakes the
+    live store host pauses 0.3 s (a loaded machine): not a loss. The thread's own lateness is not
+    the host's silence (seen in CI: a rollout worker loading its model called its trainer frozen)."""
+    port = free_port()
+    server = _serve(port, "s3cret")
+    control = ControlPlaneConfig(port=port, secret="s3cret", store_timeout_s=10, call_timeout_s=1.0)
+    cfg = HeartbeatConfig(interval_s=0.25, timeout_s=1.0)
+    losses: list = []
+    beat = Heartbeat(control, cfg, MemberInfo.here(WORKER, 0), on_loss=losses.append,
+                     store_is_peer=(TRAINER, 0)).start()
+    pauser = subprocess.Popen(["sh", "-c", f"sleep 2.5; kill -STOP {server.pid}; sleep 0.3; kill -CONT {server.pid}"])
+    switch = sys.getswitchinterval()
+    try:
+        time.sleep(0.6)  # beats answered
+        sys.setswitchinterval(30.0)  # the heartbeat thread cannot take the GIL from the loop below
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2 * cfg.timeout_s:
+            pass
+        sys.setswitchinterval(switch)
+        assert pauser.wait(10) == 0
+        time.sleep(4 * cfg.interval_s)
+        assert not losses, losses
+    finally:
+        sys.setswitchinterval(switch)
+        beat.close()
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    fault_record["observed"] = (f"heartbeat thread held off {2 * cfg.timeout_s:.0f} s (timeout {cfg.timeout_s:.0f} s), "
+                                "store host paused 0.3 s as it woke: no loss reported")
+    fault_record["lost"] = "nothing"
 
 
 def _answers(store) -> bool:
