@@ -8,7 +8,9 @@ long generate or collective, does not stop the beat). A peer silent for ``timeou
 once, by role, rank and host; the owner decides what that means (the trainer goes on, a worker
 exits non-zero). The store host itself (trainer rank 0) is watched through the thread's own store
 calls: each gets what is left of ``timeout_s`` since the last call that succeeded as its deadline
-(``ControlStore``), so a frozen or unreachable rank 0 is reported within ``timeout_s`` even though
+(``ControlStore``), but two beat intervals at least, so a frozen or unreachable rank 0 is reported
+within ``timeout_s`` (``timeout_s`` + two intervals when this thread itself ran late: a process
+busy or holding the GIL has not asked, and its lateness is not the host's silence) even though
 the store client itself would wait forever. Beats and rendezvous records are signed: a foreign
 process cannot keep a dead peer "alive" or pose as a member. Each beat also carries the
 process's event counters (``megatron_darl.counters``), which the trainer sums into its metrics.
