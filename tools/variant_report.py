@@ -26,6 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.variant_study import CASES  # noqa: E402 (the study's case order)
 from tools.plot_async_speedup import mean_band  # noqa: E402
 
 BEGIN, END = "<!-- variant_report:begin -->", "<!-- variant_report:end -->"
@@ -101,8 +102,8 @@ def sweep_table(record: dict, column: int = 3) -> str:
 
 
 def _case_order(case: str) -> tuple[int, str]:
-    order = ("sync", "async", "async_is", "decoupled", "async_prox", "darl", "darl_once", "darl_twice",
-             "darl_nofilter", "darl_nomis")
+    """The study's own order of its cases (``variant_study.CASES``); a case it no longer has last."""
+    order = list(CASES)
     return (order.index(case) if case in order else len(order), case)
 
 
@@ -192,11 +193,10 @@ def plot_sweep(record: dict, out: Path) -> Path:
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     cases = sorted({m["variant"] for m in record["metrics"].values()} - {"sync"}, key=_case_order)
     for ax, (column, name) in zip(axes[0], panels):
-        for m in record["metrics"].values():
-            sync = _final(m, column)
-            if m["variant"] == "sync" and sync["mean"] is not None:
-                ax.axhline(sync["mean"], color="black", linestyle="--", label=f"sync (eta 0, n={sync['n']})")
-                ax.axhspan(sync["mean"] - sync["std"], sync["mean"] + sync["std"], color="black", alpha=0.08)
+        sync = _final(record["metrics"]["sync_eta0"], column) if "sync_eta0" in record["metrics"] else None
+        if sync is not None and sync["mean"] is not None:
+            ax.axhline(sync["mean"], color="black", linestyle="--", label=f"sync (eta 0, n={sync['n']})")
+            ax.axhspan(sync["mean"] - sync["std"], sync["mean"] + sync["std"], color="black", alpha=0.08)
         for i, case in enumerate(cases):
             dodge = (i - (len(cases) - 1) / 2) * 0.05  # cases side by side at each staleness
             pts = sorted((m["max_staleness"], _final(m, column)) for m in record["metrics"].values()
