@@ -128,12 +128,16 @@ def load_partial(path: Path | None, run_config: dict) -> dict[str, dict]:
     return dict(saved["runs"])
 
 
-def save_partial(path: Path | None, run_config: dict, done: dict[str, dict]) -> None:
+def save_partial(path: Path | None, run_config: dict, done: dict[str, dict],
+                 device: str | None = None) -> None:
+    """Atomically replace the partial file; ``device`` (where the runs ran) lets a record be
+    written from it on another machine."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": run_config, "runs": done}, indent=1, sort_keys=True))
+    saved = {"config": run_config, "runs": done, **({"device": device} if device else {})}
+    tmp.write_text(json.dumps(saved, indent=1, sort_keys=True))
     tmp.replace(path)
 
 

@@ -44,13 +44,17 @@ def git_commit() -> str:
 
 
 def write_result(
-    benchmark: str, config: dict[str, Any], metrics: dict[str, Any], out_dir: Path | None = None
+    benchmark: str, config: dict[str, Any], metrics: dict[str, Any], out_dir: Path | None = None,
+    device: str | None = None,
 ) -> Path:
-    """Write ``{"benchmark", "device", "date", "commit", "config", "metrics"}`` and return its path."""
+    """Write ``{"benchmark", "device", "date", "commit", "config", "metrics"}`` and return its path.
+
+    ``device`` names the machine the measurements ran on when that is not this one (a record
+    written afterwards from runs saved on the GPU machine)."""
     now = _dt.datetime.now(_dt.timezone.utc)
     record = {
         "benchmark": benchmark,
-        "device": device_name(),
+        "device": device or device_name(),
         "date": now.isoformat(timespec="seconds"),
         "commit": git_commit(),
         "config": config,

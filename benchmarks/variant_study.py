@@ -51,7 +51,9 @@ every run of the plan is in the partial file. A call that ends mid-run loses lit
 ``--reuse-trained``: the next call resumes a run cut short in training from its latest checkpoint
 (every ``--eval-every`` steps) and goes on with an evaluation from the points already written
 (``tools/device_variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
-holds only this study's runs. ``tools/variant_report.py`` draws the plot and the table of
+holds only this study's runs. When the time runs out before the plan does, ``--record-finished``
+writes the record of the runs that finished (on any machine: the partial file names its
+device) and lists the rest under ``config.left_out``. ``tools/variant_report.py`` draws the plot and the table of
 docs/results.md from the record.
 """
 
@@ -73,7 +75,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.async_speedup import SIZES, load_partial, mean_std, run_once, save_partial  # noqa: E402
-from benchmarks.record import print_table, write_result  # noqa: E402
+from benchmarks.record import device_name, print_table, write_result  # noqa: E402
 from megatron_darl.eval.heldout import list_checkpoints  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -285,6 +287,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmstart-only", action="store_true",
                    help="fit (or find) the initial policy, print its path and digest, run nothing: "
                         "a device call that has time left prepares the next one's study")
+    p.add_argument("--record-finished", action="store_true",
+                   help="write the record of the plan's runs that --partial holds and name the others "
+                        "(config.left_out); fits and runs nothing: a study cut short by a device "
+                        "budget or a Slurm time limit still reports what finished")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = p.parse_args(argv)
     args.data_overrides_prefixed = [f"data.{o}" for o in args.data_overrides]
@@ -295,6 +301,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--runs-per-gpu must be >= 1")
     if args.metric == "sampled" and args.eval_samples < 1:
         p.error("--metric sampled needs --eval-samples >= 1")
+    if args.record_finished and (args.partial is None or not args.partial.exists()):
+        p.error(f"--record-finished reads the runs from --partial, and {args.partial} does not exist")
     return args
 
 
@@ -383,7 +391,7 @@ def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dic
                 summary = fut.result()
                 with lock:
                     done[key] = summary
-                    save_partial(args.partial, run_config, done)
+                    save_partial(args.partial, run_config, done, device=device_name())
                 slowest = max(slowest, summary["run_seconds"])
                 print(f"{key}: test accuracy {summary['initial_accuracy']:.3f} -> "
                       f"{summary['final_accuracy']:.3f}, realized staleness {summary['staleness_mean']:.2f}, "
@@ -397,24 +405,36 @@ def main(argv: list[str] | None = None) -> None:
                      [int(s) for s in args.seeds.split(",")])
     if args.seed_major:  # every case of seed 0 first: a call cut short still compares the cases
         plan.sort(key=lambda run: run[2])
-    args.model_path, ws_key = warm_start(args)
-    if args.warmstart_only:
-        print(f"initial policy {args.model_path} ({ws_key})")
-        return
-    run_config = settings(args, ws_key)
-    done = load_partial(args.partial, run_config)
-    left = run_plan(plan, done, args, run_config)
-    if left:
-        why = f"budget of {args.budget:.0f} s reached" if args.budget is not None else "runs failed"
-        print(f"{why}; {len(left)} runs left: {', '.join(left)}")
-        sys.exit(3)
+    device, left_out = None, []
+    if args.record_finished:  # the partial file names its warm start; the settings must match it
+        saved = json.loads(args.partial.read_text())
+        run_config = settings(args, saved.get("config", {}).get("warmstart", ""))
+        done, device = load_partial(args.partial, run_config), saved.get("device")
+        left_out = [f"{c}_eta{e}_s{s}" for c, e, s in plan if f"{c}_eta{e}_s{s}" not in done]
+        plan = [(c, e, s) for c, e, s in plan if f"{c}_eta{e}_s{s}" in done]
+        if not plan:
+            raise SystemExit(f"{args.partial}: none of the plan's runs finished; no record written")
+        print(f"recording {len(plan)} finished runs; left out: {', '.join(left_out) or 'none'}")
+    else:
+        args.model_path, ws_key = warm_start(args)
+        if args.warmstart_only:
+            print(f"initial policy {args.model_path} ({ws_key})")
+            return
+        run_config = settings(args, ws_key)
+        done = load_partial(args.partial, run_config)
+        left = run_plan(plan, done, args, run_config)
+        if left:
+            why = f"budget of {args.budget:.0f} s reached" if args.budget is not None else "runs failed"
+            print(f"{why}; {len(left)} runs left: {', '.join(left)}")
+            sys.exit(3)
     metrics, table = aggregate(done, plan)
     print_table(table)
     config = {**run_config, "variants": args.variants.split(","), "staleness": args.staleness,
               "seeds": args.seeds, "target": args.target, "model": SIZES[args.size],
               "warmstart_steps": args.warmstart_steps, "warmstart_lr": args.warmstart_lr,
-              "samples_per_run": args.steps * args.groups * args.group_size}
-    print(write_result("variant_study", config, metrics, args.out_dir))
+              "samples_per_run": args.steps * args.groups * args.group_size,
+              **({"left_out": left_out} if left_out else {})}
+    print(write_result("variant_study", config, metrics, args.out_dir, device=device))
 
 
 if __name__ == "__main__":

@@ -141,7 +141,9 @@ def plot(record: dict, out: Path) -> Path:
     import matplotlib.ticker  # noqa: F401 (the axis formatter)
 
     etas = sorted({m["max_staleness"] for m in record["metrics"].values() if m["max_staleness"] > 0}) or [0]
-    fig, axes = plt.subplots(1, len(etas), figsize=(4.5 * len(etas), 4), sharey=True, squeeze=False)
+    # one panel gets the width of the title (device, size, data) too, which 4.5 in cut off
+    fig, axes = plt.subplots(1, len(etas), figsize=(max(6.0, 4.5 * len(etas)), 4), sharey=True,
+                             squeeze=False)
     target, top = record["config"].get("target"), 0.0
     for ax, eta in zip(axes[0], etas):
         for name, m in _cases(record):
@@ -227,6 +229,8 @@ def section(record: dict, record_path: Path, image: Path, doc: Path) -> str:
     return (f"### `{record_path.name}` ({record['device']}, {record['date'][:16]}, commit {record['commit'][:7]})\n\n"
             f"Settings: {settings}; {cfg.get('samples_per_run')} samples per run.\n\n"
             + (f"Note: {cfg['note']}.\n\n" if cfg.get("note") else "")
+            + (f"Not finished, so not in the record: {', '.join(cfg['left_out'])}.\n\n"
+               if cfg.get("left_out") else "")
             + sweep(record, record_path, doc)
             + f"![variant_study]({rel})\n\n{accuracy_table(record)}\n{diagnostics_table(record)}")
 

@@ -1,6 +1,7 @@
 """The variant study at a CI size: a real main-job run on the countdown task, its checkpoints
 scored on the held-out split, one record with the fields the report reads, a resumed second
-call that reruns nothing, and the report tool rendering the record into a results page."""
+call that reruns nothing, a record of the finished runs only (a study cut short), and the report
+tool rendering the record into a results page."""
 
 import json
 import os
@@ -57,6 +58,18 @@ def test_variant_study_runs_resumes_and_reports(tmp_path):
     records = sorted((tmp_path / "out").glob("variant_study_*.json"))
     second = json.loads(records[-1].read_text()) if len(records) > 1 else record
     assert second["metrics"]["darl_eta1"]["runs"] == case["runs"]
+
+    # a study cut short: the record of what finished, the rest named, nothing fitted or run
+    saved = json.loads((tmp_path / "partial.json").read_text())
+    assert saved["device"] == record["device"]  # where the runs ran, for a record made elsewhere
+    cut = _study(tmp_path, "--variants", "darl,async", "--record-finished")
+    assert cut.returncode == 0, cut.stdout[-3000:] + cut.stderr[-3000:]
+    assert not (tmp_path / "runs").exists() and "left out: async_eta1_s0" in cut.stdout
+    finished = json.loads(max((tmp_path / "out").glob("variant_study_*.json"), key=os.path.getmtime).read_text())
+    assert finished["config"]["left_out"] == ["async_eta1_s0"] and list(finished["metrics"]) == ["darl_eta1"]
+    assert finished["metrics"]["darl_eta1"]["runs"] == case["runs"] and finished["device"] == record["device"]
+    other = _study(tmp_path, "--record-finished", "--lr", "0.5")  # not the settings the runs ran under
+    assert other.returncode != 0 and "partial.json: its runs were made with" in other.stderr
 
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\nwritten by hand\n\n<!-- variant_report:begin -->\nold\n<!-- variant_report:end -->\n")

@@ -1,6 +1,7 @@
 """``tools/variant_report.py`` on records built here: the staleness sweep (case x max staleness,
 sync's eta-0 value as the reference row) is what the study's verdict is read from, so its cells
-are checked against the runs they summarize; a one-staleness record gets no sweep."""
+are checked against the runs they summarize; a one-staleness record gets no sweep; a record of
+a study cut short names the runs it lacks."""
 
 from __future__ import annotations
 
@@ -64,3 +65,13 @@ def test_a_missing_cell_reads_as_a_dash_and_one_staleness_has_no_sweep(tmp_path)
     single = _record([_case("sync", 0, [0.08]), _case("async", 8, [0.05])])
     assert variant_report.sweep(single, tmp_path / "r.json", tmp_path / "results.md") == ""
     assert not (tmp_path / "r_sweep.png").exists()
+
+
+def test_a_record_of_a_study_cut_short_names_the_runs_it_lacks(tmp_path):
+    record = _record([_case("sync", 0, [0.08, 0.09]), _case("darl_twice", 8, [0.05, 0.07])])
+    record["config"]["left_out"] = ["darl_eta8_s0", "darl_eta8_s1"]
+    text = variant_report.section(record, tmp_path / "r.json", tmp_path / "r.png", tmp_path / "results.md")
+    assert "Not finished, so not in the record: darl_eta8_s0, darl_eta8_s1.\n" in text
+    record["config"].pop("left_out")
+    assert "Not finished" not in variant_report.section(record, tmp_path / "r.json", tmp_path / "r.png",
+                                                        tmp_path / "results.md")
