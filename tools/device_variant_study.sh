@@ -14,9 +14,13 @@
 # with --reuse-trained (pass it on every call) the next call resumes what it cut short: training
 # from the run's latest checkpoint, evaluation from the points already written. The partial file
 # is copied to $OUT every 10 s and at the end, so the finished runs come back whatever happens;
-# the record (written once the plan is complete) and the log go to $OUT too. Measured on one H100
-# (16 cores, 57M, 200 steps, M = 4): 8 runs at once take ~2.2 s per step for sync and async and
-# ~3.6 s for the variants with a log-prob pass; plan calls so (or resume across them).
+# the record (written once the plan is complete) and the log go to $OUT too.
+# When the device time runs out first, the partial file that came back still makes a record of
+# what finished: benchmarks/variant_study.py --record-finished --partial partial.json (same args).
+# Measured on one H100 (16 cores, 57M, 200 steps, M = 4): 8 runs at once take ~2.2 s per step for
+# sync and async and ~3.6 s for the variants with a log-prob pass; 9 at once (lr 3e-5) 1.6-2.2 s for
+# sync and async, ~2 s for darl_once, 3.5-4 s for darl and darl_twice (replay). Plan calls so (or resume
+# across them); the machine goes back after 30 minutes held, warm or not.
 set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"
