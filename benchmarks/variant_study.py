@@ -53,8 +53,8 @@ every run of the plan is in the partial file. A call that ends mid-run loses lit
 (``tools/device_variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
 holds only this study's runs. When the time runs out before the plan does, ``--record-finished``
 writes the record of the runs that finished (on any machine: the partial file names its
-device) and lists the rest under ``config.left_out``. ``tools/variant_report.py`` draws the plot and the table of
-docs/results.md from the record.
+device) and lists the rest under ``config.left_out``. ``tools/variant_report.py`` draws the
+plot and the table of docs/results.md from the record.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@
 # the record (written once the plan is complete) and the log go to $OUT too.
 # When the device time runs out first, the partial file that came back still makes a record of
 # what finished: benchmarks/variant_study.py --record-finished --partial partial.json (same args).
-# Measured on one H100 (16 cores, 57M, 200 steps, M = 4): 8 runs at once take ~2.2 s per step for
-# sync and async and ~3.6 s for the variants with a log-prob pass; 9 at once (lr 3e-5) 1.6-2.2 s for
-# sync and async, ~2 s for darl_once, 3.5-4 s for darl and darl_twice (replay). Plan calls so (or resume
-# across them); the machine goes back after 30 minutes held, warm or not.
+# Measured on one H100 (16 cores, 57M, 200 steps, M = 4): 8 runs at once take ~2.2 s per step
+# for sync and async and ~3.6 s for the variants with a log-prob pass; 9 at once (lr 3e-5)
+# 1.6-2.2 s for sync and async, ~2 s for darl_once, 3.5-4 s for darl and darl_twice (replay).
+# Plan calls so (or resume across them); the machine goes back after 30 minutes held, warm or not.
 set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"
