@@ -410,6 +410,9 @@ def main(argv: list[str] | None = None) -> None:
         saved = json.loads(args.partial.read_text())
         run_config = settings(args, saved.get("config", {}).get("warmstart", ""))
         done, device = load_partial(args.partial, run_config), saved.get("device")
+        if not device:  # this machine's name would mislabel runs made on the GPU machine
+            raise SystemExit(f'{args.partial}: names no device its runs ran on (written before partial files '
+                             'did); add "device": "<torch.cuda.get_device_name(0) there, or cpu>" to it')
         left_out = [f"{c}_eta{e}_s{s}" for c, e, s in plan if f"{c}_eta{e}_s{s}" not in done]
         plan = [(c, e, s) for c, e, s in plan if f"{c}_eta{e}_s{s}" in done]
         if not plan:

@@ -70,6 +70,9 @@ def test_variant_study_runs_resumes_and_reports(tmp_path):
     assert finished["metrics"]["darl_eta1"]["runs"] == case["runs"] and finished["device"] == record["device"]
     other = _study(tmp_path, "--record-finished", "--lr", "0.5")  # not the settings the runs ran under
     assert other.returncode != 0 and "partial.json: its runs were made with" in other.stderr
+    (tmp_path / "partial.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "device"}))
+    unnamed = _study(tmp_path, "--record-finished")  # an older partial file: no device to name
+    assert unnamed.returncode != 0 and "names no device its runs ran on" in unnamed.stderr
 
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\nwritten by hand\n\n<!-- variant_report:begin -->\nold\n<!-- variant_report:end -->\n")
