@@ -12,13 +12,20 @@ band drawn across, which is the question the study asks (does staleness cost acc
 correction gives it back). The text between the markers of docs/results.md is replaced;
 everything else in the file is left as written.
 
-    python tools/variant_report.py benchmarks/results/variant_study_*.json --doc docs/results.md
+The doc itself is the list of records it shows, in its order (newest study first, as written):
+records named on the command line go first, then the ones the doc already shows, so adding a
+study is one command and a plain rerun redraws the same page. ``--only`` shows the named ones
+and nothing else (to drop a record or reorder).
+
+    python tools/variant_report.py benchmarks/results/variant_study_NEW.json   # add one, keep the rest
+    python tools/variant_report.py                                              # redraw the page
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -269,12 +276,35 @@ def render(records: list[Path], doc: Path) -> str:
     return head + body + rest.split(END, 1)[1]
 
 
+def shown(doc: Path, results: Path) -> list[Path]:
+    """The records the generated part of ``doc`` shows, in its order, as paths under ``results``;
+    one that is no longer there is an error naming it (the page would silently lose it)."""
+    if not doc.exists() or BEGIN not in (text := doc.read_text()):
+        return []
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    paths = [results / name for name in re.findall(r"^### `(variant_study_[^`]+\.json)`", block, re.M)]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise SystemExit(f"{doc} shows records that {results} does not hold: {', '.join(missing)} "
+                         "(restore them, or name the records to keep with --only)")
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("records", nargs="+", type=Path)
+    parser.add_argument("records", nargs="*", type=Path, help="records to show first (default: none)")
     parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
+    parser.add_argument("--results", type=Path, default=Path("benchmarks/results"),
+                        help="where the records the doc already shows are")
+    parser.add_argument("--only", action="store_true", help="show the named records and no others")
     args = parser.parse_args(argv)
-    args.doc.write_text(render(args.records, args.doc))
+    records = list(args.records)
+    if not args.only:
+        named = {p.name for p in records}
+        records += [p for p in shown(args.doc, args.results) if p.name not in named]
+    if not records:
+        parser.error(f"no records named and {args.doc} shows none")
+    args.doc.write_text(render(records, args.doc))
     print(args.doc)
     return 0
 

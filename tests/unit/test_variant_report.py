@@ -1,12 +1,15 @@
 """``tools/variant_report.py`` on records built here: the staleness sweep (case x max staleness,
 sync's eta-0 value as the reference row) is what the study's verdict is read from, so its cells
 are checked against the runs they summarize; a one-staleness record gets no sweep; a record of
-a study cut short names the runs it lacks."""
+a study cut short names the runs it lacks; the page is its own list of records (a new one goes
+first, a rerun redraws the same page, a record gone missing is named)."""
 
 from __future__ import annotations
 
 import json
 import statistics
+
+import pytest
 
 from tools import variant_report
 
@@ -75,3 +78,27 @@ def test_a_record_of_a_study_cut_short_names_the_runs_it_lacks(tmp_path):
     record["config"].pop("left_out")
     assert "Not finished" not in variant_report.section(record, tmp_path / "r.json", tmp_path / "r.png",
                                                         tmp_path / "results.md")
+
+
+def test_the_page_keeps_the_records_it_shows_and_puts_a_new_one_first(tmp_path):
+    results, doc = tmp_path / "results", tmp_path / "docs" / "results.md"
+    results.mkdir()
+    doc.parent.mkdir()
+    doc.write_text(f"# Results\n\nwritten by hand\n\n{variant_report.BEGIN}\n{variant_report.END}\n\ntail\n")
+    names = []
+    for i, final in enumerate([0.08, 0.09, 0.10]):
+        names.append(f"variant_study_cpu_2026112{i}T000000.json")
+        (results / names[-1]).write_text(json.dumps(_record([_case("sync", 0, [final, final])])))
+    argv = ["--doc", str(doc), "--results", str(results)]
+    variant_report.main([str(results / names[0]), str(results / names[1]), *argv])
+    variant_report.main([str(results / names[2]), *argv])  # a new study: first, the others kept
+    assert variant_report.shown(doc, results) == [results / n for n in (names[2], names[0], names[1])]
+    before = doc.read_text()
+    variant_report.main(argv)  # a plain rerun redraws the same page
+    assert doc.read_text() == before and "written by hand" in before and before.endswith("tail\n")
+    variant_report.main([str(results / names[1]), "--only", *argv])
+    assert variant_report.shown(doc, results) == [results / names[1]]
+    (results / names[1]).unlink()  # a record the page shows is gone: say which, change nothing
+    with pytest.raises(SystemExit, match=names[1]):
+        variant_report.main(argv)
+    assert names[1] in doc.read_text()
