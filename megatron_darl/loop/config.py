@@ -168,6 +168,7 @@ class LoopConfig:
     run_dir: str = "runs/default"  # metrics.jsonl, tensorboard/, plot, summary, checkpoints
     log_interval: int = 1  # steps between console log lines (metrics are written every step)
     checkpoint_interval: int = 0  # steps between checkpoints; 0 = only at the end and on SIGTERM
+    keep_checkpoints: int = 0  # newest checkpoints kept once a new one is complete; 0 = keep all
     resume: bool = False  # continue from the latest checkpoint in run_dir when there is one
     receive_timeout_s: float = 600.0  # longest wait for a step's groups before naming the workers
     progress_bar: bool = True  # live tqdm bar (step, reward, staleness, tokens/s)
@@ -183,6 +184,8 @@ class LoopConfig:
             raise ValueError(f"loop.log_interval must be >= 1, got {self.log_interval}")
         if self.checkpoint_interval < 0:
             raise ValueError(f"loop.checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
+        if self.keep_checkpoints < 0:
+            raise ValueError(f"loop.keep_checkpoints must be >= 0 (0 keeps all), got {self.keep_checkpoints}")
         if self.receive_timeout_s <= 0:
             raise ValueError(f"loop.receive_timeout_s must be > 0, got {self.receive_timeout_s}")
         if not self.run_dir:

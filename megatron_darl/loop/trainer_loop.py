@@ -164,8 +164,34 @@ class TrainerLoop:
         extra = None if self.planner is None else {
             "planner": self.planner.state_dict(), "step": next_step,
             "groups_received": received, "worker_groups": made.tolist()}
-        return save_checkpoint(self.trainer, path, extra_state=extra,
-                               with_snapshots=self.use_snapshots)
+        path = save_checkpoint(self.trainer, path, extra_state=extra, with_snapshots=self.use_snapshots)
+        self._prune(path)
+        return path
+
+    def _prune(self, newest: Path) -> None:
+        """Keep the newest ``loop.keep_checkpoints`` complete checkpoints (0: all); rank 0 deletes
+        the older ones, and the partial ``.tmp`` writes older than ``newest``, only once it exists."""
+        keep = self.cfg.loop.keep_checkpoints
+        if not keep or self.ps.rank != 0:
+            return
+        import shutil
+
+        old = [p for p in self._checkpoints()[:-keep] if p != newest]  # sorted by step, newest last
+        old += [p for p in newest.parent.glob("step_*.tmp") if p.name < newest.name]
+        for p in old:
+            shutil.rmtree(p, ignore_errors=True)
+        if old:
+            log.info("kept the newest %d checkpoints; deleted %s", keep, ", ".join(p.name for p in old))
+
+    def _save_between(self, step: int) -> None:
+        """A checkpoint between steps that cannot be written (full disk) is logged and training goes
+        on: the run's state is in memory, and the next checkpoint tries again. At the end it raises."""
+        from megatron_darl.trainer.disk import CheckpointFailed
+
+        try:
+            self.save(step)
+        except CheckpointFailed as exc:
+            log.error("%s; training goes on, the next checkpoint (at the end at the latest) tries again", exc)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -184,7 +210,7 @@ class TrainerLoop:
                     break
                 step += 1
                 if interval and step % interval == 0 and step < self.cfg.loop.steps:
-                    self.save(step)
+                    self._save_between(step)
             self._stop_agreed()  # a failure in the last step's publish: every rank learns it
             self.save(step)
         finally:

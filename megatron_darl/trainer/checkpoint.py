@@ -24,7 +24,9 @@ code on resume. ``megatron_darl.json``
 (``checkpoint_io.CheckpointMetadata``, the same file the converters write, with the trainer's
 step/version/layout under ``extra["trainer"]``) is written last; a directory without it is
 incomplete. Everything is written under ``<dir>.tmp`` and renamed to ``<dir>`` only when all
-ranks are done. Because the model keys and metadata are the converters' own, a trainer
+ranks are done. A checkpoint the disk cannot hold is refused before the write, and a write that
+fails is reported with the disk's state and its ``.tmp`` removed (``disk.py``: both raise
+``disk.CheckpointFailed`` on every rank; earlier checkpoints are untouched). Because the model keys and metadata are the converters' own, a trainer
 checkpoint converts straight to HF with ``tools/convert_megatron_to_hf.py``.
 
 Model-only loading (``load_model_weights``) takes both our checkpoints and those of
@@ -45,7 +47,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron_darl.trainer import disk
 from megatron_darl.trainer.checkpoint_io import (
     check_shards, chunked_model_state_dict, damaged, save_sharded,
 )
@@ -133,19 +137,28 @@ def save_checkpoint(
     if final.exists():
         raise ValueError(f"checkpoint directory {final} already exists")
     check_plain(extra_state, "extra_state")
+    snapshots = len([v for v in trainer.snapshots.versions if v != trainer.version]) if with_snapshots else 0
+    need = disk.check_room(trainer, final, snapshots)  # every rank refuses together, before any write
     if ps.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)  # empty: dist_checkpointing warns of a "corrupted checkpoint" otherwise
     dist.barrier()
-    save_sharded(_sharded_state(trainer, False, True, optim_sharding), tmp)
-    if with_snapshots:
-        from megatron_darl.trainer.snapshots import save_snapshots
+    error = None
+    try:  # dist_checkpointing's writes fail on every rank together (it gathers their results)
+        save_sharded(_sharded_state(trainer, False, True, optim_sharding), tmp)
+        if with_snapshots:
+            from megatron_darl.trainer.snapshots import save_snapshots
 
-        save_snapshots(trainer, tmp)
-    if ps.tp_rank == 0 and ps.pp_rank == 0:
-        (tmp / "extra").mkdir(exist_ok=True)
-        torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
-    dist.barrier()
+            save_snapshots(trainer, tmp)
+        if ps.tp_rank == 0 and ps.pp_rank == 0:
+            (tmp / "extra").mkdir(exist_ok=True)
+            torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
+    except (Exception, CheckpointException) as exc:  # a full disk, a lost mount (that one is a BaseException)
+        error = exc
+    if disk.any_rank(error is not None):  # also the barrier before the rename
+        if ps.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise disk.write_failed(final, need, error) from error
     if ps.rank == 0:
         _write_metadata(trainer, tmp, optim_sharding)
         tmp.rename(final)

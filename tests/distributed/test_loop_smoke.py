@@ -82,7 +82,8 @@ def test_preset_runs_and_respects_versions(tmp_path, variant):
 def test_sigterm_checkpoint_and_resume(tmp_path):
     """SIGTERM mid-run -> checkpoint -> relaunch with resume (darl): steps and versions continue,
     the checkpoint carries the window's parameter snapshots and the resumed run backfills from
-    them (no nearest-version fallback), and the restored buffer kept its replay counts."""
+    them (no nearest-version fallback), the restored buffer kept its replay counts, and
+    ``loop.keep_checkpoints`` leaves the newest checkpoints only (no partial write either)."""
     import signal
     import time
 
@@ -110,8 +111,14 @@ def test_sigterm_checkpoint_and_resume(tmp_path):
     # K = 4: the versions t-3..t-1 of the window (t is the model itself)
     assert snaps == [f"v{v:08d}" for v in range(max(0, stopped_at - 3), stopped_at)]
     total = stopped_at + 3
-    again = run_smoke(tmp_path, *darl, "loop.resume=true", steps=total)
+    partial = tmp_path / "checkpoints" / "step_000001.tmp"  # a write cut short long ago
+    partial.mkdir(exist_ok=True)
+    again = run_smoke(tmp_path, *darl, "loop.resume=true", "loop.checkpoint_interval=1",
+                      "loop.keep_checkpoints=2", steps=total)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    # a checkpoint a step, the newest two kept: the one resumed from and the partial write are gone
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == [f"step_{total - 1:06d}", f"step_{total:06d}"], kept
     assert "holds no parameter snapshots" not in again.stdout + again.stderr
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(total))
