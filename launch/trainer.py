@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
     args, overrides = parser.parse_known_args(argv)
     from megatron_darl.loop.trainer_loop import RunAborted, run_trainer
+    from megatron_darl.trainer.disk import CheckpointFailed
 
     env = dist_env(os.environ)
     cfg = start_child(f"trainer{env.rank}", args.config, overrides)
@@ -56,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_trainer(cfg, env)
     except RunAborted as exc:
         logging.getLogger("launch.trainer").error("run aborted (checkpoint written): %s", exc)
+        write_exit_reason(exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank), str(exc))
+        return 1
+    except CheckpointFailed as exc:  # the final checkpoint (a full disk): every rank says so, no traceback
+        logging.getLogger("launch.trainer").error("%s", exc)
         write_exit_reason(exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank), str(exc))
         return 1
 

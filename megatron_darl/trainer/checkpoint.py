@@ -156,9 +156,11 @@ def save_checkpoint(
     except (Exception, CheckpointException) as exc:  # a full disk, a lost mount (that one is a BaseException)
         error = exc
     if disk.any_rank(error is not None):  # also the barrier before the rename
+        failure = disk.write_failed(final, need, error)  # the disk as the write left it, on every rank
+        dist.barrier()  # ... before rank 0 frees the partial write
         if ps.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise disk.write_failed(final, need, error) from error
+        raise failure from error
     if ps.rank == 0:
         _write_metadata(trainer, tmp, optim_sharding)
         tmp.rename(final)

@@ -165,6 +165,9 @@ def test_the_main_job_trains_on_when_a_checkpoint_between_steps_does_not_fit(sma
     refused = [line for line in text.splitlines() if "not written: it needs about" in line]
     assert any("step_000001 not written" in line and "training goes on" in line for line in refused), text[-3000:]
     assert any("step_000003 not written" in line for line in refused), text[-3000:]
+    last = [line for line in text.splitlines() if "run failed" in line]  # the launcher's verdict names the disk
+    assert last and "step_000003 not written: it needs about" in last[-1], text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
     rows = [json.loads(x) for x in (small_disk / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # every step trained despite the refusals
     assert not list((small_disk / "run" / "checkpoints").glob("step_*"))  # nor any partial one
