@@ -62,14 +62,14 @@ def checkpoint_bytes(trainer, snapshots: int) -> int:
 
     The model shard (and each of ``snapshots`` older versions, same dtype) is replicated over DP,
     and dist_checkpointing writes each replica once, so a rank writes 1/DP of it. The distributed
-    optimizer's state is sharded over DP: Adam's two fp32 moments, plus fp32 main params when the
-    model is not fp32.
+    optimizer's state is sharded over DP: Adam's two fp32 moments and the fp32 main params, which
+    it writes even for an fp32 model (measured: 16.0 tensor bytes per fp32 parameter, 18.2 with
+    the files' own overhead on the 165k-parameter test model; the estimate is ~12 % under there
+    and closer on real sizes, where the per-tensor overhead is small beside the payload).
     """
     params = [p for chunk in trainer.model_chunks for p in chunk.parameters()]
-    numel = sum(p.numel() for p in params)
     model = sum(p.numel() * p.element_size() for p in params)
-    fp32_model = all(p.dtype == torch.float32 for p in params)
-    optimizer = numel * (8 if fp32_model else 12)
+    optimizer = 12 * sum(p.numel() for p in params)
     return (model * (1 + snapshots) + optimizer) // max(trainer.ps.dp_size, 1)
 
 

@@ -130,7 +130,8 @@ def test_a_checkpoint_the_disk_cannot_hold_is_refused_or_reported_on_every_rank(
                    timeout_s=400)
     results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
     first = results[0]
-    assert 0.5 * first["size"] < first["estimate"] < 1.5 * first["size"], first  # the estimate tracks the bytes
+    # the estimate is of the tensor payload: under the bytes on disk, by their files' overhead only
+    assert 0.8 * first["size"] < first["estimate"] <= first["size"], first
     for r in results:
         assert r["refused"] == first["refused"]  # agreed: the same numbers on every rank
         assert r["write_failed"].split(" (")[0] == first["write_failed"].split(" (")[0]  # each its own cause
