@@ -61,6 +61,30 @@ def test_the_sweep_table_puts_each_case_under_its_staleness_beside_sync(tmp_path
     assert "| darl | 0.045 ± 0.005 | 0.015 ± 0.005 |" in text  # the sampled sweep follows the greedy one
 
 
+def test_samples_to_three_quarters_of_syncs_gain_read_from_each_runs_curve():
+    """The target is 3/4 of sync's mean gain; a run counts at its first evaluation at or above it,
+    a run that never reaches it is left out of the mean and counted in 'reached'."""
+    sync, darl = _case("sync", 0, [0.08, 0.08]), _case("darl", 8, [0.07, 0.02])
+    for c in (sync, darl):  # start 0.02, then a middle evaluation at 640 samples
+        for run in c["runs"]:
+            f = run["curve"][-1][3]
+            run["curve"] = [[0, 0.0, 0.0, 0.02, 0.0, 0.02, 0.0], [5, 640.0, 2.0, f - 0.01, 0, f - 0.01, 0],
+                            [10, 1280.0, 5.0, f, 0, f, 0]]
+        c["initial_accuracy"] = _stat([0.02] * len(c["runs"]))
+    record = _record([sync, darl])
+    target = variant_report.sync_gain_target(record)
+    assert target == pytest.approx(0.02 + 0.75 * 0.06)  # 0.065
+    assert variant_report.samples_to(sync, target) == {"mean": 640.0, "std": 0.0, "n": 2, "of": 2}
+    assert variant_report.samples_to(darl, target) == {"mean": 1280.0, "std": 0.0, "n": 1, "of": 2}
+    rows = variant_report.accuracy_table(record).splitlines()
+    assert "samples to 0.065 (3/4 of sync's gain) | reached |" in rows[0]
+    assert "samples to 0.5" not in rows[0]  # no run reached the study's own target: no column
+    assert "| 1280 | 1/2 |" in rows[3]
+    flat = _record([_case("sync", 0, [0.0, 0.0]), _case("darl", 8, [0.1, 0.1])])
+    assert variant_report.sync_gain_target(flat) is None  # sync gained nothing: no such target
+    assert "3/4" not in variant_report.accuracy_table(flat)
+
+
 def test_a_missing_cell_reads_as_a_dash_and_one_staleness_has_no_sweep(tmp_path):
     record = _record([_case("sync", 0, [0.08, 0.09]), _case("async", 1, [0.06, 0.08]),
                       _case("darl_twice", 8, [0.05, 0.07])])
