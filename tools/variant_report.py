@@ -60,6 +60,13 @@ def _run_mean(runs: list[dict], key: str) -> float | None:
     return statistics.fmean(per_run) if per_run else None
 
 
+def _spread(per_run: list[float | None]) -> dict:
+    """Mean ± std over the runs with a value (None: the run has none), ``n`` of ``of`` runs."""
+    values = [v for v in per_run if v is not None]
+    return {"mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values), "of": len(per_run)}
+
+
 def sync_gain_target(record: dict, share: float = 0.75) -> float | None:
     """The accuracy at ``share`` of sync's mean gain (start to final): a target every record can
     reach, where the study's fixed ``--target`` may lie above every curve. None without a sync case
@@ -74,10 +81,7 @@ def sync_gain_target(record: dict, share: float = 0.75) -> float | None:
 def samples_to(m: dict, target: float) -> dict:
     """Samples consumed at each run's first evaluation at or above ``target`` (the study's metric,
     curve column 3), mean ± std over the runs that reached it, ``n`` of ``of`` runs."""
-    reached = [next((c[1] for c in r["curve"] if c[3] >= target), None) for r in m["runs"]]
-    values = [v for v in reached if v is not None]
-    return {"mean": statistics.fmean(values) if values else None,
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values), "of": len(reached)}
+    return _spread([next((c[1] for c in r["curve"] if c[3] >= target), None) for r in m["runs"]])
 
 
 def accuracy_table(record: dict) -> str:
@@ -114,10 +118,7 @@ def _etas(record: dict) -> list[int]:
 def _final(m: dict, column: int) -> dict:
     """Mean ± std over a case's seeds of its last evaluation's ``curve`` column (3: the study's
     metric, 5: greedy, 6: sampled)."""
-    values = [r["curve"][-1][column] for r in m["runs"] if len(r["curve"][-1]) > column]
-    values = [v for v in values if v is not None]
-    return {"mean": statistics.fmean(values) if values else None,
-            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values), "of": len(m["runs"])}
+    return _spread([r["curve"][-1][column] if len(r["curve"][-1]) > column else None for r in m["runs"]])
 
 
 def sweep_table(record: dict, column: int = 3) -> str:

@@ -20,6 +20,7 @@ agrees on it at the next step boundary, the run checkpoints the same way and ``r
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass
@@ -174,8 +175,6 @@ class TrainerLoop:
         keep = self.cfg.loop.keep_checkpoints
         if not keep or self.ps.rank != 0:
             return
-        import shutil
-
         old = [p for p in self._checkpoints()[:-keep] if p != newest]  # sorted by step, newest last
         old += [p for p in newest.parent.glob("step_*.tmp") if p.name < newest.name]
         for p in old:

@@ -26,8 +26,9 @@ step/version/layout under ``extra["trainer"]``) is written last; a directory wit
 incomplete. Everything is written under ``<dir>.tmp`` and renamed to ``<dir>`` only when all
 ranks are done. A checkpoint the disk cannot hold is refused before the write, and a write that
 fails is reported with the disk's state and its ``.tmp`` removed (``disk.py``: both raise
-``disk.CheckpointFailed`` on every rank; earlier checkpoints are untouched). Because the model keys and metadata are the converters' own, a trainer
-checkpoint converts straight to HF with ``tools/convert_megatron_to_hf.py``.
+``disk.CheckpointFailed`` on every rank; earlier checkpoints are untouched). Because the model
+keys and metadata are the converters' own, a trainer checkpoint converts straight to HF with
+``tools/convert_megatron_to_hf.py``.
 
 Model-only loading (``load_model_weights``) takes both our checkpoints and those of
 ``tools/convert_hf_to_megatron.py``; an HF directory (``config.json`` with safetensors) is
