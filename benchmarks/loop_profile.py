@@ -4,17 +4,27 @@ Runs the real main job (``python -m launch.train``: Megatron trainer and ``hf`` 
 separate processes) with a randomly initialised Qwen3 of a real shape (default 1.7B, bf16),
 D-ARL, ``--groups`` x ``--group-size`` samples per step and ``--new-tokens`` new tokens (a random
 policy rarely stops early, so responses run to the limit), on one GPU shared by trainer and
-worker (``gpu1``: weights by CUDA IPC) and, with two GPUs, disaggregated (``gpu2``: NCCL). A
-random policy earns no reward, so every group would be degenerate and dropped: the runs set
+worker (``gpu1``: weights by CUDA IPC) and, with two GPUs, disaggregated (``gpu2``: NCCL), or at
+the trainer:rollout GPU counts of ``--splits 1:1,2:2`` (``cluster=gpu4`` with
+``cluster.trainer_gpus=T cluster.rollout_gpus=R``; the record names T and R). A random policy earns
+no reward, so every group would be degenerate and dropped: the runs set
 ``replay.drop_degenerate=false`` so that the log-prob pass and the train step do their full work.
 
-From the run's own ``metrics.jsonl`` (steps after the first, which compiles and warms up), per
-step in seconds: ``generation`` (rollout engine time, from the worker; it overlaps the trainer's
-work in the async loop), ``receive_wait`` (trainer idle until the step's groups arrived),
-``logprob`` (candidate log-prob pass), ``plan`` (score, select), ``backfill``, ``train`` (the
-optimizer step), ``weight_sync`` (export, send, load, ack), and each as a fraction of the step.
+From the run's own ``metrics.jsonl`` (steps after the first ``--skip`` , which compile and warm
+up), per step in seconds: ``generation`` (engine time per worker, mean over workers, and each
+worker's in ``generation_per_worker``; it overlaps the trainer's work in the async loop),
+``receive_wait`` (trainer idle until the step's groups arrived), ``logprob`` (candidate log-prob
+pass), ``plan`` (score, select), ``backfill``, ``train`` (the optimizer steps), ``publish`` (what
+the trainer spends publishing: export and staging, or all of the sync when blocking), and the
+weight sync itself (off the critical path when it runs in the background): ``weight_sync`` in
+all, of which ``weight_sync_wait`` for the workers' safe points and ``weight_sync_transfer`` the
+rest (broadcast, load, acks); each as a fraction of the step. ``engine_batch_groups`` is the
+groups per engine call. ``--bound`` also runs ``benchmarks/weight_sync.py`` from GPU 0 to R
+workers in the same call: ``bound_seconds`` (one NCCL broadcast of the same bytes) and
+``transfer_to_bound`` = weight_sync_transfer / bound_seconds.
 
     python benchmarks/loop_profile.py                       # 1.7B, gpu1 (+ gpu2 with 2 GPUs)
+    python benchmarks/loop_profile.py --splits 1:1,2:2 --bound   # 4 GPUs of one host
     python benchmarks/loop_profile.py --model tiny --layouts cpu --steps 3   # CPU smoke check
 """
 
@@ -36,7 +46,8 @@ from benchmarks.record import print_table, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("generation_seconds", "receive_wait_seconds", "logprob_seconds", "plan_seconds",
-         "backfill_seconds", "train_seconds", "weight_sync_seconds")
+         "backfill_seconds", "train_seconds", "publish_seconds", "weight_sync_seconds",
+         "weight_sync_wait_seconds", "weight_sync_transfer_seconds", "worker_sync_seconds")
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True}
 
@@ -69,13 +80,28 @@ def build_policy(model: str, out: Path) -> Path:
     return out
 
 
+def split_counts(layout: str) -> tuple[int, int]:
+    """(trainer GPUs, rollout GPUs) of a layout: ``t<T>r<R>``, ``gpu1`` (1, 1 shared), ``gpu2``."""
+    if layout.startswith("t") and "r" in layout:
+        t, r = layout[1:].split("r")
+        return int(t), int(r)
+    return {"gpu1": (1, 1), "gpu2": (1, 1)}.get(layout, (0, 0))
+
+
+def cluster_overrides(layout: str) -> list[str]:
+    if layout.startswith("t") and "r" in layout:
+        t, r = split_counts(layout)
+        return ["cluster=gpu4", f"cluster.trainer_gpus={t}", f"cluster.rollout_gpus={r}"]
+    return [f"cluster={layout}"]
+
+
 def run_layout(layout: str, policy: Path, a: argparse.Namespace, run_dir: Path) -> list[dict]:
     shutil.rmtree(run_dir, ignore_errors=True)
     trainer = "cpu_tiny" if layout == "cpu" else "default"
     # one 80 GB GPU holds the 1.7B trainer (fp32 Adam state) and the engine only with smaller
     # micro-batches (the logits of 16k tokens alone are 5 GB in bf16)
     budget = ["trainer.micro_batch.token_budget=8192"] if layout == "gpu1" else []
-    cmd = [sys.executable, "-m", "launch.train", f"cluster={layout}", f"trainer={trainer}",
+    cmd = [sys.executable, "-m", "launch.train", *cluster_overrides(layout), f"trainer={trainer}",
            f"model.path={policy}", f"model.name={a.model}", f"algorithm={a.variant}",
            f"algorithm.groups_per_step={a.groups}", f"algorithm.group_size={a.group_size}",
            f"worker.groups_per_batch={a.groups}", f"sampling.max_new_tokens={a.new_tokens}",
@@ -89,9 +115,9 @@ def run_layout(layout: str, policy: Path, a: argparse.Namespace, run_dir: Path) 
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def profile(rows: list[dict]) -> dict:
-    """Mean seconds per step of each part over the steps after the first, and their fractions."""
-    steady = rows[1:] or rows
+def profile(rows: list[dict], skip: int = 1) -> dict:
+    """Mean seconds per step of each part over the steps after the first ``skip``, and their fractions."""
+    steady = rows[skip:] or rows
     step = statistics.fmean(r["step_seconds"] for r in steady)
     out = {"steps_measured": len(steady), "step_seconds": step,
            "samples_per_s": statistics.fmean(r["samples_received"] for r in steady) / step,
@@ -103,13 +129,32 @@ def profile(rows: list[dict]) -> dict:
         name = part.removesuffix("_seconds")
         out[f"{name}_seconds"] = mean
         out[f"{name}_fraction"] = mean / step
+    workers = sorted(k for k in steady[0] if k.startswith("generation_seconds_w"))
+    out["generation_per_worker"] = [statistics.fmean(float(r.get(k) or 0.0) for r in steady) for k in workers]
+    calls = [float(r["engine_batch_groups"]) for r in steady if r.get("engine_batch_groups")]
+    out["engine_batch_groups"] = statistics.fmean(calls) if calls else 0.0  # steps where a call ended
     return out
+
+
+def weight_sync_bound(model: str, workers: int, out_dir: Path, timeout: float) -> dict:
+    """``benchmarks/weight_sync.py`` from GPU 0 to ``workers`` GPUs: its record's metrics."""
+    shape = model.removeprefix("qwen3_")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    before = set(out_dir.glob("weight_sync_*.json"))
+    cmd = [sys.executable, str(REPO / "benchmarks" / "weight_sync.py"), "--model", shape,
+           "--workers", str(workers), "--repeats", "3", "--out-dir", str(out_dir)]
+    subprocess.run(cmd, cwd=REPO, check=True, timeout=timeout, capture_output=True, text=True)
+    new = sorted(set(out_dir.glob("weight_sync_*.json")) - before)
+    return json.loads(new[-1].read_text())["metrics"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3_1.7b", help="configs/model/<name>.yaml, or tiny")
     p.add_argument("--layouts", default="", help="comma list of cluster presets (default gpu1[,gpu2])")
+    p.add_argument("--splits", default="", help="comma list of trainer:rollout GPU counts, e.g. 1:1,2:2")
+    p.add_argument("--skip", type=int, default=1, help="first steps left out of the means (warm-up)")
+    p.add_argument("--bound", action="store_true", help="also measure the broadcast bound per rollout count")
     p.add_argument("--variant", default="darl")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--groups", type=int, default=8)
@@ -122,18 +167,33 @@ def main() -> None:
     a = p.parse_args()
     import torch
 
-    layouts = [x for x in a.layouts.split(",") if x] or (
-        ["gpu1"] + (["gpu2"] if torch.cuda.device_count() >= 2 else []) if torch.cuda.is_available() else ["cpu"])
+    layouts = [x for x in a.layouts.split(",") if x] + [
+        "t{}r{}".format(*x.split(":")) for x in a.splits.split(",") if x]
+    if not layouts:
+        layouts = (["gpu1"] + (["gpu2"] if torch.cuda.device_count() >= 2 else [])
+                   if torch.cuda.is_available() else ["cpu"])
     policy = build_policy(a.model, a.work_dir / "policy")
+    engine = next((o.split("=", 1)[1] for o in a.overrides if o.startswith("engine.backend=")), "hf")
+    bounds: dict[int, dict] = {}
     rows_out = []
     for layout in layouts:
         start = time.monotonic()
-        metrics = profile(run_layout(layout, policy, a, a.work_dir / layout))
+        metrics = profile(run_layout(layout, policy, a, a.work_dir / layout), a.skip)
         metrics["launch_seconds"] = time.monotonic() - start
+        trainer_gpus, rollout_gpus = split_counts(layout)
+        if a.bound and layout != "gpu1" and rollout_gpus:
+            if rollout_gpus not in bounds:
+                bounds[rollout_gpus] = weight_sync_bound(a.model, rollout_gpus, a.work_dir / "bound", a.timeout)
+            metrics["bound_seconds"] = bounds[rollout_gpus]["bound_seconds"]
+            metrics["sync_alone_seconds"] = bounds[rollout_gpus]["seconds"]
+            metrics["transfer_to_bound"] = metrics["weight_sync_transfer_seconds"] / metrics["bound_seconds"]
         config = {"model": a.model, "layout": layout, "variant": a.variant, "groups": a.groups,
-                  "group_size": a.group_size, "new_tokens": a.new_tokens, "steps": a.steps, "engine": "hf"}
+                  "group_size": a.group_size, "new_tokens": a.new_tokens, "steps": a.steps, "engine": engine,
+                  "trainer_gpus": trainer_gpus, "rollout_gpus": rollout_gpus,
+                  "overrides": list(a.overrides)}
         print(write_result("loop_profile", config, metrics, a.out_dir))
-        rows_out.append({"layout": layout, **{k: v for k, v in metrics.items() if not k.endswith("_fraction")}})
+        rows_out.append({"layout": layout, **{k: v for k, v in metrics.items()
+                                              if not k.endswith("_fraction") and not isinstance(v, list)}})
         rows_out.append({"layout": f"{layout} (fraction)", **{
             k.replace("_fraction", "_seconds"): v for k, v in metrics.items() if k.endswith("_fraction")}})
     print_table(rows_out)

@@ -40,10 +40,24 @@ def compose(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Dic
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
+def apply_gpu_counts(node: DictConfig) -> DictConfig:
+    """``cluster.trainer_gpus`` / ``rollout_gpus`` (> 0) set the ranks, workers and devices they
+    imply: trainer ranks on GPUs 0..T-1, one rollout worker on each of GPUs T..T+R-1. Runs before
+    interpolation, so ``transport.control.num_workers`` and ``num_hubs`` follow; idempotent."""
+    c = node.cluster
+    trainer, rollout = int(c.get("trainer_gpus") or 0), int(c.get("rollout_gpus") or 0)
+    if trainer > 0:
+        c.trainer_ranks, c.trainer_devices = trainer, list(range(trainer))
+    if rollout > 0:
+        first = trainer if trainer > 0 else int(c.trainer_ranks)
+        c.rollout_workers, c.rollout_devices = rollout, list(range(first, first + rollout))
+    return node
+
+
 def to_run_config(node: DictConfig) -> RunConfig:
     """Resolve interpolations and convert to dataclasses (runs every ``__post_init__`` check)."""
     register_schema()
-    node = OmegaConf.merge(OmegaConf.structured(RunConfig), node)
+    node = apply_gpu_counts(OmegaConf.merge(OmegaConf.structured(RunConfig), node))
     return OmegaConf.to_object(node)
 
 

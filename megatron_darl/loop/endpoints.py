@@ -30,7 +30,8 @@ from megatron_darl.transport import (
     WeightSender, connect_store, register, serve_store,
 )
 from megatron_darl.transport.store import Keys, describe_peer, get_int, published_version, wait_key
-from megatron_darl.transport.weight_sync import SyncKeys
+from megatron_darl.transport.weight_publisher import BackgroundPublisher
+from megatron_darl.transport.weight_sync import SyncKeys, SyncReport
 
 log = logging.getLogger(__name__)
 EXIT_RANK0_LOST = 3  # a trainer rank whose rank 0 (the store host) is frozen or gone
@@ -45,9 +46,12 @@ class TrainerEndpoints:
     hub: SampleHub | None  # this replica's shard of the sample channel (hub ranks only)
     sender: WeightSender | None  # this PP stage's weight broadcast (stage leaders only)
     me: MemberInfo  # this rank's rendezvous record
+    publisher: BackgroundPublisher | None = None  # the sender's thread (weight_sync.background)
     last_group_at: float = field(default_factory=time.monotonic)  # rank 0: when a group last arrived
 
     def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
         if self.hub is not None:
             self.hub.close()
         self.heartbeat.close()
@@ -76,8 +80,9 @@ def _exit_on_rank0_loss(loss: PeerLoss) -> None:
         os._exit(EXIT_RANK0_LOST)
 
 
-def open_endpoints(transport: TransportConfig, ps) -> TrainerEndpoints:
-    """Serve or join the store, start the heartbeat, and open this rank's hub/sender."""
+def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0) -> TrainerEndpoints:
+    """Serve or join the store, start the heartbeat, and open this rank's hub/sender (with its
+    background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy)."""
     control = transport.control
     is_hub = ps.tp_rank == 0 and ps.pp_rank == 0
     store = serve_store(control) if ps.rank == 0 else connect_store(control, who=f"trainer {ps.rank}")
@@ -88,9 +93,20 @@ def open_endpoints(transport: TransportConfig, ps) -> TrainerEndpoints:
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
     hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if is_hub else None
     leader = ps.tp_rank == 0 and ps.dp_rank == 0
-    sender = WeightSender(store, control, transport.weight_sync, ps.pp_rank, hb,
-                          device=ps.device) if leader else None
-    return TrainerEndpoints(store, hb, hub, sender, me)
+    if not leader:
+        return TrainerEndpoints(store, hb, hub, None, me)
+    ws = transport.weight_sync
+    background = ws.background and ps.pp_size == 1 and 2 * stage_bytes <= ws.background_max_bytes
+    if ps.rank == 0:
+        why = ("" if background else " (weight_sync.background off)" if not ws.background else
+               " (several PP stages)" if ps.pp_size > 1 else
+               f" (two staged copies of {stage_bytes / 2**30:.1f} GiB exceed weight_sync.background_max_bytes)")
+        log.info("weight sync: %s%s", "staged, published from a thread" if background else "blocking", why)
+    # the thread polls the store on a connection of its own
+    sender_store = connect_store(control, who=f"trainer {ps.rank} weight sync") if background else store
+    sender = WeightSender(sender_store, control, ws, ps.pp_rank, hb, device=ps.device)
+    publisher = BackgroundPublisher(sender, ps.device) if background else None
+    return TrainerEndpoints(store, hb, hub, sender, me, publisher)
 
 
 def dp_sum(tensor: torch.Tensor, ps) -> torch.Tensor:
@@ -111,6 +127,7 @@ class Received:
     """One step's outcome of receiving; ``groups`` on the hub rank only."""
 
     groups: list[SampleGroup] = field(default_factory=list)  # this replica's new groups (hub)
+    total: int = 0  # groups the hubs received together (hub ranks)
     stopped: bool = False  # a signal cut the wait: checkpoint without this step
     fatal: str = ""  # the trainer must give up: why, naming each worker's state
 
@@ -190,6 +207,7 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
                 out = Received(stopped=True)
                 break
             if total >= need:
+                out.total = total
                 break
             if int(counts[2]):
                 out = Received(fatal=verdict or f"trainer step {step}: trainer rank 0 gave up waiting for groups")
@@ -226,19 +244,21 @@ def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: floa
         wait_key(ep.store, key, timeout_s + 60.0, "trainer rank 0 to see the rollout workers")
 
 
-def publish_weights(ep: TrainerEndpoints, trainer, ps) -> float:
-    """Export this stage's HF tensors (a TP collective) and send them; seconds (stage 0).
+def publish_weights(ep: TrainerEndpoints, trainer, ps) -> SyncReport | None:
+    """Export this stage's HF tensors (a TP collective) and send them; the report (stage leaders).
 
     Raises what ``WeightSender.publish`` raises (``WeightSyncFailed``, ``TransportTimeout``) on
     the stage leader only; the loop makes every rank agree on it before stopping.
     """
     if ps.dp_rank != 0:
-        return 0.0
+        return None
     named = trainer.export_hf_stage()
     if ep.sender is None:  # other TP ranks of the stage: take part in the export's gathers
         for _ in named:
             pass
-        return 0.0
+        return None
+    if ep.publisher is not None:  # stage now; the report is of the last sync that finished
+        return ep.publisher.submit(trainer.version, named)
     try:
         report = ep.sender.publish(trainer.version, named)
     finally:
@@ -248,4 +268,4 @@ def publish_weights(ep: TrainerEndpoints, trainer, ps) -> float:
             pass
     if report.missing:
         log.warning("weight sync v%d: missing %s", trainer.version, report.missing)
-    return float(report.seconds)
+    return report

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -81,6 +81,37 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
         out[name.replace("_hist", "_mean")] = _hist_mean(hist)
     out.update({k: float(v) for k, v in (trainer or {}).items()})
     return out
+
+
+class WorkerRates:
+    """Per-step rollout metrics from each worker's cumulative statistics (sent with its heartbeat).
+
+    ``generation_seconds`` is the mean over workers of the seconds each engine generated since the
+    last step (``generation_seconds_w<N>`` per worker), ``worker_sync_seconds`` the mean seconds a
+    worker spent in weight syncs, and ``engine_batch_groups`` the groups per engine call (a batch
+    engine generates fewer than its batch when the staleness bound admits fewer). The statistics
+    arrive with the beat (once a second), so one step's value may lag; their means over steps don't.
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._last: dict[int, dict[str, float]] = {}
+
+    def step(self, stats_of: Callable[[int], Mapping[str, float]]) -> dict[str, float]:
+        """Metrics since the previous call; ``stats_of(worker)`` is its latest cumulative stats."""
+        deltas = []
+        for w in range(self.num_workers):
+            now = {k: float(v) for k, v in stats_of(w).items()}
+            before = self._last.get(w, {})
+            deltas.append({k: v - before.get(k, 0.0) for k, v in now.items()})
+            self._last[w] = now
+        get = lambda d, k: d.get(k, 0.0)  # noqa: E731
+        out = {f"generation_seconds_w{w}": get(d, "engine_seconds") for w, d in enumerate(deltas)}
+        out["generation_seconds"] = sum(get(d, "engine_seconds") for d in deltas) / max(len(deltas), 1)
+        out["worker_sync_seconds"] = sum(get(d, "sync_seconds") for d in deltas) / max(len(deltas), 1)
+        calls = sum(get(d, "engine_calls") for d in deltas)
+        out["engine_batch_groups"] = _ratio(sum(get(d, "groups_finished") for d in deltas), calls)
+        return out
 
 
 def _clean(value: Any) -> Any:

@@ -33,9 +33,14 @@ class ClusterConfig:
 
     Device lists are CUDA ordinals given to each role through ``CUDA_VISIBLE_DEVICES``; ``[]``
     hides every GPU (CPU run); ``null`` means auto: GPU 0 for the trainer when there is a GPU,
-    and for rollout GPU 1 when there are two, GPU 0 (shared) when there is one.
+    and for rollout GPU 1 when there are two, GPU 0 (shared) when there is one. GPU counts
+    (``trainer_gpus``, ``rollout_gpus``; ``configs/cluster/gpu4.yaml``) set the ranks, the workers
+    and both device lists at once (``launch/config.py``): trainer ranks on GPUs 0..T-1, one rollout
+    worker on each of the next R.
     """
 
+    trainer_gpus: int = 0  # > 0: trainer ranks on GPUs 0..trainer_gpus-1 (sets the two fields below)
+    rollout_gpus: int = 0  # > 0: one rollout worker per GPU after the trainer's (sets workers, devices)
     trainer_ranks: int = 1  # trainer processes (TP x PP x DP), one per device on GPU
     rollout_workers: int = 1  # rollout worker processes (one engine each)
     trainer_devices: Optional[list[int]] = None  # CUDA ordinals of trainer ranks; [] = CPU
@@ -50,6 +55,9 @@ class ClusterConfig:
         for name in ("trainer_ranks", "rollout_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"cluster.{name} must be >= 1, got {getattr(self, name)}")
+        if self.trainer_gpus < 0 or self.rollout_gpus < 0:
+            raise ValueError(f"cluster.trainer_gpus={self.trainer_gpus} and cluster.rollout_gpus="
+                             f"{self.rollout_gpus} must be >= 0 (0: not given by GPU count)")
         if self.rollout_failure not in ROLLOUT_FAILURE:
             raise ValueError(f"cluster.rollout_failure={self.rollout_failure!r}: use one of {ROLLOUT_FAILURE}")
         if self.grace_s < 0 or self.threads_per_process < 0:

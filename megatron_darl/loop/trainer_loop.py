@@ -2,6 +2,11 @@
 per iteration (M x epochs PPO mini-batch optimizer steps); synchronous training is the same loop
 with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
+A step starts once the hubs hold the step's B new groups. Groups that arrive beyond that (two
+workers finishing a batch each at once) count towards the next steps (``surplus``), so the loop
+makes one step per B groups received on average and never idles while B untrained arrivals wait
+in the buffer.
+
 Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one per DP shard, on
 the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
 step's batches by broadcast: ``replica.py``) and ``step.StepRunner`` (plan and train with the
@@ -34,13 +39,14 @@ from megatron_darl.loop.endpoints import (
     TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
     wait_for_workers,
 )
-from megatron_darl.loop.metrics import MetricsLogger, step_metrics
+from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
 from megatron_darl.loop.planner import ShardPlanner
 from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
 from megatron_darl.loop.stats import StepStats
 from megatron_darl.loop.step import StepClock, StepRunner, uses_snapshots
-from megatron_darl.transport import TransportTimeout, WeightSyncFailed
+from megatron_darl.transport import WORKER, TransportTimeout, WeightSyncFailed
+from megatron_darl.transport.weight_sync import SyncReport
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,7 @@ class TrainerLoop:
         self.run_dir = Path(cfg.loop.run_dir)
         workers = cfg.transport.control.num_workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
+        self.surplus = 0  # hubs: groups received beyond B per step so far (count for the next steps)
         self.base_made = torch.zeros(workers, dtype=torch.int64)  # per worker groups received
         self.made = torch.zeros(workers, dtype=torch.int64)
         self.start_step = self._maybe_resume()
@@ -125,9 +132,9 @@ class TrainerLoop:
         self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
         self.stop = _StopFlag()
         self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
-        self.sync_seconds = 0.0
+        self.sync: SyncReport | None = None  # the last weight sync that finished (stage leaders)
         self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
-        self._engine_total = 0.0  # rollout engine seconds seen so far (rank 0's metric)
+        self._rates = WorkerRates(workers)  # rank 0: per-worker rollout metrics
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _checkpoints(self) -> list[Path]:
@@ -150,6 +157,7 @@ class TrainerLoop:
             self.base_received = int(extra["groups_received"])
             self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
             step = int(extra["step"])
+            self.surplus = max(0, self.base_received - step * self.cfg.algorithm.groups_per_step)
         step = self.runner.link.share(step)
         log.info("resumed from %s at step %d, version %d", found[-1], step, resumed.version)
         return step
@@ -210,6 +218,7 @@ class TrainerLoop:
                 step += 1
                 if interval and step % interval == 0 and step < self.cfg.loop.steps:
                     self._save_between(step)
+            self._finish_publish()
             self._stop_agreed()  # a failure in the last step's publish: every rank learns it
             self.save(step)
         finally:
@@ -235,9 +244,19 @@ class TrainerLoop:
     def _publish(self) -> None:
         """Send the current version to the rollout workers; a sync no worker could take is fatal."""
         try:
-            self.sync_seconds = publish_weights(self.ep, self.trainer, self.ps)
+            self.sync = publish_weights(self.ep, self.trainer, self.ps) or self.sync
         except (WeightSyncFailed, TransportTimeout) as exc:
             self.fatal = f"trainer rank {self.ps.rank}: {exc}"
+            log.error("%s", self.fatal)
+
+    def _finish_publish(self) -> None:
+        """Wait for a background publish in flight (the last version reaches the workers)."""
+        if self.ep.publisher is None:
+            return
+        try:
+            self.sync = self.ep.publisher.wait() or self.sync
+        except (WeightSyncFailed, TransportTimeout) as exc:
+            self.fatal = self.fatal or f"trainer rank {self.ps.rank}: {exc}"
             log.error("%s", self.fatal)
 
     def step(self, step: int) -> bool:
@@ -259,7 +278,8 @@ class TrainerLoop:
 
     def _receive(self, step: int) -> list | None:
         """This replica's new groups of ``step``, or None when a signal or a failure cut the wait."""
-        received = receive_groups(self.ep, self.ps, self.cfg.algorithm.groups_per_step,
+        per_step = self.cfg.algorithm.groups_per_step
+        received = receive_groups(self.ep, self.ps, max(0, per_step - self.surplus),
                                   self.cfg.loop.receive_timeout_s, step,
                                   self.cfg.transport.control.poll_interval_s,
                                   self.cfg.transport.control.num_workers,
@@ -269,6 +289,7 @@ class TrainerLoop:
             log.error("%s", self.fatal)
         if received.stopped or received.fatal:
             return None
+        self.surplus = max(0, self.surplus + received.total - per_step)
         self._count(received.groups)
         return received.groups
 
@@ -289,8 +310,8 @@ class TrainerLoop:
             "loss": result.loss, "grad_norm": result.grad_norm, "lr": result.lr,
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
             "rollout_tokens_per_s": reduced.response_tokens_received / gen_s,
-            "weight_sync_seconds": self.sync_seconds, "step_seconds": wall_s,
-            "generation_seconds": self._engine_seconds(), **laps,
+            "step_seconds": wall_s, **self._sync_metrics(), **laps,
+            **self._rates.step(lambda w: self.ep.heartbeat.peer_stats(WORKER, w)),
             "version": float(self.trainer.version),
             "optimizer_steps": float(result.optimizer_steps),
             # oldest behavior version trained on at version t (-1: nothing selected)
@@ -301,19 +322,17 @@ class TrainerLoop:
         }
         self.logger.log(step, step_metrics(reduced, trainer))
 
-    def _engine_seconds(self) -> float:
-        """Engine seconds the rollout workers spent generating since the last step (all workers)."""
-        from megatron_darl.transport.store import Keys
-
-        store, total = self.ep.store, 0.0
-        for w in range(self.cfg.transport.control.num_workers):
-            key = Keys.engine_seconds(w)
-            total += float(store.get(key)) if store.check([key]) else 0.0
-        delta, self._engine_total = total - self._engine_total, total
-        return delta
+    def _sync_metrics(self) -> dict[str, float]:
+        """The last finished weight sync: all of it, waiting for the workers' safe points, the rest."""
+        r = self.sync
+        if r is None:
+            return {"weight_sync_seconds": 0.0, "weight_sync_wait_seconds": 0.0,
+                    "weight_sync_transfer_seconds": 0.0}
+        return {"weight_sync_seconds": r.seconds, "weight_sync_wait_seconds": r.wait_seconds,
+                "weight_sync_transfer_seconds": r.seconds - r.wait_seconds}
 
     def _shutdown(self, step: int) -> None:
-        from megatron_darl.transport import WORKER, request_stop, wait_for_exits
+        from megatron_darl.transport import request_stop, wait_for_exits
 
         if self.logger is not None:
             self.logger.close({"variant": self.cfg.algorithm.variant, "final_version": self.trainer.version})
@@ -331,5 +350,5 @@ class TrainerLoop:
 def run_trainer(cfg: RunConfig, env: DistEnv) -> int:
     """Entry of one trainer rank (called by ``launch.trainer``)."""
     trainer, ps = build_trainer(cfg, env)
-    endpoints = open_endpoints(cfg.transport, ps)
+    endpoints = open_endpoints(cfg.transport, ps, stage_bytes=trainer.hf_stage_bytes())
     return TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg)).run()

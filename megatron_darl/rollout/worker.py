@@ -48,7 +48,6 @@ from megatron_darl.transport import (
     stop_requested,
 )
 from megatron_darl.transport.cuda_ipc import device_uuid
-from megatron_darl.transport.store import Keys
 
 log = logging.getLogger(__name__)
 EXIT_OK = 0
@@ -99,6 +98,14 @@ class _Pending:
     rewards: Future  # -> list[float], one per sample
 
 
+def fair_share(limit: int, groups_per_step: int, max_staleness: int, num_workers: int) -> int:
+    """A worker's groups in flight: ``limit``, but at most its share of the groups the staleness
+    bound lets start at once, ``ceil((eta + 1) * B / workers)``; so every worker can fill its batch
+    (synchronous with two workers: B/2 each, not B for one and nothing for the other)."""
+    share = -(-(max_staleness + 1) * groups_per_step // num_workers)
+    return max(1, min(limit, share))
+
+
 def channel_device(engine_device) -> torch.device:
     """Where sample payloads leave from: the engine's GPU, else this process's (a vLLM engine runs
     in processes of its own on the GPUs this one sees), else the CPU (a gloo pair)."""
@@ -133,9 +140,18 @@ class RolloutWorker:
         self.groups_sent = 0  # groups posted to hubs by this process
         self.weights_version = cfg.initial_version  # version the engine holds (-1: none valid)
         self.exit_reason = ""  # one line on why ``run`` returned non-zero
-        self.engine_seconds = 0.0  # wall seconds polling the engine while it had work (for the trainer)
-        self._engine_posted = 0.0  # when engine_seconds was last posted to the store
-        self._store: dist.Store | None = None  # the control store while serving
+        self.engine_seconds = 0.0  # wall seconds polling the engine while it had work
+        self.engine_calls = 0  # polls of the engine while it had work (a batch engine: generate calls)
+        self.groups_finished = 0  # groups the engine returned
+        self.sync_seconds = 0.0  # wall seconds in weight syncs (pause, receive, load, resume)
+        channel = transport.channel
+        self.batch_limit = fair_share(cfg.inflight_limit, channel.groups_per_step, channel.max_staleness,
+                                      transport.control.num_workers)
+        if self.batch_limit < cfg.inflight_limit:
+            log.info("rollout %d: %d groups in flight at most (its share of the %d the staleness bound "
+                     "lets %d workers start at once), not %d", cfg.worker_id, self.batch_limit,
+                     (channel.max_staleness + 1) * channel.groups_per_step, transport.control.num_workers,
+                     cfg.inflight_limit)
         self._started: dict[int, tuple[StartTicket, PromptRecord]] = {}  # group id -> its start, in flight
         self._ready: list[_Pending] = []  # finished groups not yet handed to the sender
 
@@ -153,7 +169,7 @@ class RolloutWorker:
         store = connect_store(control, who=self.me.describe())
         register(store, self.me)
         hb = Heartbeat(control, self.transport.heartbeat, self.me, watch=[(TRAINER, 0)],
-                       on_loss=self._trainer_lost, store_is_peer=(TRAINER, 0)).start()
+                       on_loss=self._trainer_lost, store_is_peer=(TRAINER, 0), stats=self.stats).start()
         pool = ThreadPoolExecutor(self.cfg.reward_threads, thread_name_prefix=f"reward-{self.cfg.worker_id}")
         code = EXIT_TRAINER_LOST
         try:
@@ -176,13 +192,17 @@ class RolloutWorker:
             if code != EXIT_TRAINER_LOST:  # the trainer need not wait for us (best effort)
                 post_exit(store, self.me, code)
 
+    def stats(self) -> dict[str, float]:
+        """Cumulative statistics for the trainer's per-worker metrics (sent with each heartbeat)."""
+        return {"engine_seconds": self.engine_seconds, "engine_calls": self.engine_calls,
+                "groups_finished": self.groups_finished, "sync_seconds": self.sync_seconds}
+
     def _trainer_lost(self, loss: PeerLoss) -> None:
         log.error("%s: %s is lost (silent %.1f s); exiting %d", self.me.describe(), loss.peer,
                   loss.silent_s, EXIT_TRAINER_LOST)
         os._exit(EXIT_TRAINER_LOST)
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
-        self._store = store
         gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
         engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
         sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id,
@@ -236,50 +256,51 @@ class RolloutWorker:
         interrupt = self.cfg.update_mode == "interrupt"
         if not interrupt and stream.inflight():
             return
+        start = time.monotonic()
         stream.pause(interrupt)
         hb.step = receiver.maybe_sync() or hb.step
         stream.resume(receiver.version)
         self.weights_version = receiver.version
+        self.sync_seconds += time.monotonic() - start
 
     def _admit(self, gate: StalenessGate, stream: StreamingEngine, receiver: WeightReceiver) -> int:
-        """Submit groups while fewer than ``inflight_limit`` are in flight and the bound allows."""
+        """Submit groups while fewer than ``batch_limit`` are in flight and the bound allows; a
+        batch engine takes a whole batch at once or waits (one batch size, one compilation)."""
         if self.cfg.update_mode == "finish" and receiver.pending() is not None:
             return 0  # draining for a weight sync
         if not receiver.can_generate():
             return 0
-        admitted = 0
-        while stream.inflight() < self.cfg.inflight_limit:
-            ticket = gate.try_start()
-            if ticket is None:
-                break
+        if getattr(stream, "whole_batches", False):
+            tickets = [] if stream.inflight() else gate.try_start_batch(self.batch_limit)
+        else:
+            tickets = []
+            while stream.inflight() + len(tickets) < self.batch_limit:
+                ticket = gate.try_start()
+                if ticket is None:
+                    break
+                tickets.append(ticket)
+        for ticket in tickets:
             record = self.prompts.next()
             group_id = self.groups_made * self.transport.control.num_workers + self.cfg.worker_id
             self.groups_made += 1
             self._started[group_id] = (ticket, record)
             stream.submit(group_id, list(record.token_ids), self.sampling)
-            admitted += 1
-        return admitted
+        return len(tickets)
 
     def _collect(self, stream: StreamingEngine, pool: ThreadPoolExecutor, timeout_s: float) -> int:
         """Finished groups of the engine -> rewards in the pool, groups into ``_ready``."""
         busy, start = stream.inflight() > 0, time.monotonic()
         finished = stream.poll(timeout_s)
         if busy:
-            self._count_engine_time(time.monotonic() - start)
+            self.engine_seconds += time.monotonic() - start
+            self.engine_calls += 1
+        self.groups_finished += len(finished)
         for done in finished:
             ticket, record = self._started.pop(done.key)
             group = self._group(done.key, record, done.generations)
             texts = [self.decode(g.token_ids.tolist()) for g in done.generations]
             self._ready.append(_Pending(group, ticket, pool.submit(self._rewards, record.record, texts)))
         return len(finished)
-
-    def _count_engine_time(self, seconds: float) -> None:
-        """Add to ``engine_seconds`` and post it (at most twice a second) for the trainer's metrics."""
-        self.engine_seconds += seconds
-        now = time.monotonic()
-        if now - self._engine_posted > 0.5 and self._store is not None:
-            self._store.set(Keys.engine_seconds(self.cfg.worker_id), repr(self.engine_seconds))
-            self._engine_posted = now
 
     def _take_ready(self) -> list[_Pending]:
         ready, self._ready = self._ready, []

@@ -317,6 +317,12 @@ class PolicyTrainer:
             self.snapshots.retain(set(keep) | {version})
         self.snapshots.take(version)
 
+    def hf_stage_bytes(self) -> int:
+        """About the bytes of this stage's full HF tensors (this rank's parameters x TP: norms,
+        replicated, are counted TP times; an upper bound of ``export_hf_stage``'s payload)."""
+        local = sum(p.numel() * p.element_size() for chunk in self.model_chunks for p in chunk.parameters())
+        return local * self.ps.tp_size
+
     def export_hf_stage(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full_tensor)`` of this pipeline stage (collective over the TP group)."""
         from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage

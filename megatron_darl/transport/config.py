@@ -96,6 +96,11 @@ class WeightSyncConfig:
     collective_timeout_s: float = 300.0  # timeout of group construction and of every broadcast
     ack_timeout_s: float = 300.0  # how long the coordinator waits for every live worker's ack
     max_attempts: int = 3  # broadcast attempts per stage when a member dies mid-sync
+    # Publish from a background thread (weight_publisher.py): the trainer stages a packed copy of
+    # the weights on its device and goes on; workers get the newest staged version at their safe
+    # point. Used with one PP stage when two staged copies fit in background_max_bytes; else blocking.
+    background: bool = True
+    background_max_bytes: int = 16 << 30  # device bytes two staged copies of a stage may take
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "gloo", "nccl"):

@@ -13,7 +13,9 @@ within ``timeout_s`` (``timeout_s`` + two intervals when this thread itself ran 
 busy or holding the GIL has not asked, and its lateness is not the host's silence) even though
 the store client itself would wait forever. Beats and rendezvous records are signed: a foreign
 process cannot keep a dead peer "alive" or pose as a member. Each beat also carries the
-process's event counters (``megatron_darl.counters``), which the trainer sums into its metrics.
+process's event counters (``megatron_darl.counters``), which the trainer sums into its metrics,
+and the owner's own cumulative statistics (``stats``: a rollout worker's engine, sync and batch
+seconds and counts), which the trainer reads per peer (``peer_stats``) for per-worker metrics.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Heartbeat:
         on_loss: called once per lost peer from the heartbeat thread.
         store_is_peer: the member whose loss the store becoming unreachable means (the trainer
             rank 0 that serves it); ``None`` on trainer rank 0 itself.
+        stats: returns the owner's cumulative statistics (name -> number), sent with each beat.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class Heartbeat:
         watch: list[tuple[str, int]] = (),
         on_loss: Callable[[PeerLoss], None] | None = None,
         store_is_peer: tuple[str, int] | None = None,
+        stats: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.cfg, self.me, self.step = cfg, me, 0
         self._control = control
@@ -75,6 +79,8 @@ class Heartbeat:
         self._seen: dict[tuple[str, int], tuple[str, float, str]] = {}  # value, when, describe
         self._lost: dict[tuple[str, int], PeerLoss] = {}
         self._counters: dict[tuple[str, int], dict[str, int]] = {}  # latest counters per peer
+        self._stats_fn = stats
+        self._stats: dict[tuple[str, int], dict[str, float]] = {}  # latest stats per peer
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._store: ControlStore | None = None
@@ -117,6 +123,11 @@ class Heartbeat:
                 total[name] = total.get(name, 0.0) + float(value)
         return total
 
+    def peer_stats(self, role: str, rank: int) -> dict[str, float]:
+        """The latest statistics a peer sent with its beat ({} before its first)."""
+        with self._lock:
+            return dict(self._stats.get((role, rank), {}))
+
     def is_alive(self, role: str, rank: int) -> bool:
         """Seen beating and not currently lost."""
         with self._lock:
@@ -128,7 +139,9 @@ class Heartbeat:
             self._thread.join(timeout=5 * self.cfg.interval_s + 1)
 
     def _beat(self, n: int, deadline: float | None = None) -> None:
-        payload = json.dumps({"beat": n, "member": self.me.to_json(), "counters": counters.snapshot()})
+        stats = self._stats_fn() if self._stats_fn is not None else {}
+        payload = json.dumps({"beat": n, "member": self.me.to_json(), "counters": counters.snapshot(),
+                              "stats": stats})
         key = Keys.heartbeat(self.me.role, self.me.rank)
         self._store.set(key, payload, timeout_s=_left(deadline))
         # A set is not answered (it returns even with the host frozen); one round trip per beat
@@ -174,6 +187,7 @@ class Heartbeat:
                 with self._lock:
                     self._seen[(role, rank)] = (raw, now, member.describe())
                     self._counters[(role, rank)] = dict(beat.get("counters", {}))
+                    self._stats[(role, rank)] = dict(beat.get("stats", {}))
                     back = self._lost.pop((role, rank), None)
                 if back is not None:
                     log.warning("%s is beating again (step %d)", member.describe(), self.step)

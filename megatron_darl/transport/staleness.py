@@ -4,7 +4,9 @@ A worker may start a prompt group only while ``groups_started <= (t + eta + 1) *
 published version and B the groups per step. ``groups_started`` is one counter in the store shared
 by all workers, so the bound holds globally, not per worker. A reservation increments it
 atomically; a reservation that would exceed the bound is returned at once. The published version
-only grows, so reading it before reserving is conservative.
+only grows, so reading it before reserving is conservative. A batch engine reserves its whole
+batch at once or nothing (``try_start_batch``): a batch cut short by the bound would generate at
+another batch size, which a compiled engine pays for with a recompilation.
 """
 
 from __future__ import annotations
@@ -71,17 +73,25 @@ class StalenessGate:
 
     def try_start(self) -> StartTicket | None:
         """A ticket when the bound allows one more group now, else None (never blocks)."""
+        tickets = self.try_start_batch(1)
+        return tickets[0] if tickets else None
+
+    def try_start_batch(self, count: int) -> list[StartTicket]:
+        """``count`` tickets when the bound allows that many more groups now, else none (never
+        blocks; a reservation that overshoots is given back whole)."""
+        if count < 1:
+            return []
         t = published_version(self._store)
         cap = staleness_capacity(t, self.cfg.max_staleness, self.cfg.groups_per_step)
-        if self.started() >= cap:
-            return None
-        n = self._store.add(Keys.STARTED, 1)
+        if self.started() + count > cap:
+            return []
+        n = self._store.add(Keys.STARTED, count)
         if n <= cap:
             if self.worker_id is not None:
-                self._store.add(_outstanding_key(self.worker_id), 1)
-            return StartTicket(version=t, index=n)
-        self._store.add(Keys.STARTED, -1)
-        return None
+                self._store.add(_outstanding_key(self.worker_id), count)
+            return [StartTicket(version=t, index=i) for i in range(n - count + 1, n + 1)]
+        self._store.add(Keys.STARTED, -count)
+        return []
 
     def posted(self, ticket: StartTicket) -> None:
         """The group started under ``ticket`` reached its hub: no longer outstanding."""

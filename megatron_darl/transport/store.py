@@ -73,11 +73,6 @@ class Keys:
         return f"hb/{role}/{rank}"
 
     @staticmethod
-    def engine_seconds(worker: int) -> str:
-        """float: seconds the worker's engine has spent generating since it started."""
-        return f"stats/{worker}/engine_seconds"
-
-    @staticmethod
     def sample(hub: int, worker: int, seq: int) -> str:
         return f"ch/{hub}/{worker}/{seq}"
 

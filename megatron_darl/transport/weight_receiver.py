@@ -54,6 +54,7 @@ class WeightReceiver:
         self._attempted = max(initial_version, get_int(store, SyncKeys.ack(worker_id), -1))
         self._groups: dict[int, tuple[int, DataPlaneGroup]] = {}  # stage -> (epoch, group)
         self._loaded_any = False  # a bucket of the sync in progress reached the engine
+        self._sent: dict[int, int] = {}  # stage -> version its leader's plan says it sends
         self._me = MemberInfo.here(WORKER, worker_id).describe()
 
     def pending(self) -> int | None:
@@ -78,6 +79,7 @@ class WeightReceiver:
         ready = json.dumps({"gpu": self._gpu, "host": socket.gethostname()})
         self._store.set(SyncKeys.ready(version, self.worker_id), ready)  # for every stage at once
         self._loaded_any = False
+        self._sent = {}
         ok = True
         try:
             for stage in range(self._control.num_stages):
@@ -95,9 +97,12 @@ class WeightReceiver:
             return None
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the copies into the engine are done before we ack
-        self.version = version
-        self._store.set(SyncKeys.ack(self.worker_id), str(version))
-        return version
+        sent = set(self._sent.values()) or {version}
+        if len(sent) > 1:  # a leader bug, not a transport fault: say so and hold no version
+            raise WeightLoadError(f"{self._me}: sync v{version} sent stages of versions {sorted(sent)}")
+        self.version = sent.pop()  # the newest staged version, at least the one offered
+        self._store.set(SyncKeys.ack(self.worker_id), str(self.version))
+        return self.version
 
     def _receive_stage(self, version: int, stage: int, ready: str) -> bool:
         """Receive one stage, following the leader's retries after a failed attempt."""
@@ -126,6 +131,7 @@ class WeightReceiver:
             wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
                      f"{what}: plan of the stage leader")
             plan = json.loads(self._store.get(key))
+            self._sent[stage] = int(plan.get("version", version))
             if self.worker_id not in plan["members"]:
                 log.error("%s: left out of the plan (late)", what)
                 return False

@@ -23,6 +23,11 @@ Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pick
    missed the sync keeps its old weights but generates nothing while they are older than the
    published version; one that missed only some stages holds no valid version until the next.
 
+A publish may send staged weights (``stage_weights``: every bucket packed ahead, so the trainer can go
+on while a thread publishes, ``weight_publisher.py``), and may send a newer staged version than it
+offered (``upgrade``): the plan names the version sent, which the workers load and ack; keys
+stay under the offered version (the round).
+
 Failures are loud (DESIGN.md section 3): a worker whose engine cannot load the weights posts
 why and exits (``WeightLoadError``); a sync that no ready worker could take raises
 ``WeightSyncFailed`` on the leader with each worker's reason, so the trainer checkpoints and
@@ -36,12 +41,12 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from megatron_darl.transport.buckets import buckets, pack
+from megatron_darl.transport.buckets import BucketEntry, buckets, pack
 from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, share
 from megatron_darl.transport.heartbeat import Heartbeat
@@ -52,6 +57,7 @@ from megatron_darl.transport.store import (
 
 log = logging.getLogger(__name__)
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | Callable[[], Iterable[tuple[str, torch.Tensor]]]
+PackedBucket = tuple[list[BucketEntry], torch.Tensor]  # entries and their flat uint8 buffer
 
 
 class SyncKeys:
@@ -115,7 +121,18 @@ class SyncReport:
     buckets: int = 0  # buckets sent
     bytes: int = 0  # payload bytes sent
     seconds: float = 0.0  # wall time of publish
+    wait_seconds: float = 0.0  # of which waiting for the workers' safe points (their "ready")
     ipc: list[int] = field(default_factory=list)  # members reached by CUDA IPC (on the leader's GPU)
+
+
+@dataclass
+class StagedWeights:
+    """One version of a stage's weights packed into bucket buffers ahead of its publish."""
+
+    version: int  # the trainer version they are
+    buckets: list[PackedBucket]  # every bucket, packed
+    ready: torch.cuda.Event | None  # recorded after the packing copies (CUDA), else None
+    nbytes: int  # payload bytes
 
 
 class WeightSyncFailed(RuntimeError):
@@ -158,12 +175,26 @@ class WeightSender:
         self._host = socket.gethostname()
         self._path = ""  # how the last sync reached its members (logged when it changes)
 
-    def publish(self, version: int, named_tensors: NamedTensors) -> SyncReport:
+    def stage_weights(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> StagedWeights:
+        """Pack every bucket of ``named_tensors`` now, on this sender's device, in the caller's
+        stream order (later in-place updates of the source cannot change what is sent)."""
+        device = self._device if self._device is not None else torch.device("cpu")
+        packed = [pack(bucket, device) for bucket in buckets(named_tensors, self.cfg.bucket_bytes)]
+        ready = None
+        if device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(device))
+        return StagedWeights(version, packed, ready, sum(e.nbytes for es, _ in packed for e in es))
+
+    def publish(self, version: int, named_tensors: NamedTensors | StagedWeights,
+                upgrade: Callable[[], StagedWeights] | None = None) -> SyncReport:
         """Send this stage's HF-named full tensors as ``version``; stage 0 also waits for acks.
 
-        ``named_tensors`` is a list, or a zero-argument callable returning a fresh iterator (the
-        trainer's export); either lets a failed attempt (a worker died mid-broadcast) be retried
-        with the survivors, up to ``max_attempts``. A one-shot iterator gets one attempt.
+        ``named_tensors`` is a list, ``StagedWeights``, or a zero-argument callable returning a
+        fresh iterator (the trainer's export); each lets a failed attempt (a worker died
+        mid-broadcast) be retried with the survivors, up to ``max_attempts``. A one-shot iterator
+        gets one attempt. ``upgrade``, once every worker is ready, gives the newest staged weights
+        (of at least ``version``), which are sent instead: the report's ``version`` is the one sent.
         Raises ``WeightSyncFailed`` when every worker that took part failed, or (stage 0) none
         loaded the version; with no worker ready within ``join_timeout_s`` the version is not
         published and the report names the ones left out.
@@ -172,11 +203,16 @@ class WeightSender:
         self._drop_group_if_a_member_failed()
         self._store.set(SyncKeys.offer(self.stage), str(version))
         report = SyncReport(version=version, stage=self.stage, members=[])
-        retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple))
+        retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple, StagedWeights))
         redo: list[int] | None = None  # attempt > 0: the live members whose attempt failed
         tried: set[int] = set()
         for attempt in range(self.cfg.max_attempts):
+            waited = time.monotonic()
             members, missing = self._gather_ready(version, attempt, redo)
+            report.wait_seconds += time.monotonic() - waited
+            if attempt == 0 and upgrade is not None and members:
+                named_tensors = upgrade()
+                report.version = named_tensors.version
             tried |= set(members)
             report.attempts = attempt + 1
             report.missing += missing
@@ -195,13 +231,13 @@ class WeightSender:
             raise WeightSyncFailed(f"weight sync v{version} stage {self.stage} failed for every rollout "
                                    f"worker: {reasons}")
         if self.stage == 0:
-            self._await_acks(version, report.members, report)
+            self._await_acks(report.version, report.members, report)
         report.seconds = time.monotonic() - start
         return report
 
     # ---- one attempt --------------------------------------------------------------------------
-    def _attempt(self, version: int, attempt: int, members: list[int], source: Iterable[tuple[str, torch.Tensor]],
-                 report: SyncReport) -> list[int]:
+    def _attempt(self, version: int, attempt: int, members: list[int],
+                 source: Iterable[tuple[str, torch.Tensor]] | StagedWeights, report: SyncReport) -> list[int]:
         """One pass of the stage to ``members``; returns the members it failed for."""
         ipc = [w for w in members if self._shares_gpu(version, w)]
         bcast = [w for w in members if w not in ipc]
@@ -210,7 +246,8 @@ class WeightSender:
                  and self._group.backend == backend)
         if bcast and not reuse:
             self._epoch += 1
-        plan = {"epoch": self._epoch, "members": members, "ipc": ipc, "backend": backend}
+        plan = {"epoch": self._epoch, "members": members, "ipc": ipc, "backend": backend,
+                "version": report.version}
         self._store.set(SyncKeys.plan(version, self.stage, attempt), json.dumps(plan))
         report.ipc = ipc
         path = f"CUDA IPC to {ipc}, {backend} broadcast to {bcast}" if ipc and bcast else (
@@ -322,11 +359,11 @@ class WeightSender:
         return sorted(ready), missing
 
     # ---- streaming ----------------------------------------------------------------------------
-    def _stream(self, version: int, attempt: int, named: Iterable[tuple[str, torch.Tensor]],
+    def _stream(self, version: int, attempt: int, source: Iterable[tuple[str, torch.Tensor]] | StagedWeights,
                 ipc: list[int]) -> tuple[int, int]:
         state = {"n": 0, "attempt": attempt}
         try:
-            return self._stream_buckets(version, named, state, ipc)
+            return self._stream_buckets(version, self._packed(source, ipc), state, ipc)
         except TransportTimeout:
             key = SyncKeys.bucket(version, self.stage, attempt, state["n"])
             self._store.set(key, json.dumps({"last": True, "aborted": True}))
@@ -339,12 +376,21 @@ class WeightSender:
             return torch.device("cuda", torch.cuda.current_device())
         return self._group.device if self._group is not None else torch.device("cpu")
 
-    def _stream_buckets(self, version: int, named: Iterable[tuple[str, torch.Tensor]], state: dict,
+    def _packed(self, source: Iterable[tuple[str, torch.Tensor]] | StagedWeights,
+                ipc: list[int]) -> Iterator[PackedBucket]:
+        """The buckets to send: staged ones (once their packing copies are done, in stream
+        order), or packed one at a time, each while the previous one is in flight."""
+        if isinstance(source, StagedWeights):
+            if source.ready is not None and source.buckets:
+                torch.cuda.current_stream(source.buckets[0][1].device).wait_event(source.ready)
+            return iter(source.buckets)
+        device = self._bucket_device(ipc)
+        return (pack(bucket, device) for bucket in buckets(source, self.cfg.bucket_bytes))
+
+    def _stream_buckets(self, version: int, packed: Iterator[PackedBucket], state: dict,
                         ipc: list[int]) -> tuple[int, int]:
         group, n, total, pending = self._group, 0, 0, None
-        device = self._bucket_device(ipc)
-        for bucket in buckets(named, self.cfg.bucket_bytes):
-            entries, buf = pack(bucket, device)
+        for entries, buf in packed:
             handle = share(buf) if ipc else None  # after the packing copies are enqueued
             if pending is not None:
                 pending()

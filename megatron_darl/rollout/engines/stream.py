@@ -71,6 +71,8 @@ def as_stream(engine, chunk_tokens: int = 0):
 class BatchStream:
     """``StreamingEngine`` over a batch ``Engine``; see the module docstring."""
 
+    whole_batches = True  # the worker submits a whole batch at once (one batch size: one compilation)
+
     def __init__(self, engine: Engine, chunk_tokens: int = 0) -> None:
         if chunk_tokens < 0:
             raise ValueError(f"chunk_tokens must be >= 0, got {chunk_tokens}")

@@ -1,0 +1,126 @@
+"""Weight sync off the trainer's critical path: stage the weights now, publish them from a thread.
+
+Why: a publish waits for every rollout worker's safe point, and a worker reaches one only between
+generation steps (a batch engine: after its whole batch; ``finish`` mode: once its groups in
+flight are done). A trainer that publishes inline idles that long at every step: measured on 4
+H200s at Qwen3-1.7B with two ``hf`` workers, 6.7 s of a 10.6 s step.
+
+So the trainer only stages a version (``WeightSender.stage_weights``: every bucket packed into buffers on
+its device, one copy of the stage's HF tensors, in its stream order, so the next optimizer step
+cannot change what is sent) and goes on. A thread runs the whole ``WeightSender.publish`` (offer,
+wait for the workers, broadcast on a stream of its own, acks, published version). The workers get
+the newest version staged when they are all ready (``upgrade``): a version staged while an offer
+waits replaces the one offered, and versions nobody took are skipped, so at most two copies are
+staged (the one in flight and the newest). Only for one PP stage: with several, each stage leader
+would pick its newest on its own and a worker could load stages of different versions.
+
+A failed sync is raised by the next ``submit`` (or ``wait``), which the loop treats as it treats a
+blocking publish that failed; ``wait`` bounds its wait by the sync's own timeouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Iterable
+
+import torch
+
+from megatron_darl.transport.store import TransportTimeout
+from megatron_darl.transport.weight_sync import StagedWeights, SyncReport, WeightSender
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundPublisher:
+    """Publishes a ``WeightSender``'s staged versions from a thread; see the module docstring."""
+
+    def __init__(self, sender: WeightSender, device: torch.device | None = None) -> None:
+        self._sender = sender
+        cfg = sender.cfg
+        # the longest one publish may take: join, group and broadcasts, acks (and some slack)
+        self.timeout_s = cfg.max_attempts * (cfg.join_timeout_s + cfg.collective_timeout_s) + cfg.ack_timeout_s + 60
+        self._stream = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
+        self._cv = threading.Condition()
+        self._newest: StagedWeights | None = None  # staged, not yet taken by a publish
+        self._current: StagedWeights | None = None  # taken by the publish in flight
+        self._report: SyncReport | None = None  # the last finished publish, not yet handed out
+        self._error: BaseException | None = None  # why the last publish failed (the thread stops)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"weight-sync-{sender.stage}", daemon=True)
+        self._thread.start()
+
+    def submit(self, version: int, named: Iterable[tuple[str, torch.Tensor]]) -> SyncReport | None:
+        """Stage ``version`` and return: the last sync that finished since the previous call, or
+        None. Raises the failure of a sync that failed (``WeightSyncFailed``, ``TransportTimeout``)."""
+        with self._cv:
+            self._newest = None  # superseded: free it before staging the next (two copies at most)
+        staged = self._sender.stage_weights(version, named)
+        with self._cv:
+            self._raise_failure()
+            self._newest = staged
+            self._cv.notify_all()
+            return self._take_report()
+
+    def wait(self) -> SyncReport | None:
+        """Until every staged version is published; the last report. Raises as ``submit`` does,
+        and ``TransportTimeout`` past the longest a publish may take."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._cv:
+            while (self._newest is not None or self._current is not None) and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportTimeout(f"weight sync stage {self._sender.stage}: still publishing "
+                                           f"after {self.timeout_s:.0f} s")
+                self._cv.wait(left)
+            self._raise_failure()
+            return self._take_report()
+
+    def close(self) -> None:
+        """Stop the thread once the publish in flight (if any) is over; staged versions are dropped."""
+        with self._cv:
+            self._closed = True
+            self._newest = None
+            self._cv.notify_all()
+        self._thread.join(timeout=self.timeout_s)
+
+    # ---- the thread ---------------------------------------------------------------------------
+    def _latest(self) -> StagedWeights:
+        """The newest staged version (the publish's ``upgrade``, once every worker is ready)."""
+        with self._cv:
+            if self._newest is not None:
+                self._current, self._newest = self._newest, None
+            return self._current
+
+    def _run(self) -> None:
+        stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        with stream:
+            while True:
+                with self._cv:
+                    while self._newest is None and not self._closed:
+                        self._cv.wait()
+                    if self._closed:
+                        return
+                    self._current, self._newest = self._newest, None
+                try:
+                    report = self._sender.publish(self._current.version, self._current, upgrade=self._latest)
+                except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
+                    with self._cv:
+                        self._error, self._current = exc, None
+                        self._cv.notify_all()
+                    return
+                if self._stream is not None:
+                    self._stream.synchronize()  # the buffers are free only once the sends are done
+                with self._cv:
+                    self._report, self._current = report, None
+                    self._cv.notify_all()
+
+    def _take_report(self) -> SyncReport | None:
+        report, self._report = self._report, None
+        return report
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:  # sticky: nothing is published after a failure
+            raise self._error

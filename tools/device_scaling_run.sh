@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The scaling runs of the loop (issue 29) on a 4-GPU host, in one device call:
+#
+#   DARL_COMMIT=<sha> bash tools/device_scaling_run.sh [PART ...]      (carry .whl)
+#
+# Parts (default: hf):
+#   hf        benchmarks/loop_profile.py at Qwen3-1.7B shape, hf engine, splits 1:1 and 2:2 in
+#             one invocation, with the weight-sync broadcast bound of each rollout count
+#   hf_block  the same 2:2 with the weight sync blocking (transport.weight_sync.background=false)
+#   vllm      the same splits with engine.backend=vllm (needs /tmp/vsite: ../shared/vllm-kit)
+#   sync      the main job's tests on 2 and 4 GPUs (tests/gpu/test_main_job.py)
+# Records and logs go to $OUT (at most 8 files come back); a part that fails prints its log tail
+# and the script goes on. DARL_BUDGET_S (default 560) bounds the whole call.
+set -u
+OUT=${OUT:-/tmp/darl_scaling_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+BUDGET=${DARL_BUDGET_S:-560}
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/megatron ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || { echo "[device] installing .whl failed"; exit 1; }
+fi
+export PYTHONPATH="/tmp/vsite:/tmp/site:$PWD:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false DARL_COMMIT=${DARL_COMMIT:-unknown}
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+
+# run NAME LOG CMD...: CMD under timeout (time left), its tail printed when it fails
+run() {
+  local name=$1 log=$2; shift 2
+  local t; t=$(left)
+  if [ "$t" -lt 60 ]; then echo "$name: SKIPPED (budget spent)"; return 0; fi
+  local s; s=$(date +%s)
+  timeout --kill-after=15 "$t" "$@" > "$log" 2>&1
+  local rc=$?
+  echo "$name: rc $rc, $(( $(date +%s) - s )) s"
+  [ $rc -ne 0 ] && tail -40 "$log"
+  grep -E "^(t[0-9]r[0-9]|gpu|layout)" "$log" | cut -c1-400
+  return 0
+}
+
+PROFILE=(python3 benchmarks/loop_profile.py --model qwen3_1.7b --steps 10 --skip 3 --out-dir "$OUT"
+         --work-dir /tmp/darl_lp --timeout 500)
+for part in "${@:-hf}"; do
+  case "$part" in
+    hf) run hf "$OUT/hf.log" "${PROFILE[@]}" --splits 1:1,2:2 --bound ;;
+    hf_block) run hf_block "$OUT/hf_block.log" "${PROFILE[@]}" --splits 2:2 transport.weight_sync.background=false ;;
+    vllm) run vllm "$OUT/vllm.log" "${PROFILE[@]}" --splits 1:1,2:2 engine.backend=vllm rollout=vllm ;;
+    sync) run sync "$OUT/sync.log" python3 -m pytest -q -x -p no:cacheprovider -o addopts="" tests/gpu/test_main_job.py ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
+# run dirs' worker logs of the last profile, for a look at what the workers did
+for f in /tmp/darl_lp/t2r2/logs/rollout0.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$OUT/rollout0_t2r2.log"; done
+echo "total $(( $(date +%s) - T0 )) s; commit $DARL_COMMIT"
