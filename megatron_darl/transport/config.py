@@ -93,9 +93,10 @@ class WeightSyncConfig:
     colocated: str = "ipc"  # a worker on the leader's GPU: "ipc" (CUDA IPC handles) or "gloo"
     bucket_bytes: int = 1 << 30  # target bytes per broadcast bucket (~1 GiB)
     join_timeout_s: float = 120.0  # how long a sender waits for live workers to reach a safe point
+    gather_s: float = 0.05  # after the first worker is ready, how long others may join its broadcast
     collective_timeout_s: float = 300.0  # timeout of group construction and of every broadcast
     ack_timeout_s: float = 300.0  # how long the coordinator waits for every live worker's ack
-    max_attempts: int = 3  # broadcast attempts per stage when a member dies mid-sync
+    max_attempts: int = 3  # tries per worker and version when it fails mid-sync (it died, a timeout)
     # Publish from a background thread (weight_publisher.py): the trainer stages a packed copy of
     # the weights on its device and goes on; workers get the newest staged version at their safe
     # point. Used with one PP stage when two staged copies fit in background_max_bytes; else blocking.
@@ -109,6 +110,8 @@ class WeightSyncConfig:
             raise ValueError(f"WeightSyncConfig.colocated must be ipc|gloo, got {self.colocated!r}")
         if self.max_attempts < 1:
             raise ValueError(f"WeightSyncConfig.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.gather_s < 0:
+            raise ValueError(f"WeightSyncConfig.gather_s must be >= 0, got {self.gather_s}")
         if self.bucket_bytes < 1:
             raise ValueError(f"WeightSyncConfig.bucket_bytes must be >= 1, got {self.bucket_bytes}")
 

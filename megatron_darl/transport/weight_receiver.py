@@ -52,7 +52,7 @@ class WeightReceiver:
         self._gpu = device_uuid() if gpu is None else gpu
         self.version = initial_version  # weights the engine holds now; -1 = none valid
         self._attempted = max(initial_version, get_int(store, SyncKeys.ack(worker_id), -1))
-        self._groups: dict[int, tuple[int, DataPlaneGroup]] = {}  # stage -> (epoch, group)
+        self._groups: dict[tuple[int, int], DataPlaneGroup] = {}  # (stage, epoch) -> group
         self._loaded_any = False  # a bucket of the sync in progress reached the engine
         self._sent: dict[int, int] = {}  # stage -> version its leader's plan says it sends
         self._me = MemberInfo.here(WORKER, worker_id).describe()
@@ -132,8 +132,8 @@ class WeightReceiver:
                      f"{what}: plan of the stage leader")
             plan = json.loads(self._store.get(key))
             self._sent[stage] = int(plan.get("version", version))
-            if self.worker_id not in plan["members"]:
-                log.error("%s: left out of the plan (late)", what)
+            if self.worker_id not in plan["members"]:  # served later, in a round of its own
+                log.debug("%s: another round's plan; following the leader to the next", what)
                 return False
             group = None
             if self.worker_id not in plan.get("ipc", []):
@@ -143,17 +143,16 @@ class WeightReceiver:
             return True
         except TransportTimeout as exc:
             log.error("%s failed: %s", what, exc)
-            self._groups.pop(stage, None)
+            self._groups = {k: g for k, g in self._groups.items() if k[0] != stage}
             return False
 
     def _group(self, stage: int, epoch: int, members: list[int], backend: str) -> DataPlaneGroup:
-        cached = self._groups.get(stage)
-        if cached is not None and cached[0] == epoch:
-            return cached[1]
-        self._groups.pop(stage, None)
-        group = build_group(self._store, f"ws/{stage}/{epoch}", 1 + members.index(self.worker_id),
-                            len(members) + 1, backend, self.cfg.collective_timeout_s)
-        self._groups[stage] = (epoch, group)
+        """The leader's group of this plan: one per set of members, built on first use."""
+        group = self._groups.get((stage, epoch))
+        if group is None:
+            group = build_group(self._store, f"ws/{stage}/{epoch}", 1 + members.index(self.worker_id),
+                                len(members) + 1, backend, self.cfg.collective_timeout_s)
+            self._groups[(stage, epoch)] = group
         return group
 
     def _receive_buckets(self, version: int, stage: int, attempt: int, group: DataPlaneGroup | None,

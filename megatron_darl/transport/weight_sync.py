@@ -36,6 +36,7 @@ stops instead of training on while every worker waits for weights that never com
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import socket
@@ -166,10 +167,10 @@ class WeightSender:
         for w in range(control.num_workers):
             heartbeat.watch(WORKER, w)
         heartbeat.refresh(store)
-        self._group: DataPlaneGroup | None = None
-        self._members: list[int] = []  # broadcast members of ``_group``
+        # data-plane groups by (backend, broadcast members), built once each: rounds to different
+        # subsets of workers reuse them; a member that fails takes its groups with it
+        self._groups: dict[tuple[str, tuple[int, ...]], tuple[int, DataPlaneGroup]] = {}
         self._epoch = 0  # store prefix counter of this stage's groups
-        self._last_version = -1
         self._device = device
         self._gpu = device_uuid(device)  # "" on CPU: no worker can share it
         self._host = socket.gethostname()
@@ -188,90 +189,119 @@ class WeightSender:
 
     def publish(self, version: int, named_tensors: NamedTensors | StagedWeights,
                 upgrade: Callable[[], StagedWeights] | None = None) -> SyncReport:
-        """Send this stage's HF-named full tensors as ``version``; stage 0 also waits for acks.
+        """Send this stage's HF-named full tensors as ``version``; stage 0 also collects acks and
+        moves the published version as soon as one worker holds it.
 
+        Workers are served in rounds, each to the ones at a safe point then (those that come
+        within ``gather_s`` of the first share a broadcast), so a worker never waits for another
+        to finish its generation; every live worker gets ``join_timeout_s`` from the offer to come.
         ``named_tensors`` is a list, ``StagedWeights``, or a zero-argument callable returning a
-        fresh iterator (the trainer's export); each lets a failed attempt (a worker died
-        mid-broadcast) be retried with the survivors, up to ``max_attempts``. A one-shot iterator
-        gets one attempt. ``upgrade``, once every worker is ready, gives the newest staged weights
-        (of at least ``version``), which are sent instead: the report's ``version`` is the one sent.
+        fresh iterator (the trainer's export); each can be sent again, to later rounds and to a
+        member that failed (a worker died mid-broadcast: up to ``max_attempts`` tries each). A
+        one-shot iterator serves one round. ``upgrade`` gives the newest staged weights (at least
+        ``version``) for each round: the plan and the report name the version sent.
         Raises ``WeightSyncFailed`` when every worker that took part failed, or (stage 0) none
         loaded the version; with no worker ready within ``join_timeout_s`` the version is not
         published and the report names the ones left out.
         """
         start = time.monotonic()
-        self._drop_group_if_a_member_failed()
+        deadline = start + self.cfg.join_timeout_s
         self._store.set(SyncKeys.offer(self.stage), str(version))
         report = SyncReport(version=version, stage=self.stage, members=[])
         retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple, StagedWeights))
-        redo: list[int] | None = None  # attempt > 0: the live members whose attempt failed
-        tried: set[int] = set()
-        for attempt in range(self.cfg.max_attempts):
+        done: set[int] = set()  # served, or given up on
+        tries: dict[int, int] = {}  # failed rounds per worker
+        for rnd in itertools.count():
+            todo = [w for w in self._live_workers() if w not in done]
             waited = time.monotonic()
-            members, missing = self._gather_ready(version, attempt, redo)
+            members, waiting = self._gather_ready(version, rnd, todo, deadline)
             report.wait_seconds += time.monotonic() - waited
-            if attempt == 0 and upgrade is not None and members:
-                named_tensors = upgrade()
-                report.version = named_tensors.version
-            tried |= set(members)
-            report.attempts = attempt + 1
-            report.missing += missing
-            source = named_tensors() if callable(named_tensors) else named_tensors
-            failed = self._attempt(version, attempt, members, source, report)
-            report.members = sorted(set(report.members) | (set(members) - set(failed)))
-            redo = [w for w in failed if not self._hb.is_lost(WORKER, w) and not self._gave_up(version, w)]
-            report.missing += [self._failure(version, w) for w in failed if w not in redo]
-            last = not redo or not retriable or attempt + 1 == self.cfg.max_attempts
-            self._store.set(SyncKeys.verdict(version, self.stage, attempt), "0" if last else "1")
-            if last:
+            if members:
+                source = upgrade() if upgrade is not None else named_tensors
+                self._round(version, rnd, members, source, report)
+                done |= set(report.members)
+                for w in set(members) - set(report.members):
+                    tries[w] = tries.get(w, 0) + 1
+                    if (not retriable or tries[w] >= self.cfg.max_attempts or self._hb.is_lost(WORKER, w)
+                            or self._gave_up(version, w)):
+                        done.add(w)
+                        report.missing.append(self._failure(version, w))
+            else:  # nobody (more) came: an empty plan, so a late walker learns it missed this version
+                self._store.set(SyncKeys.plan(version, self.stage, rnd), json.dumps({"members": []}))
+                if waiting:
+                    self._left_out(version, waiting, report)
+            more = members and any(w not in done for w in self._live_workers())
+            self._store.set(SyncKeys.verdict(version, self.stage, rnd), "1" if more else "0")
+            if not more:
+                report.attempts = rnd + 1
                 break
-        self._last_version = version
-        if tried and not report.members:
-            reasons = "; ".join(self._failure(version, w) for w in sorted(tried))
-            raise WeightSyncFailed(f"weight sync v{version} stage {self.stage} failed for every rollout "
-                                   f"worker: {reasons}")
-        if self.stage == 0:
-            self._await_acks(report.version, report.members, report)
+        self._conclude(version, tries, report)
         report.seconds = time.monotonic() - start
         return report
 
+    def _round(self, version: int, rnd: int, members: list[int],
+               source: NamedTensors | StagedWeights, report: SyncReport) -> None:
+        """Send ``source`` to ``members``; the ones that loaded it join ``report.members`` (and,
+        on stage 0, its acks and the published version)."""
+        sent = source.version if isinstance(source, StagedWeights) else version
+        failed = self._attempt(version, rnd, members, source() if callable(source) else source, report, sent)
+        ok = [w for w in members if w not in failed]
+        report.members = sorted(set(report.members) | set(ok))
+        if ok:
+            report.version = max(report.version, sent)
+        if self.stage == 0 and ok:
+            self._await_acks(version, sent, ok, report)
+
+    def _left_out(self, version: int, waiting: list[int], report: SyncReport) -> None:
+        missing = [describe_peer(self._store, WORKER, w) for w in waiting]
+        log.error("weight sync v%d stage %d: not ready after %.1f s, left out until the next sync: %s",
+                  version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
+        report.missing += missing
+
+    def _conclude(self, version: int, tries: dict[int, int], report: SyncReport) -> None:
+        """Fail loudly when workers took part and none of them loaded the version."""
+        if not report.members and tries:
+            reasons = "; ".join(self._failure(version, w) for w in sorted(tries))
+            raise WeightSyncFailed(f"weight sync v{version} stage {self.stage} failed for every rollout "
+                                   f"worker: {reasons}")
+        if self.stage == 0 and not report.members:
+            log.error("weight sync v%d: no live rollout worker took part; published version stays", version)
+
     # ---- one attempt --------------------------------------------------------------------------
     def _attempt(self, version: int, attempt: int, members: list[int],
-                 source: Iterable[tuple[str, torch.Tensor]] | StagedWeights, report: SyncReport) -> list[int]:
-        """One pass of the stage to ``members``; returns the members it failed for."""
+                 source: Iterable[tuple[str, torch.Tensor]] | StagedWeights, report: SyncReport,
+                 sent: int) -> list[int]:
+        """One round of the stage to ``members``; returns the members it failed for."""
         ipc = [w for w in members if self._shares_gpu(version, w)]
         bcast = [w for w in members if w not in ipc]
         backend = self._backend(version, bcast)
-        reuse = (attempt == 0 and self._group is not None and bcast == self._members
-                 and self._group.backend == backend)
-        if bcast and not reuse:
+        cached = self._groups.get((backend, tuple(bcast))) if bcast else None
+        if bcast and cached is None:
             self._epoch += 1
-        plan = {"epoch": self._epoch, "members": members, "ipc": ipc, "backend": backend,
-                "version": report.version}
+        epoch = cached[0] if cached is not None else self._epoch
+        plan = {"epoch": epoch, "members": members, "ipc": ipc, "backend": backend, "version": sent}
         self._store.set(SyncKeys.plan(version, self.stage, attempt), json.dumps(plan))
-        report.ipc = ipc
+        report.ipc = sorted(set(report.ipc) | set(ipc))
         path = f"CUDA IPC to {ipc}, {backend} broadcast to {bcast}" if ipc and bcast else (
             f"CUDA IPC to {ipc}" if ipc else f"{backend} broadcast to {bcast}")
-        if members and path != self._path:
+        if path != self._path:
             log.info("weight sync stage %d: %s", self.stage, path)
             self._path = path
-        if not members:
-            return []
+        group = None
         try:
-            if not bcast:
-                self._group, self._members = None, []
-            elif not reuse:
-                self._group, self._members = None, []
-                self._group = build_group(self._store, f"ws/{self.stage}/{self._epoch}", 0, len(bcast) + 1,
-                                          backend, self.cfg.collective_timeout_s)
-                self._members = bcast
-            report.buckets, report.bytes = self._stream(version, attempt, source, ipc)
+            if bcast and cached is None:
+                group = build_group(self._store, f"ws/{self.stage}/{epoch}", 0, len(bcast) + 1,
+                                    backend, self.cfg.collective_timeout_s)
+                self._groups[(backend, tuple(bcast))] = (epoch, group)
+            elif cached is not None:
+                group = cached[1]
+            report.buckets, report.bytes = self._stream(version, attempt, source, ipc, group)
         except TransportTimeout as exc:
-            log.error("weight sync v%d stage %d attempt %d failed, members %s: %s",
+            log.error("weight sync v%d stage %d round %d failed, members %s: %s",
                       version, self.stage, attempt, members, exc)
         failed = self._member_results(version, attempt, members)
-        if set(failed) & set(bcast):  # a member died or failed: its end of the group is gone
-            self._group, self._members = None, []
+        if failed:  # a member died or failed: its end of every group it is in is gone
+            self._groups = {k: v for k, v in self._groups.items() if not set(k[1]) & set(failed)}
         return failed
 
     def _ready_info(self, version: int, worker: int) -> dict:
@@ -328,68 +358,61 @@ class WeightSender:
             return f"{peer}: lost (no heartbeat)"
         return f"{peer}: did not receive the weights (see its log)"
 
-    def _drop_group_if_a_member_failed(self) -> None:
-        """A member that failed the last sync may have dropped its end of the group: rebuild."""
-        if self._group is None or self._last_version < 0:
-            return
-        if any(self._gave_up(self._last_version, w) for w in self._members):
-            self._group, self._members = None, []
-
     def _live_workers(self) -> list[int]:
         self._hb.refresh(self._store)
         return [w for w in range(self._control.num_workers) if self._hb.is_alive(WORKER, w)]
 
-    def _gather_ready(self, version: int, attempt: int, redo: list[int] | None) -> tuple[list[int], list[str]]:
-        """Wait for every live worker's safe point (on a retry: those in ``redo``); after
-        ``join_timeout_s`` go on with the ready ones, if any. A worker stuck before its safe point
-        is not the sync's to judge: the loop's progress watch names it if it never comes back."""
-        start = time.monotonic()
+    def _gather_ready(self, version: int, rnd: int, todo: list[int],
+                      deadline: float) -> tuple[list[int], list[int]]:
+        """(ready, waiting) among ``todo``: returns once all are at a safe point, ``gather_s``
+        after the first one was, or at ``deadline`` (with whoever is ready). A worker stuck before
+        its safe point is not the sync's to judge: the loop's progress watch names it if it never
+        comes back."""
+        first = None
         while True:
-            live = [w for w in self._live_workers() if redo is None or w in redo]
-            ready = [w for w in range(self._control.num_workers) if self._store.check([
-                SyncKeys.ready(version, w) if attempt == 0 else SyncKeys.retry_ready(version, self.stage, attempt, w)])]
-            waiting = [w for w in live if w not in ready]
-            if not waiting or time.monotonic() - start > self.cfg.join_timeout_s:
-                break
+            ready = [w for w in todo if self._store.check([
+                SyncKeys.ready(version, w) if rnd == 0 else SyncKeys.retry_ready(version, self.stage, rnd, w)])]
+            waiting = [w for w in todo if w not in ready]
+            now = time.monotonic()
+            first = first if first is not None or not ready else now
+            if not waiting or now > deadline or (first is not None and now - first >= self.cfg.gather_s):
+                return ready, waiting
             time.sleep(self._control.poll_interval_s)
-        missing = [describe_peer(self._store, WORKER, w) for w in waiting]
-        if missing:
-            log.error("weight sync v%d stage %d: not ready after %.1f s, left out until the next sync: %s",
-                      version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
-        return sorted(ready), missing
+            self._hb.refresh(self._store)
+            todo = [w for w in todo if not self._hb.is_lost(WORKER, w)]
 
     # ---- streaming ----------------------------------------------------------------------------
     def _stream(self, version: int, attempt: int, source: Iterable[tuple[str, torch.Tensor]] | StagedWeights,
-                ipc: list[int]) -> tuple[int, int]:
+                ipc: list[int], group: DataPlaneGroup | None) -> tuple[int, int]:
         state = {"n": 0, "attempt": attempt}
         try:
-            return self._stream_buckets(version, self._packed(source, ipc), state, ipc)
+            return self._stream_buckets(version, self._packed(source, ipc, group), state, ipc, group)
         except TransportTimeout:
             key = SyncKeys.bucket(version, self.stage, attempt, state["n"])
             self._store.set(key, json.dumps({"last": True, "aborted": True}))
             raise
 
-    def _bucket_device(self, ipc: list[int]) -> torch.device:
+    def _bucket_device(self, ipc: list[int], group: DataPlaneGroup | None) -> torch.device:
         if self._device is not None:
             return self._device
         if ipc:
             return torch.device("cuda", torch.cuda.current_device())
-        return self._group.device if self._group is not None else torch.device("cpu")
+        return group.device if group is not None else torch.device("cpu")
 
-    def _packed(self, source: Iterable[tuple[str, torch.Tensor]] | StagedWeights,
-                ipc: list[int]) -> Iterator[PackedBucket]:
+    def _packed(self, source: Iterable[tuple[str, torch.Tensor]] | StagedWeights, ipc: list[int],
+                group: DataPlaneGroup | None) -> Iterator[PackedBucket]:
         """The buckets to send: staged ones (once their packing copies are done, in stream
         order), or packed one at a time, each while the previous one is in flight."""
         if isinstance(source, StagedWeights):
             if source.ready is not None and source.buckets:
                 torch.cuda.current_stream(source.buckets[0][1].device).wait_event(source.ready)
             return iter(source.buckets)
-        device = self._bucket_device(ipc)
+        device = self._bucket_device(ipc, group)
         return (pack(bucket, device) for bucket in buckets(source, self.cfg.bucket_bytes))
 
     def _stream_buckets(self, version: int, packed: Iterator[PackedBucket], state: dict,
-                        ipc: list[int]) -> tuple[int, int]:
-        group, n, total, pending = self._group, 0, 0, None
+                        ipc: list[int], group: DataPlaneGroup | None) -> tuple[int, int]:
+        n, total, pending = 0, 0, None
         for entries, buf in packed:
             handle = share(buf) if ipc else None  # after the packing copies are enqueued
             if pending is not None:
@@ -425,12 +448,13 @@ class WeightSender:
                         raise TransportTimeout(f"weight sync v{version} stage {self.stage} bucket {index}: "
                                                f"{self._failure(version, w)}") from None
 
-    def _await_acks(self, version: int, members: list[int], report: SyncReport) -> None:
+    def _await_acks(self, version: int, sent: int, members: list[int], report: SyncReport) -> None:
+        """Acks of ``sent`` from one round's members; the published version moves to ``sent`` once
+        one of them acked. Raises ``WeightSyncFailed`` when none did."""
         deadline = time.monotonic() + self.cfg.ack_timeout_s
-        waiting = list(members)
+        waiting, acked = list(members), []
         while waiting and time.monotonic() < deadline:
-            acked = [w for w in waiting if get_int(self._store, SyncKeys.ack(w), -1) >= version]
-            report.acked += acked
+            acked += [w for w in waiting if get_int(self._store, SyncKeys.ack(w), -1) >= sent]
             dead = [w for w in waiting if w not in acked and (
                 self._hb.is_lost(WORKER, w) or self._gave_up(version, w))]
             for w in dead:
@@ -441,13 +465,11 @@ class WeightSender:
         if waiting:
             names = [describe_peer(self._store, WORKER, w) for w in waiting]
             log.error("weight sync v%d: no ack after %.0f s from %s; they sit out until the next sync",
-                      version, self.cfg.ack_timeout_s, "; ".join(names))
+                      sent, self.cfg.ack_timeout_s, "; ".join(names))
             report.missing += names
-        if not members:
-            log.error("weight sync v%d: no live rollout worker took part; published version stays", version)
-            return
+        report.acked = sorted(set(report.acked) | set(acked))
         if not report.acked:
-            raise WeightSyncFailed(f"weight sync v{version}: no rollout worker loaded it: {'; '.join(report.missing)}")
-        if version > published_version(self._store) or not self._store.check([Keys.PUBLISHED]):
-            self._store.set(Keys.PUBLISHED, str(version))
+            raise WeightSyncFailed(f"weight sync v{sent}: no rollout worker loaded it: {'; '.join(report.missing)}")
+        if acked and (sent > published_version(self._store) or not self._store.check([Keys.PUBLISHED])):
+            self._store.set(Keys.PUBLISHED, str(sent))
         report.published = True
