@@ -47,7 +47,8 @@ from benchmarks.record import print_table, write_result  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("generation_seconds", "receive_wait_seconds", "logprob_seconds", "plan_seconds",
          "backfill_seconds", "train_seconds", "publish_seconds", "weight_sync_seconds",
-         "weight_sync_wait_seconds", "weight_sync_transfer_seconds", "worker_sync_seconds")
+         "weight_sync_wait_seconds", "weight_sync_transfer_seconds", "worker_sync_seconds",
+         "worker_idle_gate_seconds", "worker_idle_weights_seconds")
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True}
 

@@ -41,11 +41,13 @@ run() {
   return 0
 }
 
-PROFILE=(python3 benchmarks/loop_profile.py --model qwen3_1.7b --steps 10 --skip 3 --out-dir "$OUT"
-         --work-dir /tmp/darl_lp --timeout 500)
+# DARL_STEPS (default 10) steps per run, the first 3 left out; DARL_BOUND=0 skips the bound
+PROFILE=(python3 benchmarks/loop_profile.py --model qwen3_1.7b --steps "${DARL_STEPS:-10}" --skip 3
+         --out-dir "$OUT" --work-dir /tmp/darl_lp --timeout 500)
+BOUND=(--bound); [ "${DARL_BOUND:-1}" = 0 ] && BOUND=()
 for part in "${@:-hf}"; do
   case "$part" in
-    hf) run hf "$OUT/hf.log" "${PROFILE[@]}" --splits 1:1,2:2 --bound ;;
+    hf) run hf "$OUT/hf.log" "${PROFILE[@]}" --splits 1:1,2:2 "${BOUND[@]}" ;;
     hf_block) run hf_block "$OUT/hf_block.log" "${PROFILE[@]}" --splits 2:2 transport.weight_sync.background=false ;;
     vllm) run vllm "$OUT/vllm.log" "${PROFILE[@]}" --splits 1:1,2:2 engine.backend=vllm rollout=vllm ;;
     sync) run sync "$OUT/sync.log" python3 -m pytest -q -x -p no:cacheprovider -o addopts="" tests/gpu/test_main_job.py ;;

@@ -109,6 +109,8 @@ class WorkerRates:
         out = {f"generation_seconds_w{w}": get(d, "engine_seconds") for w, d in enumerate(deltas)}
         out["generation_seconds"] = sum(get(d, "engine_seconds") for d in deltas) / max(len(deltas), 1)
         out["worker_sync_seconds"] = sum(get(d, "sync_seconds") for d in deltas) / max(len(deltas), 1)
+        for why in ("gate", "weights"):  # engine empty: the staleness bound refused / no valid weights
+            out[f"worker_idle_{why}_seconds"] = sum(get(d, f"idle_{why}_seconds") for d in deltas) / max(len(deltas), 1)
         calls = sum(get(d, "engine_calls") for d in deltas)
         out["engine_batch_groups"] = _ratio(sum(get(d, "groups_finished") for d in deltas), calls)
         return out

@@ -144,6 +144,8 @@ class RolloutWorker:
         self.engine_calls = 0  # polls of the engine while it had work (a batch engine: generate calls)
         self.groups_finished = 0  # groups the engine returned
         self.sync_seconds = 0.0  # wall seconds in weight syncs (pause, receive, load, resume)
+        self.idle_seconds = {"gate": 0.0, "weights": 0.0}  # engine empty: the bound refused, or no valid weights
+        self._blocked = ""  # why the last admission added nothing ("gate", "weights" or "")
         channel = transport.channel
         self.batch_limit = fair_share(cfg.inflight_limit, channel.groups_per_step, channel.max_staleness,
                                       transport.control.num_workers)
@@ -195,7 +197,8 @@ class RolloutWorker:
     def stats(self) -> dict[str, float]:
         """Cumulative statistics for the trainer's per-worker metrics (sent with each heartbeat)."""
         return {"engine_seconds": self.engine_seconds, "engine_calls": self.engine_calls,
-                "groups_finished": self.groups_finished, "sync_seconds": self.sync_seconds}
+                "groups_finished": self.groups_finished, "sync_seconds": self.sync_seconds,
+                **{f"idle_{why}_seconds": s for why, s in self.idle_seconds.items()}}
 
     def _trainer_lost(self, loss: PeerLoss) -> None:
         log.error("%s: %s is lost (silent %.1f s); exiting %d", self.me.describe(), loss.peer,
@@ -226,6 +229,8 @@ class RolloutWorker:
             got = self._collect(stream, pool, self.cfg.idle_sleep_s if stream.inflight() else 0.0)
             if not admitted and not got and not stream.inflight():
                 time.sleep(self.cfg.idle_sleep_s)
+                if self._blocked:
+                    self.idle_seconds[self._blocked] += self.cfg.idle_sleep_s
         # Drain what was generated, but only while the hub still takes groups: a trainer that
         # stopped receiving would leave us waiting on back-pressure until the store closes, so
         # give up after half the heartbeat timeout (the trainer waits a full one for our exit).
@@ -266,10 +271,12 @@ class RolloutWorker:
     def _admit(self, gate: StalenessGate, stream: StreamingEngine, receiver: WeightReceiver) -> int:
         """Submit groups while fewer than ``batch_limit`` are in flight and the bound allows; a
         batch engine takes a whole batch at once or waits (one batch size, one compilation)."""
+        self._blocked = "weights"
         if self.cfg.update_mode == "finish" and receiver.pending() is not None:
             return 0  # draining for a weight sync
         if not receiver.can_generate():
             return 0
+        self._blocked = ""
         if getattr(stream, "whole_batches", False):
             tickets = [] if stream.inflight() else gate.try_start_batch(self.batch_limit)
         else:
@@ -279,6 +286,8 @@ class RolloutWorker:
                 if ticket is None:
                     break
                 tickets.append(ticket)
+        if not tickets and not stream.inflight():
+            self._blocked = "gate"
         for ticket in tickets:
             record = self.prompts.next()
             group_id = self.groups_made * self.transport.control.num_workers + self.cfg.worker_id

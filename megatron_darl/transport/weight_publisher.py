@@ -9,9 +9,11 @@ So the trainer only stages a version (``WeightSender.stage_weights``: every buck
 its device, one copy of the stage's HF tensors, in its stream order, so the next optimizer step
 cannot change what is sent) and goes on. A thread runs the whole ``WeightSender.publish`` (offer,
 wait for the workers, broadcast on a stream of its own, acks, published version). The workers get
-the newest version staged when they are all ready (``upgrade``): a version staged while an offer
-waits replaces the one offered, and versions nobody took are skipped, so at most two copies are
-staged (the one in flight and the newest). Only for one PP stage: with several, each stage leader
+the newest version staged when they reach their safe point (``upgrade``, per round of the
+publish), and a publish that served someone ends once a newer version is staged, so the workers
+still to come take that one from the next publish: no worker waits for another, none gets older
+weights than the trainer has staged, and versions nobody took are skipped. At most two copies
+are staged (the one in flight and the newest). Only for one PP stage: with several, each stage leader
 would pick its newest on its own and a worker could load stages of different versions.
 
 A failed sync is raised by the next ``submit`` (or ``wait``), which the loop treats as it treats a
@@ -94,6 +96,11 @@ class BackgroundPublisher:
                 self._current, self._newest = self._newest, None
             return self._current
 
+    def _has_newer(self) -> bool:
+        """A version staged since the publish in flight took its newest."""
+        with self._cv:
+            return self._newest is not None
+
     def _run(self) -> None:
         stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
         with stream:
@@ -105,7 +112,8 @@ class BackgroundPublisher:
                         return
                     self._current, self._newest = self._newest, None
                 try:
-                    report = self._sender.publish(self._current.version, self._current, upgrade=self._latest)
+                    report = self._sender.publish(self._current.version, self._current, upgrade=self._latest,
+                                                  newer=self._has_newer)
                 except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
                     with self._cv:
                         self._error, self._current = exc, None

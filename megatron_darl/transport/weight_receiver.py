@@ -55,6 +55,7 @@ class WeightReceiver:
         self._groups: dict[tuple[int, int], DataPlaneGroup] = {}  # (stage, epoch) -> group
         self._loaded_any = False  # a bucket of the sync in progress reached the engine
         self._sent: dict[int, int] = {}  # stage -> version its leader's plan says it sends
+        self._late = False  # the sync in progress ended without a plan for this worker
         self._me = MemberInfo.here(WORKER, worker_id).describe()
 
     def pending(self) -> int | None:
@@ -79,6 +80,7 @@ class WeightReceiver:
         ready = json.dumps({"gpu": self._gpu, "host": socket.gethostname()})
         self._store.set(SyncKeys.ready(version, self.worker_id), ready)  # for every stage at once
         self._loaded_any = False
+        self._late = False  # left out of every plan of the stage (no transport fault)
         self._sent = {}
         ok = True
         try:
@@ -88,6 +90,10 @@ class WeightReceiver:
             self.version = -1 if self._loaded_any else self.version
             self._store.set(SyncKeys.failed(version, self.worker_id), str(exc))
             raise
+        if not ok and self._late and not self._loaded_any:  # served the others, and ended before us
+            log.info("rollout %d: v%d went out before this safe point; the next offer brings a newer one",
+                     self.worker_id, version)
+            return None
         if not ok:
             if self._loaded_any:  # weights of two versions mixed: none is valid until the next sync
                 self.version = -1
@@ -134,7 +140,9 @@ class WeightReceiver:
             self._sent[stage] = int(plan.get("version", version))
             if self.worker_id not in plan["members"]:  # served later, in a round of its own
                 log.debug("%s: another round's plan; following the leader to the next", what)
+                self._late = True
                 return False
+            self._late = False
             group = None
             if self.worker_id not in plan.get("ipc", []):
                 bcast = [w for w in plan["members"] if w not in plan.get("ipc", [])]
@@ -143,6 +151,7 @@ class WeightReceiver:
             return True
         except TransportTimeout as exc:
             log.error("%s failed: %s", what, exc)
+            self._late = False
             self._groups = {k: g for k, g in self._groups.items() if k[0] != stage}
             return False
 

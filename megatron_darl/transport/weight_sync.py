@@ -118,7 +118,7 @@ class SyncReport:
     missing: list[str] = field(default_factory=list)  # live workers left out (not ready/failed)
     acked: list[int] = field(default_factory=list)  # coordinator only: workers that acked
     published: bool = False  # coordinator only: the published version moved to ``version``
-    attempts: int = 1  # attempts used (> 1: a member failed mid-broadcast and was dropped)
+    attempts: int = 1  # rounds used (> 1: workers came at different times, or one failed and was served again)
     buckets: int = 0  # buckets sent
     bytes: int = 0  # payload bytes sent
     seconds: float = 0.0  # wall time of publish
@@ -188,7 +188,8 @@ class WeightSender:
         return StagedWeights(version, packed, ready, sum(e.nbytes for es, _ in packed for e in es))
 
     def publish(self, version: int, named_tensors: NamedTensors | StagedWeights,
-                upgrade: Callable[[], StagedWeights] | None = None) -> SyncReport:
+                upgrade: Callable[[], StagedWeights] | None = None,
+                newer: Callable[[], bool] = lambda: False) -> SyncReport:
         """Send this stage's HF-named full tensors as ``version``; stage 0 also collects acks and
         moves the published version as soon as one worker holds it.
 
@@ -199,7 +200,9 @@ class WeightSender:
         fresh iterator (the trainer's export); each can be sent again, to later rounds and to a
         member that failed (a worker died mid-broadcast: up to ``max_attempts`` tries each). A
         one-shot iterator serves one round. ``upgrade`` gives the newest staged weights (at least
-        ``version``) for each round: the plan and the report name the version sent.
+        ``version``) for each round: the plan and the report name the version sent. Once a round
+        went out, ``newer()`` true ends the publish: the workers still to come get the newer version
+        from the next one, offered as soon as this one returns.
         Raises ``WeightSyncFailed`` when every worker that took part failed, or (stage 0) none
         loaded the version; with no worker ready within ``join_timeout_s`` the version is not
         published and the report names the ones left out.
@@ -211,16 +214,18 @@ class WeightSender:
         retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple, StagedWeights))
         done: set[int] = set()  # served, or given up on
         tries: dict[int, int] = {}  # failed rounds per worker
+        acks = _Acks(self, version, report) if self.stage == 0 else None
         for rnd in itertools.count():
             todo = [w for w in self._live_workers() if w not in done]
             waited = time.monotonic()
-            members, waiting = self._gather_ready(version, rnd, todo, deadline)
+            members, waiting = self._gather_ready(version, rnd, todo, deadline, acks)
             report.wait_seconds += time.monotonic() - waited
+            ok, sent = [], version
             if members:
                 source = upgrade() if upgrade is not None else named_tensors
-                self._round(version, rnd, members, source, report)
-                done |= set(report.members)
-                for w in set(members) - set(report.members):
+                ok, sent = self._round(version, rnd, members, source, report)
+                done |= set(ok)
+                for w in set(members) - set(ok):
                     tries[w] = tries.get(w, 0) + 1
                     if (not retriable or tries[w] >= self.cfg.max_attempts or self._hb.is_lost(WORKER, w)
                             or self._gave_up(version, w)):
@@ -230,27 +235,29 @@ class WeightSender:
                 self._store.set(SyncKeys.plan(version, self.stage, rnd), json.dumps({"members": []}))
                 if waiting:
                     self._left_out(version, waiting, report)
-            more = members and any(w not in done for w in self._live_workers())
+            more = members and not newer() and any(w not in done for w in self._live_workers())
             self._store.set(SyncKeys.verdict(version, self.stage, rnd), "1" if more else "0")
+            if acks is not None:  # polled, not awaited: a member may still be in another stage's round
+                acks.expect(ok, sent)
             if not more:
                 report.attempts = rnd + 1
                 break
+        if acks is not None:
+            acks.wait(self.cfg.ack_timeout_s)
         self._conclude(version, tries, report)
         report.seconds = time.monotonic() - start
         return report
 
-    def _round(self, version: int, rnd: int, members: list[int],
-               source: NamedTensors | StagedWeights, report: SyncReport) -> None:
-        """Send ``source`` to ``members``; the ones that loaded it join ``report.members`` (and,
-        on stage 0, its acks and the published version)."""
+    def _round(self, version: int, rnd: int, members: list[int], source: NamedTensors | StagedWeights,
+               report: SyncReport) -> tuple[list[int], int]:
+        """Send ``source`` to ``members``: (those that loaded it, the version sent)."""
         sent = source.version if isinstance(source, StagedWeights) else version
         failed = self._attempt(version, rnd, members, source() if callable(source) else source, report, sent)
         ok = [w for w in members if w not in failed]
         report.members = sorted(set(report.members) | set(ok))
         if ok:
             report.version = max(report.version, sent)
-        if self.stage == 0 and ok:
-            self._await_acks(version, sent, ok, report)
+        return ok, sent
 
     def _left_out(self, version: int, waiting: list[int], report: SyncReport) -> None:
         missing = [describe_peer(self._store, WORKER, w) for w in waiting]
@@ -266,6 +273,9 @@ class WeightSender:
                                    f"worker: {reasons}")
         if self.stage == 0 and not report.members:
             log.error("weight sync v%d: no live rollout worker took part; published version stays", version)
+        elif self.stage == 0 and not report.acked:
+            raise WeightSyncFailed(f"weight sync v{report.version}: no rollout worker loaded it: "
+                                   f"{'; '.join(report.missing)}")
 
     # ---- one attempt --------------------------------------------------------------------------
     def _attempt(self, version: int, attempt: int, members: list[int],
@@ -362,8 +372,8 @@ class WeightSender:
         self._hb.refresh(self._store)
         return [w for w in range(self._control.num_workers) if self._hb.is_alive(WORKER, w)]
 
-    def _gather_ready(self, version: int, rnd: int, todo: list[int],
-                      deadline: float) -> tuple[list[int], list[int]]:
+    def _gather_ready(self, version: int, rnd: int, todo: list[int], deadline: float,
+                      acks: "_Acks | None" = None) -> tuple[list[int], list[int]]:
         """(ready, waiting) among ``todo``: returns once all are at a safe point, ``gather_s``
         after the first one was, or at ``deadline`` (with whoever is ready). A worker stuck before
         its safe point is not the sync's to judge: the loop's progress watch names it if it never
@@ -380,6 +390,8 @@ class WeightSender:
             time.sleep(self._control.poll_interval_s)
             self._hb.refresh(self._store)
             todo = [w for w in todo if not self._hb.is_lost(WORKER, w)]
+            if acks is not None:  # the published version moves while later workers are awaited
+                acks.poll()
 
     # ---- streaming ----------------------------------------------------------------------------
     def _stream(self, version: int, attempt: int, source: Iterable[tuple[str, torch.Tensor]] | StagedWeights,
@@ -448,28 +460,40 @@ class WeightSender:
                         raise TransportTimeout(f"weight sync v{version} stage {self.stage} bucket {index}: "
                                                f"{self._failure(version, w)}") from None
 
-    def _await_acks(self, version: int, sent: int, members: list[int], report: SyncReport) -> None:
-        """Acks of ``sent`` from one round's members; the published version moves to ``sent`` once
-        one of them acked. Raises ``WeightSyncFailed`` when none did."""
-        deadline = time.monotonic() + self.cfg.ack_timeout_s
-        waiting, acked = list(members), []
-        while waiting and time.monotonic() < deadline:
-            acked += [w for w in waiting if get_int(self._store, SyncKeys.ack(w), -1) >= sent]
-            dead = [w for w in waiting if w not in acked and (
-                self._hb.is_lost(WORKER, w) or self._gave_up(version, w))]
-            for w in dead:
-                report.missing.append(self._failure(version, w))
-            waiting = [w for w in waiting if w not in acked and w not in dead]
-            if waiting:
-                time.sleep(self._control.poll_interval_s)
-        if waiting:
-            names = [describe_peer(self._store, WORKER, w) for w in waiting]
+
+class _Acks:
+    """Stage 0's acks of one publish: polled between rounds (the published version moves to a
+    version as soon as one worker acked it), awaited for everyone at the end."""
+
+    def __init__(self, sender: WeightSender, version: int, report: SyncReport) -> None:
+        self._sender, self._version, self._report = sender, version, report
+        self._pending: dict[int, int] = {}  # worker -> version sent to it, not acked yet
+
+    def expect(self, workers: list[int], sent: int) -> None:
+        self._pending.update({w: sent for w in workers})
+        self.poll()
+
+    def poll(self) -> None:
+        store, report = self._sender._store, self._report
+        for w, sent in list(self._pending.items()):
+            if get_int(store, SyncKeys.ack(w), -1) >= sent:
+                del self._pending[w]
+                report.acked = sorted(set(report.acked) | {w})
+                if sent > published_version(store) or not store.check([Keys.PUBLISHED]):
+                    store.set(Keys.PUBLISHED, str(sent))
+                report.published = True
+            elif self._sender._hb.is_lost(WORKER, w) or self._sender._gave_up(self._version, w):
+                del self._pending[w]
+                report.missing.append(self._sender._failure(self._version, w))
+
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            time.sleep(self._sender._control.poll_interval_s)
+            self._sender._hb.refresh(self._sender._store)
+            self.poll()
+        if self._pending:
+            names = [describe_peer(self._sender._store, WORKER, w) for w in self._pending]
             log.error("weight sync v%d: no ack after %.0f s from %s; they sit out until the next sync",
-                      sent, self.cfg.ack_timeout_s, "; ".join(names))
-            report.missing += names
-        report.acked = sorted(set(report.acked) | set(acked))
-        if not report.acked:
-            raise WeightSyncFailed(f"weight sync v{sent}: no rollout worker loaded it: {'; '.join(report.missing)}")
-        if acked and (sent > published_version(self._store) or not self._store.check([Keys.PUBLISHED])):
-            self._store.set(Keys.PUBLISHED, str(sent))
-        report.published = True
+                      self._report.version, timeout_s, "; ".join(names))
+            self._report.missing += names

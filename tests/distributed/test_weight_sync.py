@@ -41,9 +41,10 @@ def test_every_worker_holds_the_export_bitwise_and_acked(tmp_path):
     assert [r["version"] for r in coordinator] == [1, 2, 3]
     assert all(r["published"] for r in coordinator)
     assert [sorted(r["acked"]) for r in coordinator] == [[0, 1, 2], [0, 1], [0, 1]]
-    # v2: the crash mid-broadcast made a stage retry with the survivors; it is named
+    # v2: the crash mid-broadcast made a stage serve the survivors again, in one round or in one
+    # each (a worker is served when it is ready, not when the others are); the dead one is named
     assert coordinator[1]["members"] == [0, 1] and coordinator[0]["attempts"] == 1
-    assert max(r["attempts"] for r in sc.records("sync0.jsonl")[1:2] + sc.records("sync1.jsonl")[1:2]) == 2
+    assert max(r["attempts"] for r in sc.records("sync0.jsonl")[1:2] + sc.records("sync1.jsonl")[1:2]) >= 2
     assert any(m.startswith("rollout 2 (") for m in coordinator[1]["missing"])
     stage1 = sc.records("sync1.jsonl")
     assert [r["members"] for r in stage1] == [[0, 1, 2], [0, 1], [0, 1]] and all(r["buckets"] >= 2 for r in stage1)
