@@ -17,8 +17,11 @@ worker's in ``generation_per_worker``; it overlaps the trainer's work in the asy
 pass), ``plan`` (score, select), ``backfill``, ``train`` (the optimizer steps), ``publish`` (what
 the trainer spends publishing: export and staging, or all of the sync when blocking), and the
 weight sync itself (off the critical path when it runs in the background): ``weight_sync`` in
-all, of which ``weight_sync_wait`` for the workers' safe points and ``weight_sync_transfer`` the
-rest (broadcast, load, acks); each as a fraction of the step. ``engine_batch_groups`` is the
+all, of which ``weight_sync_wait`` for the workers' safe points, and ``weight_sync_transfer`` the
+sending of one round (a worker's share: broadcast and load; ``weight_sync_rounds`` per sync); and
+the workers' own ``worker_sync`` (pause, receive, load) and idle time with an empty engine
+(``worker_idle_gate``: the staleness bound refused a batch; ``worker_idle_weights``: no valid
+weights); each as a fraction of the step. ``engine_batch_groups`` is the
 groups per engine call. ``--bound`` also runs ``benchmarks/weight_sync.py`` from GPU 0 to R
 workers in the same call: ``bound_seconds`` (one NCCL broadcast of the same bytes) and
 ``transfer_to_bound`` = weight_sync_transfer / bound_seconds.
@@ -132,6 +135,7 @@ def profile(rows: list[dict], skip: int = 1) -> dict:
         out[f"{name}_fraction"] = mean / step
     workers = sorted(k for k in steady[0] if k.startswith("generation_seconds_w"))
     out["generation_per_worker"] = [statistics.fmean(float(r.get(k) or 0.0) for r in steady) for k in workers]
+    out["weight_sync_rounds"] = statistics.fmean(float(r.get("weight_sync_rounds") or 0.0) for r in steady)
     calls = [float(r["engine_batch_groups"]) for r in steady if r.get("engine_batch_groups")]
     out["engine_batch_groups"] = statistics.fmean(calls) if calls else 0.0  # steps where a call ended
     return out

@@ -323,13 +323,15 @@ class TrainerLoop:
         self.logger.log(step, step_metrics(reduced, trainer))
 
     def _sync_metrics(self) -> dict[str, float]:
-        """The last finished weight sync: all of it, waiting for the workers' safe points, the rest."""
+        """The last finished weight sync: all of it, of which waiting for the workers' safe points,
+        and the transfer of one round (what a worker waits for once at its safe point)."""
         r = self.sync
         if r is None:
             return {"weight_sync_seconds": 0.0, "weight_sync_wait_seconds": 0.0,
-                    "weight_sync_transfer_seconds": 0.0}
+                    "weight_sync_transfer_seconds": 0.0, "weight_sync_rounds": 0.0}
         return {"weight_sync_seconds": r.seconds, "weight_sync_wait_seconds": r.wait_seconds,
-                "weight_sync_transfer_seconds": r.seconds - r.wait_seconds}
+                "weight_sync_transfer_seconds": r.transfer_seconds / max(r.rounds_sent, 1),
+                "weight_sync_rounds": float(r.rounds_sent)}
 
     def _shutdown(self, step: int) -> None:
         from megatron_darl.transport import request_stop, wait_for_exits

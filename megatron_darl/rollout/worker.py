@@ -221,9 +221,12 @@ class RolloutWorker:
             self._collect(stream, pool, 0.0)
             self._sync_if_offered(stream, receiver, hb)
 
+        # A batch engine blocks for a whole batch in the next poll: a group whose rewards are not
+        # done yet would reach the trainer a batch late, so its rewards are awaited first.
+        whole_batches = getattr(stream, "whole_batches", False)
         while not stop_requested(store):
             pending = self._flush(sender, pending + self._take_ready(), safe_point,
-                                  lambda: stop_requested(store), wait=False)
+                                  lambda: stop_requested(store), wait=whole_batches)
             safe_point()
             admitted = self._admit(gate, stream, receiver)
             got = self._collect(stream, pool, self.cfg.idle_sleep_s if stream.inflight() else 0.0)

@@ -123,6 +123,8 @@ class SyncReport:
     bytes: int = 0  # payload bytes sent
     seconds: float = 0.0  # wall time of publish
     wait_seconds: float = 0.0  # of which waiting for the workers' safe points (their "ready")
+    transfer_seconds: float = 0.0  # of which sending: each round's stream and its members' results
+    rounds_sent: int = 0  # rounds that sent weights (a worker waits for its own round only)
     ipc: list[int] = field(default_factory=list)  # members reached by CUDA IPC (on the leader's GPU)
 
 
@@ -252,7 +254,10 @@ class WeightSender:
                report: SyncReport) -> tuple[list[int], int]:
         """Send ``source`` to ``members``: (those that loaded it, the version sent)."""
         sent = source.version if isinstance(source, StagedWeights) else version
+        began = time.monotonic()
         failed = self._attempt(version, rnd, members, source() if callable(source) else source, report, sent)
+        report.transfer_seconds += time.monotonic() - began
+        report.rounds_sent += 1
         ok = [w for w in members if w not in failed]
         report.members = sorted(set(report.members) | set(ok))
         if ok:
