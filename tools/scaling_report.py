@@ -1,6 +1,10 @@
 """Scaling-study report: the same experiment at several node counts, as a table and plots.
 
     python tools/scaling_report.py RUN_DIR [RUN_DIR ...] --out DIR [--skip-steps 1]
+    python tools/scaling_report.py --records benchmarks/results --out docs
+
+The second form reports ``benchmarks/loop_profile.py`` records by GPU count and split instead
+(``tools/scaling_records.py``): a table, and ``loop_profile.png`` for docs/benchmarks.md.
 
 Each RUN_DIR is a run's ``loop.run_dir`` (``slurm/scaling_study.sh`` makes one per node count):
 ``metrics.jsonl`` (one record per step, written by the training loop), ``summary.json`` (its
@@ -223,10 +227,23 @@ def build_report(run_dirs: Sequence[Path], out: Path, skip_steps: int = 1) -> li
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scaling_report", description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (loop.run_dir)")
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories (loop.run_dir)")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="a results dir: report its loop_profile records by GPU split instead")
     parser.add_argument("--out", type=Path, required=True, help="directory for scaling.md and the plots")
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out of the averages")
     args = parser.parse_args(argv)
+    if args.records is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tools.scaling_records import report
+
+        try:
+            print(report(args.records, args.out))
+        except (ValueError, KeyError) as err:
+            print(f"scaling_report: error: {err}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.out / 'loop_profile.png'}")
+        return 0
     try:
         rows = build_report(args.runs, args.out, max(args.skip_steps, 0))
     except ReportError as err:

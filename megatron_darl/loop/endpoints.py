@@ -123,6 +123,24 @@ def dp_max(tensor: torch.Tensor, ps) -> torch.Tensor:
 
 
 @dataclass
+class Backlog:
+    """Groups the hubs received beyond B per step so far: they count for the next steps, so the
+    loop makes one step per B groups received on average and never waits for new groups while B
+    untrained ones sit in the buffer (two workers finishing a batch each at once)."""
+
+    per_step: int  # B
+    surplus: int = 0  # groups received beyond ``per_step`` per step so far
+
+    def need(self) -> int:
+        """New groups the next step must wait for."""
+        return max(0, self.per_step - self.surplus)
+
+    def took(self, received: int) -> None:
+        """A step started with ``received`` new groups."""
+        self.surplus = max(0, self.surplus + received - self.per_step)
+
+
+@dataclass
 class Received:
     """One step's outcome of receiving; ``groups`` on the hub rank only."""
 

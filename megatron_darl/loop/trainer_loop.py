@@ -2,10 +2,8 @@
 per iteration (M x epochs PPO mini-batch optimizer steps); synchronous training is the same loop
 with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
-A step starts once the hubs hold the step's B new groups. Groups that arrive beyond that (two
-workers finishing a batch each at once) count towards the next steps (``surplus``), so the loop
-makes one step per B groups received on average and never idles while B untrained arrivals wait
-in the buffer.
+A step starts once the hubs hold the step's B new groups; groups beyond that count for the next
+steps (``endpoints.Backlog``).
 
 Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one per DP shard, on
 the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
@@ -36,7 +34,7 @@ import torch
 
 from megatron_darl.loop.config import ModelConfig, density_temperature
 from megatron_darl.loop.endpoints import (
-    TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
+    Backlog, TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
     wait_for_workers,
 )
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
@@ -121,7 +119,7 @@ class TrainerLoop:
         self.run_dir = Path(cfg.loop.run_dir)
         workers = cfg.transport.control.num_workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
-        self.surplus = 0  # hubs: groups received beyond B per step so far (count for the next steps)
+        self.backlog = Backlog(cfg.algorithm.groups_per_step)  # hubs: groups beyond B for the next steps
         self.base_made = torch.zeros(workers, dtype=torch.int64)  # per worker groups received
         self.made = torch.zeros(workers, dtype=torch.int64)
         self.start_step = self._maybe_resume()
@@ -157,7 +155,7 @@ class TrainerLoop:
             self.base_received = int(extra["groups_received"])
             self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
             step = int(extra["step"])
-            self.surplus = max(0, self.base_received - step * self.cfg.algorithm.groups_per_step)
+            self.backlog.surplus = max(0, self.base_received - step * self.cfg.algorithm.groups_per_step)
         step = self.runner.link.share(step)
         log.info("resumed from %s at step %d, version %d", found[-1], step, resumed.version)
         return step
@@ -278,9 +276,7 @@ class TrainerLoop:
 
     def _receive(self, step: int) -> list | None:
         """This replica's new groups of ``step``, or None when a signal or a failure cut the wait."""
-        per_step = self.cfg.algorithm.groups_per_step
-        received = receive_groups(self.ep, self.ps, max(0, per_step - self.surplus),
-                                  self.cfg.loop.receive_timeout_s, step,
+        received = receive_groups(self.ep, self.ps, self.backlog.need(), self.cfg.loop.receive_timeout_s, step,
                                   self.cfg.transport.control.poll_interval_s,
                                   self.cfg.transport.control.num_workers,
                                   stop=lambda: self.stop.signum is not None)
@@ -289,7 +285,7 @@ class TrainerLoop:
             log.error("%s", self.fatal)
         if received.stopped or received.fatal:
             return None
-        self.surplus = max(0, self.surplus + received.total - per_step)
+        self.backlog.took(received.total)
         self._count(received.groups)
         return received.groups
 

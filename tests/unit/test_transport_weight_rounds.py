@@ -1,0 +1,165 @@
+"""Weight sync that never makes one worker wait for another, nor the trainer for the workers.
+
+Rounds: a worker at its safe point is served at once, while another is still generating, and the
+published version moves with the first ack. Upgrade: a round sends the newest staged version and
+the workers hold and ack that one. ``BackgroundPublisher``: the trainer's ``submit`` returns while
+no worker is ready, a newer version replaces one nobody took, and a failed sync is raised by the
+next call. Threads over a real TCPStore and gloo, as in ``test_transport_weight_sync.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from megatron_darl.transport import (
+    WeightLoadError, WeightReceiver, WeightSender, WeightSyncConfig, WeightSyncFailed, connect_store,
+    published_version,
+)
+from megatron_darl.transport.weight_publisher import BackgroundPublisher
+from tests.unit.test_transport_weight_sync import _weights, _world
+
+CFG = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=10, collective_timeout_s=20,
+                       ack_timeout_s=20, gather_s=0.05)
+
+
+def _serve(receiver: WeightReceiver, until: int, stop: threading.Event, start_after: float = 0.0,
+           log: list | None = None) -> None:
+    """Take offered syncs (from ``start_after`` seconds on) until holding ``until``; log (time, version)."""
+    time.sleep(start_after)
+    while receiver.version < until and not stop.is_set():
+        if receiver.maybe_sync() is not None and log is not None:
+            log.append((time.monotonic(), receiver.version))
+        time.sleep(0.005)
+
+
+def _loader(into: dict):
+    def load(named):
+        into.update({n: t.clone() for n, t in named})
+    return load
+
+
+def _close(stop, threads, beats):
+    stop.set()
+    for t in threads:
+        t.join(10)
+    for h in beats:
+        h.close()
+
+
+def test_a_worker_at_its_safe_point_is_served_while_another_still_generates():
+    control, store, hb, whbs = _world(2)
+    sender = WeightSender(store, control, CFG, 0, hb)
+    receivers = [WeightReceiver(connect_store(control), control, CFG, w, lambda named: None) for w in range(2)]
+    logs: list[list] = [[], []]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_serve, args=(receivers[0], 1, stop, 0.0, logs[0]), daemon=True),
+               threading.Thread(target=_serve, args=(receivers[1], 1, stop, 1.5, logs[1]), daemon=True)]
+    published: list[tuple[float, int]] = []
+
+    def watch():
+        while not stop.is_set():
+            published.append((time.monotonic(), published_version(store)))
+            time.sleep(0.01)
+
+    threads.append(threading.Thread(target=watch, daemon=True))
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    try:
+        report = sender.publish(1, _weights(1))
+    finally:
+        _close(stop, threads, [hb, *whbs])
+    assert report.members == [0, 1] and report.acked == [0, 1] and report.published
+    assert report.attempts == 2 and report.rounds_sent == 2  # one round each: worker 0 did not wait
+    assert logs[0][0][0] - start < 0.7, "worker 0 waited for worker 1's safe point"
+    assert logs[1][0][0] - start >= 1.5
+    moved = next(t for t, v in published if v == 1)
+    assert moved < logs[1][0][0], "the published version waited for the last worker"
+    assert report.wait_seconds >= 1.4 and report.transfer_seconds < report.seconds
+
+
+def test_a_round_sends_the_newest_staged_version_and_the_workers_ack_it():
+    control, store, hb, whbs = _world(2)
+    sender = WeightSender(store, control, CFG, 0, hb)
+    staged = {v: sender.stage_weights(v, _weights(v)) for v in (1, 2)}
+    loaded = [{}, {}]
+    receivers = [WeightReceiver(connect_store(control), control, CFG, w, _loader(loaded[w])) for w in range(2)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_serve, args=(r, 1, stop), daemon=True) for r in receivers]
+    for t in threads:
+        t.start()
+    try:
+        report = sender.publish(1, staged[1], upgrade=lambda: staged[2])  # offered as 1, 2 staged since
+    finally:
+        _close(stop, threads, [hb, *whbs])
+    assert report.version == 2 and report.acked == [0, 1] and published_version(store) == 2
+    assert [r.version for r in receivers] == [2, 2]
+    for w in range(2):
+        for name, tensor in _weights(2):
+            assert torch.equal(loaded[w][name], tensor), name
+
+
+def test_background_publish_returns_at_once_and_the_newest_version_wins():
+    control, store, hb, whbs = _world(1)
+    sender = WeightSender(connect_store(control), control, CFG, 0, hb)
+    publisher = BackgroundPublisher(sender)
+    loaded: dict = {}
+    receiver = WeightReceiver(connect_store(control), control, CFG, 0, _loader(loaded))
+    stop = threading.Event()
+    log: list = []
+    thread = threading.Thread(target=_serve, args=(receiver, 3, stop, 0.8, log), daemon=True)
+    thread.start()
+    try:
+        start = time.monotonic()
+        assert publisher.submit(1, _weights(1)) is None  # no sync finished yet
+        publisher.submit(2, _weights(2))
+        publisher.submit(3, _weights(3))
+        assert time.monotonic() - start < 0.5, "submit waited for the worker"
+        report = publisher.wait()
+    finally:
+        publisher.close()
+        _close(stop, [thread], [hb, *whbs])
+    # v1 was offered before the worker came; by then 3 was the newest: it is what the worker took
+    assert report is not None and report.version == 3 and receiver.version == 3
+    assert [v for _, v in log] == [3] and published_version(store) == 3
+    for name, tensor in _weights(3):
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_a_background_sync_that_failed_is_raised_by_the_next_call():
+    control, store, hb, whbs = _world(1)
+    sender = WeightSender(connect_store(control), control, CFG, 0, hb)
+    publisher = BackgroundPublisher(sender)
+
+    def broken(named):
+        raise RuntimeError("CUDA out of memory")
+
+    receiver = WeightReceiver(connect_store(control), control, CFG, 0, broken)
+    errors: list = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                receiver.maybe_sync()
+            except WeightLoadError as exc:
+                errors.append(exc)
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        publisher.submit(1, _weights(1))
+        with pytest.raises(WeightSyncFailed, match="CUDA out of memory"):
+            publisher.wait()
+        with pytest.raises(WeightSyncFailed):  # sticky: nothing is published after a failure
+            publisher.submit(2, _weights(2))
+    finally:
+        publisher.close()
+        _close(stop, [thread], [hb, *whbs])
+    assert len(errors) == 1 and published_version(store) == 0
