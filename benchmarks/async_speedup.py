@@ -14,8 +14,9 @@ The baseline is ``sync`` with trainer and rollout sharing one GPU (``cluster=gpu
 variant runs with the trainer on GPU 0 and the rollout worker on GPU 1 (``cluster=gpu2``), so
 ``speedup_vs_sync`` = samples/s of the variant on two GPUs / samples/s of sync on one GPU (mean
 and standard deviation over seeds). ``--splits 2:2,4:4,6:2`` runs every variant at those
-trainer:rollout GPU counts instead (``cluster=local``: trainer ranks on the first GPUs, one
-rollout worker per remaining GPU; add ``parallel.tp=2`` and the like as overrides); those cases
+trainer:rollout GPU counts instead (``cluster.trainer_gpus``/``rollout_gpus``: trainer ranks on
+the first GPUs, one rollout worker on each of the next; add ``parallel.tp=2`` and the like as
+overrides); those cases
 are named ``<variant>_t<T>r<R>``. Each run also reports its mean ``weight_sync_seconds`` (the
 trainer's publish, export included, to every worker) after step 0. Anchors: AReaL reports up to 2.77x over synchronous
 training; the D-ARL paper reports 34.7% better sample efficiency than asynchronous baselines.
@@ -59,8 +60,9 @@ def cluster_overrides(label: str, cpu: bool) -> list[str]:
     if not label.startswith("t"):
         return [f"cluster={label}"]
     trainers, workers = (int(x) for x in label[1:].split("r"))
-    return ["cluster=cpu" if cpu else "cluster=local", f"cluster.trainer_ranks={trainers}",
-            f"cluster.rollout_workers={workers}"]
+    if cpu:
+        return ["cluster=cpu", f"cluster.trainer_ranks={trainers}", f"cluster.rollout_workers={workers}"]
+    return ["cluster=gpu4", f"cluster.trainer_gpus={trainers}", f"cluster.rollout_gpus={workers}"]
 
 
 def parse_splits(text: str) -> list[str]:

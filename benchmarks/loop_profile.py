@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.async_speedup import cluster_overrides, parse_splits  # noqa: E402
 from benchmarks.record import print_table, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,20 +93,14 @@ def split_counts(layout: str) -> tuple[int, int]:
     return {"gpu1": (1, 1), "gpu2": (1, 1)}.get(layout, (0, 0))
 
 
-def cluster_overrides(layout: str) -> list[str]:
-    if layout.startswith("t") and "r" in layout:
-        t, r = split_counts(layout)
-        return ["cluster=gpu4", f"cluster.trainer_gpus={t}", f"cluster.rollout_gpus={r}"]
-    return [f"cluster={layout}"]
-
-
 def run_layout(layout: str, policy: Path, a: argparse.Namespace, run_dir: Path) -> list[dict]:
     shutil.rmtree(run_dir, ignore_errors=True)
     trainer = "cpu_tiny" if layout == "cpu" else "default"
     # one 80 GB GPU holds the 1.7B trainer (fp32 Adam state) and the engine only with smaller
     # micro-batches (the logits of 16k tokens alone are 5 GB in bf16)
     budget = ["trainer.micro_batch.token_budget=8192"] if layout == "gpu1" else []
-    cmd = [sys.executable, "-m", "launch.train", *cluster_overrides(layout), f"trainer={trainer}",
+    cmd = [sys.executable, "-m", "launch.train", *cluster_overrides(layout, cpu=layout == "cpu"),
+           f"trainer={trainer}",
            f"model.path={policy}", f"model.name={a.model}", f"algorithm={a.variant}",
            f"algorithm.groups_per_step={a.groups}", f"algorithm.group_size={a.group_size}",
            f"worker.groups_per_batch={a.groups}", f"sampling.max_new_tokens={a.new_tokens}",
@@ -172,8 +167,7 @@ def main() -> None:
     a = p.parse_args()
     import torch
 
-    layouts = [x for x in a.layouts.split(",") if x] + [
-        "t{}r{}".format(*x.split(":")) for x in a.splits.split(",") if x]
+    layouts = [x for x in a.layouts.split(",") if x] + parse_splits(a.splits)
     if not layouts:
         layouts = (["gpu1"] + (["gpu2"] if torch.cuda.device_count() >= 2 else [])
                    if torch.cuda.is_available() else ["cpu"])

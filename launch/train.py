@@ -5,8 +5,8 @@ policy when no model is given, writes the resolved config to ``<run_dir>/run_con
 starts the same processes Slurm job steps would: ``cluster.trainer_ranks`` x ``launch.trainer``
 (torchrun-style environment) and ``cluster.rollout_workers`` x ``launch.rollout``, which meet
 only over the transport, with free ports and a fresh per-run secret (``launch.lifeline``) that
-only they know. Devices come from the cluster preset (``cluster=cpu|gpu1|gpu2``, or
-``local``: whatever this machine has). ``--print-config`` shows the composed config and exits.
+only they know. Devices come from the cluster preset (``cluster=cpu|gpu1|gpu2``, ``gpu4`` and GPU
+counts ``cluster.trainer_gpus=T cluster.rollout_gpus=R``, or ``local``: whatever this machine has). ``--print-config`` shows the composed config and exits.
 """
 
 from __future__ import annotations

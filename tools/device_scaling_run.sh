@@ -17,13 +17,8 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 BUDGET=${DARL_BUDGET_S:-560}
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/megatron ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || { echo "[device] installing .whl failed"; exit 1; }
-fi
-export PYTHONPATH="/tmp/vsite:/tmp/site:$PWD:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false DARL_COMMIT=${DARL_COMMIT:-unknown}
-export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+# shellcheck source=tools/device_env.sh
+source tools/device_env.sh
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 
@@ -49,7 +44,7 @@ for part in "${@:-hf}"; do
   case "$part" in
     hf) run hf "$OUT/hf.log" "${PROFILE[@]}" --splits 1:1,2:2 "${BOUND[@]}" ;;
     hf_block) run hf_block "$OUT/hf_block.log" "${PROFILE[@]}" --splits 2:2 transport.weight_sync.background=false ;;
-    vllm) run vllm "$OUT/vllm.log" "${PROFILE[@]}" --splits 1:1,2:2 engine.backend=vllm rollout=vllm ;;
+    vllm) run vllm "$OUT/vllm.log" "${PROFILE[@]}" --splits 1:1,2:2 "rollout@_global_=vllm" ;;
     sync) run sync "$OUT/sync.log" python3 -m pytest -q -x -p no:cacheprovider -o addopts="" tests/gpu/test_main_job.py ;;
     *) echo "unknown part $part" ;;
   esac

@@ -275,15 +275,19 @@ class TrainerLoop:
         return True
 
     def _receive(self, step: int) -> list | None:
-        """This replica's new groups of ``step``, or None when a signal or a failure cut the wait."""
+        """This replica's new groups of ``step``, or None when a signal or a failure cut the wait
+        (a background weight sync that failed cuts it too, and is the cause named)."""
+        publisher = self.ep.publisher
         received = receive_groups(self.ep, self.ps, self.backlog.need(), self.cfg.loop.receive_timeout_s, step,
                                   self.cfg.transport.control.poll_interval_s,
                                   self.cfg.transport.control.num_workers,
-                                  stop=lambda: self.stop.signum is not None)
-        if received.fatal:
-            self.fatal = received.fatal
-            log.error("%s", self.fatal)
+                                  stop=lambda: self.stop.signum is not None or (
+                                      publisher is not None and publisher.failure() is not None))
         if received.stopped or received.fatal:
+            failed = publisher.failure(wait_s=5.0 if received.fatal else 0.0) if publisher is not None else None
+            self.fatal = f"trainer rank {self.ps.rank}: {failed}" if failed is not None else received.fatal
+            if self.fatal:
+                log.error("%s", self.fatal)
             return None
         self.backlog.took(received.total)
         self._count(received.groups)

@@ -80,6 +80,15 @@ class BackgroundPublisher:
             self._raise_failure()
             return self._take_report()
 
+    def failure(self, wait_s: float = 0.0) -> BaseException | None:
+        """Why a publish failed, or None; waits up to ``wait_s`` for the one in flight to end (a
+        run that is failing anyway names the precise cause: a worker that could not load)."""
+        deadline = time.monotonic() + wait_s
+        with self._cv:
+            while self._error is None and self._current is not None and time.monotonic() < deadline:
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
+            return self._error
+
     def close(self) -> None:
         """Stop the thread once the publish in flight (if any) is over; staged versions are dropped."""
         with self._cv:

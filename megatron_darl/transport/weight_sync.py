@@ -197,7 +197,8 @@ class WeightSender:
 
         Workers are served in rounds, each to the ones at a safe point then (those that come
         within ``gather_s`` of the first share a broadcast), so a worker never waits for another
-        to finish its generation; every live worker gets ``join_timeout_s`` from the offer to come.
+        to finish its generation; every live worker gets ``join_timeout_s`` from the offer to come
+        (and again after a round it failed).
         ``named_tensors`` is a list, ``StagedWeights``, or a zero-argument callable returning a
         fresh iterator (the trainer's export); each can be sent again, to later rounds and to a
         member that failed (a worker died mid-broadcast: up to ``max_attempts`` tries each). A
@@ -220,6 +221,8 @@ class WeightSender:
         for rnd in itertools.count():
             todo = [w for w in self._live_workers() if w not in done]
             waited = time.monotonic()
+            if any(w in tries for w in todo):  # a member that failed gets a fresh window to come back
+                deadline = max(deadline, waited + self.cfg.join_timeout_s)
             members, waiting = self._gather_ready(version, rnd, todo, deadline, acks)
             report.wait_seconds += time.monotonic() - waited
             ok, sent = [], version

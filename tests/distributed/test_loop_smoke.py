@@ -71,7 +71,8 @@ def test_preset_runs_and_respects_versions(tmp_path, variant):
             assert r["mismatch_tokens"] == 0.0  # no candidate log-prob pass
         assert sum(r["staleness_hist"]) + r["dropped_stale"] == r["groups_received"]
         assert sum(r["selected_hist"]) == r["groups_selected"] <= 2  # quota B
-        assert r["groups_received"] >= 2  # B new groups per step
+    # B new groups per step on average: a step may start on groups beyond the last one's B
+    assert sum(r["groups_received"] for r in rows) >= 2 * STEPS
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["samples_generated"] >= STEPS * 2 * 4
     assert summary["reward_first"] is not None and summary["wall_seconds"] > 0

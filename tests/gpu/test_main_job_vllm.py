@@ -54,7 +54,9 @@ def _check(run_dir: Path, proc: subprocess.CompletedProcess) -> None:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS)), detail
     assert [r["version"] for r in rows] == [float(s + 1) for s in range(STEPS)], detail
-    assert all(r["groups_received"] >= 2 for r in rows), detail
+    # B = 2 groups per step on average: a step may start on groups that arrived beyond the last
+    # step's B (loop/endpoints.py Backlog), so one step can receive fewer than B
+    assert sum(r["groups_received"] for r in rows) >= 2 * STEPS, detail
     assert "vllm" in rollout_log.lower() and "exit 0" in rollout_log, detail
 
 

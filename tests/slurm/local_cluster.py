@@ -66,6 +66,8 @@ class LocalSlurm:
     nodes: int = 2
     cpus_per_node: int = 2
     memory_mb: int = 8000
+    gpus: int = 0  # GRES gpu:N on every node (one real node: /dev/nvidia0..N-1)
+    plugin_dir: str = ""  # Slurm's plugins when not where it was built to look (tools/slurm_kit.sh)
     pids: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -148,13 +150,16 @@ class LocalSlurm:
             "SlurmdTimeout=30",
             "InactiveLimit=0",
             "GresTypes=gpu",
+            *([f"PluginDir={self.plugin_dir}"] if self.plugin_dir else []),
             f"NodeName=node[1-{self.nodes}] NodeHostname=localhost "
             f"Port=[{base}-{base + self.nodes - 1}] CPUs={self.cpus_per_node} "
-            f"RealMemory={self.memory_mb} State=UNKNOWN",
+            f"RealMemory={self.memory_mb}{f' Gres=gpu:{self.gpus}' if self.gpus else ''} State=UNKNOWN",
             f"PartitionName=debug Nodes=node[1-{self.nodes}] Default=YES MaxTime=INFINITE "
             "State=UP OverSubscribe=YES",
         ]
         (r / "slurm.conf").write_text("\n".join(lines) + "\n")
+        if self.gpus:  # slurmd reads gres.conf beside slurm.conf
+            (r / "gres.conf").write_text(f"Name=gpu File=/dev/nvidia[0-{self.gpus - 1}]\n")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "wb")

@@ -91,7 +91,7 @@ def test_splits_become_cluster_overrides():
         async_speedup.parse_splits("0:2")
     assert async_speedup.cluster_overrides("gpu2", cpu=False) == ["cluster=gpu2"]
     assert async_speedup.cluster_overrides("t6r2", cpu=False) == [
-        "cluster=local", "cluster.trainer_ranks=6", "cluster.rollout_workers=2"]
+        "cluster=gpu4", "cluster.trainer_gpus=6", "cluster.rollout_gpus=2"]
     assert async_speedup.cluster_overrides("t1r2", cpu=True)[0] == "cluster=cpu"
 
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from megatron_darl.transport import (
-    WeightLoadError, WeightReceiver, WeightSender, WeightSyncConfig, WeightSyncFailed, connect_store,
+    WeightReceiver, WeightSender, WeightSyncConfig, WeightSyncFailed, connect_store,
     published_version,
 )
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
-from tests.unit.test_transport_weight_sync import _weights, _world
+from tests.unit.test_transport_weight_sync import _serve_until_error, _weights, _world
 
 CFG = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=10, collective_timeout_s=20,
                        ack_timeout_s=20, gather_s=0.05)
@@ -141,17 +141,7 @@ def test_a_background_sync_that_failed_is_raised_by_the_next_call():
     receiver = WeightReceiver(connect_store(control), control, CFG, 0, broken)
     errors: list = []
     stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                receiver.maybe_sync()
-            except WeightLoadError as exc:
-                errors.append(exc)
-                return
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=serve, daemon=True)
+    thread = threading.Thread(target=_serve_until_error, args=(receiver, errors, stop), daemon=True)
     thread.start()
     try:
         publisher.submit(1, _weights(1))

@@ -71,12 +71,13 @@ def as_stream(engine, chunk_tokens: int = 0):
 class BatchStream:
     """``StreamingEngine`` over a batch ``Engine``; see the module docstring."""
 
-    whole_batches = True  # the worker submits a whole batch at once (one batch size: one compilation)
-
     def __init__(self, engine: Engine, chunk_tokens: int = 0) -> None:
         if chunk_tokens < 0:
             raise ValueError(f"chunk_tokens must be >= 0, got {chunk_tokens}")
         self.engine, self.chunk_tokens = engine, chunk_tokens
+        # whole responses: the worker submits a whole batch at once and waits for it (one batch
+        # size, one compilation); chunks take new groups between any two chunks instead
+        self.whole_batches = chunk_tokens == 0
         self.version = 0  # weights version of the tokens generated next
         self._groups: list[_Group] = []  # submitted, not yet returned, in submission order
 
