@@ -6,7 +6,8 @@ these functions into its own loss (docs/algorithm.md shows how).
 
 from megatron_darl.algorithms.advantages import grpo_advantages
 from megatron_darl.algorithms.importance import (
-    CapMode, behavior_weights, capped_tokens, mixture_log_density, version_alpha,
+    CapMode, MixtureForm, behavior_weights, capped_tokens, mixture_log_density, prefix_mixture_log_density,
+    version_alpha,
 )
 from megatron_darl.algorithms.loss import MAX_LOG_RATIO, PolicyLossInputs, PolicyLossStats, policy_loss
 from megatron_darl.algorithms.scores import (
@@ -44,6 +45,7 @@ __all__ = [
     "VARIANTS",
     "BatchWeights",
     "CapMode",
+    "MixtureForm",
     "PolicyLossInputs",
     "PolicyLossStats",
     "RatioBase",
@@ -61,6 +63,7 @@ __all__ = [
     "group_scores",
     "kl_score",
     "mixture_log_density",
+    "prefix_mixture_log_density",
     "needs_logprob_pass",
     "policy_loss",
     "random_score",

@@ -4,9 +4,15 @@ A selected batch mixes samples from several behavior versions. Instead of weight
 by its own behavior density (high variance when versions differ), D-ARL treats the batch as one
 draw from the mixture ``q = sum_k alpha_k pi_k`` with ``alpha_k`` the token share of version k
 (the balance heuristic of multiple importance sampling, Veach 1997) and weights every token by
-``pi_t / q``. The weights are capped at ``clip`` and carry no gradient, in one of two forms
-(``CapMode``): truncation ``min(r, c)`` (D-ARL, verl's TIS) or AReaL's masking, where a token whose
-ratio exceeds the cap gets weight 0 (it leaves the gradient; the loss's token count keeps it).
+``pi_t / q``. A response is a sequence, drawn whole from one version, so ``q`` is the mixture of
+the versions' *sequence* densities, and a token's weight divides by its conditional given the
+prefix (``MixtureForm.PREFIX``, ``prefix_mixture_log_density``): the mixture of the versions'
+next-token probabilities under the posterior of each version given the prefix. The mixture of
+per-token conditionals (``MixtureForm.TOKEN``, ``mixture_log_density``) equals it at the first
+token only and is kept as an ablation. The weights are capped at ``clip`` and carry no gradient,
+in one of two forms (``CapMode``): truncation ``min(r, c)`` (D-ARL, verl's TIS) or AReaL's
+masking, where a token whose ratio exceeds the cap gets weight 0 (it leaves the gradient; the
+loss's token count keeps it).
 """
 
 from __future__ import annotations
@@ -15,6 +21,13 @@ import enum
 import math
 
 import torch
+
+
+class MixtureForm(str, enum.Enum):
+    """Which conditional of the behavior mixture a token's weight divides by (``mis.form``)."""
+
+    PREFIX = "prefix"  # q(y_j | y_<j) of the sequence mixture: exact (the objective)
+    TOKEN = "token"  # sum_k alpha_k pi_k(y_j | y_<j): exact at the first token only (ablation)
 
 
 class CapMode(str, enum.Enum):
@@ -41,19 +54,9 @@ def version_alpha(version_tokens: torch.Tensor) -> torch.Tensor:
     return counts / total
 
 
-def mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """Log density of the behavior mixture: ``log q = logsumexp_k(log alpha_k + logp_k)``.
-
-    Versions with ``alpha_k == 0`` are dropped before the reduction, so their rows may hold
-    anything (``-inf`` for a version that was never cached, for instance).
-
-    Args:
-        logp_by_version: ``(K, N, T)`` (or packed ``(K, n)``) per-token log pi_k for each version k.
-        alpha: ``(K,)`` non-negative mixture weights summing to 1.
-
-    Returns:
-        ``(N, T)`` (packed: ``(n,)``) log q, in the dtype of ``logp_by_version``.
-    """
+def _mixture_terms(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validated ``(K', ...)`` rows of the versions with ``alpha_k > 0`` and their ``(K',)`` float64
+    log alpha (the other rows may hold anything: ``-inf`` for a version never cached)."""
     if logp_by_version.dim() not in (2, 3):
         raise ValueError(
             f"logp_by_version must be (K, N, T) or packed (K, n), got shape {tuple(logp_by_version.shape)}"
@@ -66,12 +69,81 @@ def mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> t
     if bool((a < 0).any()) or not math.isclose(float(a.sum()), 1.0, abs_tol=1e-4):
         raise ValueError(f"alpha must be non-negative and sum to 1, got {alpha.tolist()}")
     keep = torch.nonzero(a > 0).flatten()  # (K',)
-    logp = logp_by_version  # (K', N, T) after dropping alpha-0 versions (no copy if none)
+    logp = logp_by_version  # no copy when every version has tokens
     if keep.numel() < a.numel():
         logp = logp_by_version.index_select(0, keep.to(logp_by_version.device))
-    log_alpha = torch.log(a[keep]).to(logp.dtype).to(logp.device)  # (K',)
-    log_alpha = log_alpha.view(-1, *([1] * (logp.dim() - 1)))
+    return logp, torch.log(a[keep]).to(logp.device)
+
+
+def mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """Mixture of per-token conditionals, ``log q = logsumexp_k(log alpha_k + logp_k)``
+    (``MixtureForm.TOKEN``: the sequence mixture's conditional at a response's first token only).
+
+    Args:
+        logp_by_version: ``(K, N, T)`` (or packed ``(K, n)``) per-token log pi_k for each version k.
+        alpha: ``(K,)`` non-negative mixture weights summing to 1.
+
+    Returns:
+        ``(N, T)`` (packed: ``(n,)``) log q, in the dtype of ``logp_by_version``.
+    """
+    logp, log_alpha = _mixture_terms(logp_by_version, alpha)
+    log_alpha = log_alpha.to(logp.dtype).view(-1, *([1] * (logp.dim() - 1)))
     return torch.logsumexp(logp + log_alpha, dim=0)  # (N, T) or (n,)
+
+
+def prefix_mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor,
+                               sample_index: torch.Tensor | None = None,
+                               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token conditional of the sequence mixture ``q(y) = sum_k alpha_k pi_k(y)``:
+
+        log q(y_j | y_<j) = logsumexp_k(log beta_kj + log pi_k(y_j | y_<j)),
+        log beta_kj = log alpha_k + P_k,j-1 - logsumexp_k'(log alpha_k' + P_k',j-1),
+
+    with ``P_k,j = sum_{l<=j} log pi_k(y_l)`` the prefix log-density under version k, so
+    ``beta_kj`` is the posterior of version k given the prefix (``alpha`` at the first token). The
+    product over j is ``q(y)``. This is the difference of the two prefix mixtures
+    ``LSE_k(log alpha_k + P_kj) - LSE_k(log alpha_k + P_k,j-1)``, computed through the normalised
+    posterior so that prefix sums of thousands of nats never meet in a subtraction; in float64.
+
+    Args:
+        logp_by_version: ``(K, N, T)`` rows of a padded batch (each row a response; positions
+            outside ``mask`` are skipped) or packed ``(K, n)`` (responses end to end).
+        alpha: ``(K,)`` non-negative mixture weights summing to 1; versions with 0 are dropped.
+        sample_index: packed layout: ``(n,)`` int64 response of each token, non-decreasing.
+        mask: padded layout: ``(N, T)`` response mask (default: every position).
+
+    Returns:
+        ``(N, T)`` (packed ``(n,)``) log q(y_j | y_<j), in the dtype of ``logp_by_version``
+        (padding: the value of its last real token's posterior, to be masked by the caller).
+    """
+    logp, log_alpha = _mixture_terms(logp_by_version, alpha)
+    lp = logp.double()
+    if lp.dim() == 3:  # padded rows: each row one response
+        m = torch.ones(lp.shape[1:], dtype=torch.bool, device=lp.device) if mask is None else mask.bool()
+        lp = torch.where(m, lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+        before = torch.cumsum(lp, dim=-1) - lp  # (K', N, T) P_k,j-1
+    else:
+        if sample_index is None or sample_index.shape != lp.shape[1:]:
+            raise ValueError(f"packed log-probs {tuple(logp.shape)} need sample_index of shape "
+                             f"({lp.shape[1]},): the response of each token")
+        before = _segment_exclusive_cumsum(lp, sample_index.to(lp.device))  # (K', n)
+    prior = log_alpha.view(-1, *([1] * (lp.dim() - 1))) + before  # log alpha_k + P_k,j-1
+    log_post = prior - torch.logsumexp(prior, dim=0, keepdim=True)  # log beta_kj
+    return torch.logsumexp(log_post + lp, dim=0).to(logp.dtype)
+
+
+def _segment_exclusive_cumsum(values: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
+    """``(K, n)`` sums of the earlier values of the same segment (``segment``: ``(n,)``,
+    non-decreasing): a running sum minus its value where the segment started."""
+    if segment.numel() and bool((segment[1:] < segment[:-1]).any()):
+        raise ValueError("sample_index must be non-decreasing (responses end to end)")
+    total = torch.cumsum(values, dim=-1)  # (K, n)
+    exclusive = total - values
+    first = torch.ones_like(segment, dtype=torch.bool)
+    first[1:] = segment[1:] != segment[:-1]  # (n,) a response's first token
+    start = torch.cummax(torch.where(first, torch.arange(segment.numel(), device=segment.device),
+                                     torch.zeros_like(segment)), dim=0).values  # (n,) its index
+    return exclusive - exclusive[:, start]
 
 
 def behavior_weights(

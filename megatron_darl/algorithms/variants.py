@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from megatron_darl.algorithms.importance import (
-    CapMode, behavior_weights, capped_tokens, mixture_log_density, version_alpha,
+    CapMode, MixtureForm, behavior_weights, capped_tokens, mixture_log_density, prefix_mixture_log_density,
+    version_alpha,
 )
 from megatron_darl.algorithms.scores import RATIO_SCORES, ScoreKind
 
@@ -190,6 +191,8 @@ def batch_behavior_weights(
     clip: float | None = 2.0,
     version_tokens: torch.Tensor | None = None,
     cap_mode: CapMode | str = CapMode.CLIP,
+    form: MixtureForm | str = MixtureForm.PREFIX,
+    sample_index: torch.Tensor | None = None,
 ) -> BatchWeights:
     """Per-token behavior weights and PPO ratio base of a selected batch for ``variant``.
 
@@ -210,6 +213,9 @@ def batch_behavior_weights(
         version_tokens: ``(K,)`` tokens per version over the whole selected batch, for when the
             batch is split over DP shards (all-reduce the local counts); default: counted here.
         cap_mode: ``"clip"`` truncates weights at ``clip``; ``"mask"`` zeroes tokens above it.
+        form: the mixture's conditional for ``mixture`` weights: ``"prefix"`` (the sequence
+            mixture's, exact) or ``"token"`` (the mixture of per-token conditionals, an ablation).
+        sample_index: packed layout with ``form="prefix"``: ``(n,)`` response of each token.
 
     Returns:
         ``BatchWeights`` with ``weights`` and ``logp_base`` for ``policy_loss``.
@@ -234,11 +240,31 @@ def batch_behavior_weights(
             log_q = logp_own
         else:
             _check_finite(logp_by_version, alpha, m, versions)
-            log_q = mixture_log_density(logp_by_version.detach(), alpha)  # (N, T)
+            log_q = _mixture(logp_by_version.detach(), alpha, _form(form), sample_index, m)  # (N, T)
         weights = behavior_weights(logp_current, log_q, clip, mask=m, cap_mode=cap_mode)
         capped = capped_tokens(logp_current, log_q, clip, mask=m)
     base = logp_own if spec.ratio_base is RatioBase.BEHAVIOR else logp_current.detach()
     return BatchWeights(weights=weights, logp_base=base, alpha=alpha, capped=capped)
+
+
+def _form(form: MixtureForm | str) -> MixtureForm:
+    try:
+        return MixtureForm(form)
+    except ValueError:
+        raise ValueError(f"mixture form must be one of {[f.value for f in MixtureForm]}, got {form!r}") from None
+
+
+def _mixture(logp_by_version: torch.Tensor, alpha: torch.Tensor, form: MixtureForm,
+             sample_index: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+    """log q of the batch's behavior mixture in ``form``; packed prefix form needs ``sample_index``."""
+    if form is MixtureForm.TOKEN:
+        return mixture_log_density(logp_by_version, alpha)
+    if logp_by_version.dim() == 3:
+        return prefix_mixture_log_density(logp_by_version, alpha, mask=mask)
+    if sample_index is None:
+        raise ValueError("packed mixture weights in the prefix form need sample_index (the response "
+                         "of each token); pass form='token' for the per-token mixture")
+    return prefix_mixture_log_density(logp_by_version, alpha, sample_index=sample_index)
 
 
 def _check_finite(

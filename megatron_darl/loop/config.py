@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from megatron_darl.algorithms import (
-    CapMode, ScoreKind, Variant, VariantSpec, variant_spec, with_rollout_is,
+    CapMode, MixtureForm, ScoreKind, Variant, VariantSpec, variant_spec, with_rollout_is,
 )
 from megatron_darl.replay.window import VersionWindow
 
@@ -29,6 +29,7 @@ class MisConfig:
     clip: float = 2.0  # cap c of the behavior weights w = min(pi_t / q, c)
     backfill: str = "snapshot"  # "snapshot" (exact, from kept parameter snapshots) or "nearest"
     cap_mode: str = "clip"  # "clip": w = min(r, c); "mask": w = 0 where r > c (AReaL)
+    form: str = "prefix"  # the mixture's conditional: "prefix" (sequence mixture, exact) or "token" (ablation)
 
 
 @dataclass
@@ -78,6 +79,8 @@ class AlgorithmConfig:
             raise ValueError(f"algorithm.mis.backfill={self.mis.backfill!r}: use one of {BACKFILLS}")
         if self.mis.cap_mode not in {m.value for m in CapMode}:
             raise ValueError(f"algorithm.mis.cap_mode={self.mis.cap_mode!r}: use clip or mask")
+        if self.mis.form not in {f.value for f in MixtureForm}:
+            raise ValueError(f"algorithm.mis.form={self.mis.form!r}: use prefix or token")
         if self.rollout_is is not None:
             if not self.rollout_is > 0:
                 raise ValueError(f"algorithm.rollout_is must be > 0 or null, got {self.rollout_is}")

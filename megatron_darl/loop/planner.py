@@ -315,7 +315,8 @@ class ShardPlanner:
             self.spec, logp_t, by_version, torch.tensor(sel.versions),
             torch.repeat_interleave(bv, lengths), torch.ones(n, dtype=torch.bool),
             clip=self.algorithm.weight_cap, version_tokens=global_tokens,
-            cap_mode=self.algorithm.mis.cap_mode,
+            cap_mode=self.algorithm.mis.cap_mode, form=self.algorithm.mis.form,
+            sample_index=sample_index(lengths),
         )
         adv = torch.cat([e.advantages for e in sel.entries]).float()  # (N,)
         w = bw.weights.double()

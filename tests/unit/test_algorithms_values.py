@@ -255,9 +255,13 @@ def test_batch_behavior_weights_per_variant():
     lc, lpv, versions, bv, mask = _batch()
     darl = batch_behavior_weights("darl", lc, lpv, versions, bv, mask, clip=2.0)
     torch.testing.assert_close(darl.alpha, torch.tensor([0.25, 0.75], dtype=torch.float64))
-    # q = 0.25 p3 + 0.75 p4 -> sample 0: 0.5; sample 1: 0.3125, 0.3125, 0.5
-    expected = torch.tensor([[1.6, 0, 0], [1.6, 0.32, 1.5]])
-    torch.testing.assert_close(darl.weights, expected)
+    # the sequence mixture's conditional: the posterior of (v3, v4) given the prefix is (0.25,
+    # 0.75) at a first token, then (0.4, 0.6) after sample 1's first token (0.25 x 0.5 against
+    # 0.75 x 0.25), then (4/7, 3/7): q = 0.5; 0.3125, 0.35, 0.5
+    torch.testing.assert_close(darl.weights, torch.tensor([[1.6, 0, 0], [1.6, 0.1 / 0.35, 1.5]]))
+    # the mixture of per-token conditionals keeps alpha at every token: 0.3125 at sample 1's second
+    token = batch_behavior_weights("darl", lc, lpv, versions, bv, mask, clip=2.0, form="token")
+    torch.testing.assert_close(token.weights, torch.tensor([[1.6, 0, 0], [1.6, 0.32, 1.5]]))
     assert torch.equal(darl.logp_base, lc)
     own = batch_behavior_weights("decoupled", lc, lpv, versions, bv, mask, clip=2.0)
     torch.testing.assert_close(own.weights, torch.tensor([[2.0, 0, 0], [2.0, 0.4, 1.5]]))
@@ -317,7 +321,8 @@ def test_the_packed_layout_gives_the_padded_values():
     for variant in ("darl", "decoupled", "async"):
         want = batch_behavior_weights(variant, lc, lpv, versions, bv, mask, clip=2.0)
         got = batch_behavior_weights(variant, lc[mask], lpv[:, mask], versions, bv[index],
-                                     torch.ones(int(lens.sum()), dtype=torch.bool), clip=2.0)
+                                     torch.ones(int(lens.sum()), dtype=torch.bool), clip=2.0,
+                                     sample_index=index)
         assert torch.equal(got.weights, want.weights[mask]) and torch.equal(got.logp_base, want.logp_base[mask])
         torch.testing.assert_close(got.alpha, want.alpha)
     logp_new, prox, weights, adv, lmask = _loss_batch()

@@ -47,6 +47,7 @@ def test_model_group_gives_random_init_shape():
     ("algorithm.ppo_minibatches=0", "algorithm.ppo_minibatches"),
     ("algorithm.ppo_epochs=0", "algorithm.ppo_epochs"),
     ("algorithm.mis.cap_mode=cut", "algorithm.mis.cap_mode"),
+    ("algorithm.mis.form=both", "algorithm.mis.form"),
     ("algorithm.rollout_is=2.0", "algorithm.rollout_is"),  # darl: its weight already is the IS
     ("sampling.top_p=0.9", "sampling.top_p"),
     ("sampling.top_k=20", "sampling.top_k"),
