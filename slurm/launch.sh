@@ -9,7 +9,8 @@
 # experiment=smoke, replay.k=8. Knobs (environment variables; sbatch exports the environment):
 #   MODEL          configs/model preset (the wrappers set it) or "tiny": the embedded tiny policy
 #   MODEL_PATH     Hugging Face checkpoint dir of the initial policy (needed unless MODEL=tiny)
-#   ALGORITHM      configs/algorithm preset: darl sync async decoupled darl_nofilter darl_nomis
+#   ALGORITHM      configs/algorithm preset (the darl, async and decoupled scripts: their *_paper preset);
+#                  others: darl sync async decoupled darl_nofilter darl_nomis async_is_paper
 #   DATA, DATA_PATH  configs/data preset (default gsm8k; builtin for MODEL=tiny) and its file
 #   ENGINE         rollout preset hf | vllm (default: the config's, hf)
 #   TRAINER        configs/trainer preset (default: "default" on GPU, cpu_tiny on CPU)

@@ -32,6 +32,7 @@ engine/trainer mismatch metric.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
@@ -162,7 +163,7 @@ class ShardPlanner:
         tokens = dp_sum(sel.version_tokens.clone())
         lap("plan_seconds")
         self._backfill(sel, tokens, step, logprobs, set(exact_versions) | {version}, stats)
-        plan = self._plan(sel, tokens, version, proximal, stats)
+        plan = self._plan(sel, tokens, version, proximal, stats, step)
         lap("backfill_seconds")
         return plan
 
@@ -231,12 +232,16 @@ class ShardPlanner:
         if self.spec.score in RATIO_SCORES:
             lc = pack([proximal[s.sample_id] for s in cand.samples])  # (n,)
         bv = torch.tensor([e.behavior_version for e in cand.entries])[cand.group_index]  # (N,)
-        gen = torch.Generator().manual_seed(
-            (self.algorithm.seed * 1_000_003 + step * 7919 + self.shard) % (1 << 63))
+        gen = self._generator(step)
         n = len(cand.samples)
         s = score_tokens(self.spec.score, lc, lb, sample_index(cand.lengths), n, bv, gen)  # (N,)
         g = group_scores(s, cand.lengths, cand.group_index, len(cand.entries))  # (M,)
         return {e.group_id: float(g[i]) for i, e in enumerate(cand.entries)}
+
+    def _generator(self, step: int, stream: int = 0) -> torch.Generator:
+        """Seeded per (``algorithm.seed``, step, shard, stream): the same in a rerun and a resume."""
+        return torch.Generator().manual_seed(
+            (self.algorithm.seed * 1_000_003 + step * 7919 + self.shard + stream * 104_729) % (1 << 63))
 
     def _select(self, step: int, scores: dict[int, float], version: int, stats: StepStats) -> Selection:
         """The shard's quota, its per-version tokens and the selection statistics."""
@@ -282,11 +287,16 @@ class ShardPlanner:
 
     # ---- loss inputs and mini-batches -----------------------------------------------------------
     def _plan(self, sel: Selection, global_tokens: torch.Tensor, version: int,
-              proximal: dict[int, torch.Tensor], stats: StepStats) -> StepPlan:
+              proximal: dict[int, torch.Tensor], stats: StepStats, step: int = 0) -> StepPlan:
         """Behavior weights, ratio base and advantages fixed once for the whole step (DESIGN
-        4.6), cut into M contiguous mini-batches x epochs. With nothing selected on this shard
-        (e.g. step 0 when the hash sent every group elsewhere) the step trains a zero-weight
-        stand-in, so every DP shard takes the same optimizer steps."""
+        4.6), cut into M contiguous mini-batches x epochs of the selected groups in a seeded
+        random order (in selection order the stalest groups would always train last). With
+        nothing selected on this shard (e.g. step 0 when the hash sent every group elsewhere)
+        the step trains a zero-weight stand-in, so every DP shard takes the same optimizer steps."""
+        if len(sel.entries) > 1 and self.algorithm.ppo_minibatches > 1:
+            order = torch.randperm(len(sel.entries), generator=self._generator(step, stream=1)).tolist()
+            sel = dataclasses.replace(sel, entries=[sel.entries[i] for i in order],
+                                      scores=[sel.scores[i] for i in order])
         if not sel.entries:
             samples = [_filler_sample(version)]
             inputs = _zero_inputs(samples[0].num_tokens)

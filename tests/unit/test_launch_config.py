@@ -78,7 +78,8 @@ def test_algorithm_config_score_override():
 
 
 @pytest.mark.parametrize("preset, variant", [
-    ("darl_paper", "darl"), ("async_paper", "async"), ("decoupled_paper", "decoupled")])
+    ("darl_paper", "darl"), ("async_paper", "async"), ("decoupled_paper", "decoupled"),
+    ("async_is_paper", "async")])
 def test_paper_presets_one_step_off_window_warmup_minibatches(preset, variant):
     cfg = load_run_config([f"algorithm={preset}"])
     a = cfg.algorithm
@@ -87,15 +88,19 @@ def test_paper_presets_one_step_off_window_warmup_minibatches(preset, variant):
     assert a.weight_cap == 2.0 and a.mis.cap_mode == "clip"
     assert cfg.transport.channel.max_staleness == 1
     assert cfg.replay.max_replays == (None if variant == "darl" else 1)
-    assert a.rollout_is == (2.0 if variant == "async" else None)
+    assert a.rollout_is == (2.0 if preset == "async_is_paper" else None)
 
 
 def test_rollout_is_turns_async_into_ratio_against_pi_t_with_capped_weights():
-    cfg = load_run_config(["algorithm=async_paper"])
+    cfg = load_run_config(["algorithm=async_is_paper"])
     spec = cfg.algorithm.spec()
     assert (spec.weight_rule, spec.ratio_base) == (WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL)
     assert spec.score is VARIANTS[Variant.ASYNC].score and spec.k == VARIANTS[Variant.ASYNC].k
-    plain = load_run_config(["algorithm=async_paper", "algorithm.rollout_is=null"]).algorithm
+    # the same objective as decoupled PPO: verl's name for it
+    decoupled = load_run_config(["algorithm=decoupled_paper"]).algorithm.spec()
+    assert (spec.weight_rule, spec.ratio_base, spec.score) == (
+        decoupled.weight_rule, decoupled.ratio_base, decoupled.score)
+    plain = load_run_config(["algorithm=async_paper"]).algorithm
     assert plain.spec() == VARIANTS[Variant.ASYNC] and plain.weight_cap == plain.mis.clip
     sync = AlgorithmConfig(variant="sync", max_staleness=0, rollout_is=3.0)
     assert sync.spec().weight_rule is WeightRule.OWN_BEHAVIOR and sync.weight_cap == 3.0

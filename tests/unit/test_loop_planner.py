@@ -318,6 +318,27 @@ def test_minibatches_are_contiguous_slices_of_the_step(m, epochs):
         assert all(a is b for a, b in zip(plan.minibatches[e * m:(e + 1) * m], parts))
 
 
+def test_the_groups_of_a_step_reach_the_minibatches_in_a_seeded_order():
+    """With M > 1, selection order (freshest or lowest score first: the stalest groups last) is
+    not the training order: the step's groups are shuffled, the same way in a rerun (and per step)."""
+    def planned(seed, step=0):
+        p = ShardPlanner(algo("decoupled", b=8, ppo_minibatches=4, seed=seed), ReplayConfig(k=3))
+        groups = [make_group(g, 0) for g in range(1, 9)]
+        plan = p.step(groups, step, 0, fake_logprobs)
+        return [e.group_id for e in plan.selection.entries], plan
+
+    fifo = sorted(range(1, 9), reverse=True)  # freshest first: the latest arrival
+    first, plan = planned(seed=0)
+    assert sorted(first) == list(range(1, 9)) and first != fifo
+    assert planned(seed=0)[0] == first  # a rerun trains in the same order
+    assert planned(seed=1)[0] != first and planned(seed=0, step=1)[0] != first
+    samples = [s.sample_id for e in plan.selection.entries for s in e.group.samples]
+    assert [s.sample_id for s in plan.samples] == samples  # the mini-batches follow the shuffled groups
+    one = ShardPlanner(algo("decoupled", b=8, ppo_minibatches=1), ReplayConfig(k=3))
+    assert [e.group_id for e in one.step([make_group(g, 0) for g in range(1, 9)], 0, 0,
+                                        fake_logprobs).selection.entries] == fifo  # M = 1: as selected
+
+
 def test_minibatches_more_than_samples_and_empty_shard_get_zero_weight_fillers():
     p = ShardPlanner(algo("sync", b=1, max_staleness=0, ppo_minibatches=4), ReplayConfig(k=1))
     plan = p.step([make_group(1, 0, rewards=(1.0, 0.0))], 0, 0, fake_logprobs)
