@@ -26,7 +26,7 @@ from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
     WORKER, ControlStore, MemberInfo, TransportTimeout, get_int, published_version, wait_key,
 )
-from megatron_darl.transport.weight_sync import SyncKeys, WeightLoadError
+from megatron_darl.transport.weight_protocol import SyncKeys, WeightLoadError
 
 log = logging.getLogger(__name__)
 

@@ -41,13 +41,12 @@ import json
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from megatron_darl.transport.buckets import BucketEntry, buckets, pack
+from megatron_darl.transport.buckets import buckets, pack
 from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, share
 from megatron_darl.transport.heartbeat import Heartbeat
@@ -55,97 +54,12 @@ from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
     WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
 )
+from megatron_darl.transport.weight_protocol import (  # noqa: F401 (re-exported: the sender's vocabulary)
+    PackedBucket, StagedWeights, SyncKeys, SyncReport, WeightLoadError, WeightSyncFailed,
+)
 
 log = logging.getLogger(__name__)
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | Callable[[], Iterable[tuple[str, torch.Tensor]]]
-PackedBucket = tuple[list[BucketEntry], torch.Tensor]  # entries and their flat uint8 buffer
-
-
-class SyncKeys:
-    """Store keys of the weight-sync handshake."""
-
-    @staticmethod
-    def offer(stage: int) -> str:
-        return f"ws/offer/{stage}"
-
-    @staticmethod
-    def ready(version: int, worker: int) -> str:
-        return f"ws/{version}/ready/{worker}"
-
-    @staticmethod
-    def failed(version: int, worker: int) -> str:
-        return f"ws/{version}/failed/{worker}"
-
-    @staticmethod
-    def retry_ready(version: int, stage: int, attempt: int, worker: int) -> str:
-        return f"ws/{version}/{stage}/{attempt}/ready/{worker}"
-
-    @staticmethod
-    def result(version: int, stage: int, attempt: int, worker: int) -> str:
-        """"1": the worker loaded every bucket of this attempt; "0": it did not."""
-        return f"ws/{version}/{stage}/{attempt}/result/{worker}"
-
-    @staticmethod
-    def plan(version: int, stage: int, attempt: int) -> str:
-        return f"ws/{version}/{stage}/{attempt}/plan"
-
-    @staticmethod
-    def verdict(version: int, stage: int, attempt: int) -> str:
-        """"1": the leader retries with attempt + 1; "0": this attempt was the last."""
-        return f"ws/{version}/{stage}/{attempt}/verdict"
-
-    @staticmethod
-    def bucket(version: int, stage: int, attempt: int, index: int) -> str:
-        return f"ws/{version}/{stage}/{attempt}/bucket/{index}"
-
-    @staticmethod
-    def done(version: int, stage: int, attempt: int, index: int, worker: int) -> str:
-        """A worker on the leader's GPU finished reading bucket ``index`` through its IPC handle."""
-        return f"ws/{version}/{stage}/{attempt}/done/{index}/{worker}"
-
-    @staticmethod
-    def ack(worker: int) -> str:
-        return f"ws/ack/{worker}"
-
-
-@dataclass
-class SyncReport:
-    """What one ``publish`` did on one stage leader."""
-
-    version: int  # version offered
-    stage: int  # PP stage of this leader
-    members: list[int]  # workers the stage reached
-    missing: list[str] = field(default_factory=list)  # live workers left out (not ready/failed)
-    acked: list[int] = field(default_factory=list)  # coordinator only: workers that acked
-    published: bool = False  # coordinator only: the published version moved to ``version``
-    attempts: int = 1  # rounds used (> 1: workers came at different times, or one failed and was served again)
-    buckets: int = 0  # buckets sent
-    bytes: int = 0  # payload bytes sent
-    seconds: float = 0.0  # wall time of publish
-    wait_seconds: float = 0.0  # of which waiting for the workers' safe points (their "ready")
-    transfer_seconds: float = 0.0  # of which sending: each round's stream and its members' results
-    rounds_sent: int = 0  # rounds that sent weights (a worker waits for its own round only)
-    ipc: list[int] = field(default_factory=list)  # members reached by CUDA IPC (on the leader's GPU)
-
-
-@dataclass
-class StagedWeights:
-    """One version of a stage's weights packed into bucket buffers ahead of its publish."""
-
-    version: int  # the trainer version they are
-    buckets: list[PackedBucket]  # every bucket, packed
-    ready: torch.cuda.Event | None  # recorded after the packing copies (CUDA), else None
-    nbytes: int  # payload bytes
-
-
-class WeightSyncFailed(RuntimeError):
-    """No rollout worker could take a version (each one's reason in the message): the run
-    cannot go on, since workers would generate from weights the trainer left behind."""
-
-
-class WeightLoadError(RuntimeError):
-    """This worker's engine could not load the weights it received (wrong model, out of memory):
-    nothing later can fix that, so the worker reports it and exits."""
 
 
 class WeightSender:
