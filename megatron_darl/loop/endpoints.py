@@ -31,7 +31,7 @@ from megatron_darl.transport import (
 )
 from megatron_darl.transport.store import Keys, describe_peer, get_int, published_version, wait_key
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
-from megatron_darl.transport.weight_sync import SyncKeys, SyncReport
+from megatron_darl.transport.weight_protocol import SyncKeys, SyncReport
 
 log = logging.getLogger(__name__)
 EXIT_RANK0_LOST = 3  # a trainer rank whose rank 0 (the store host) is frozen or gone

@@ -44,7 +44,7 @@ from megatron_darl.loop.run_config import RunConfig
 from megatron_darl.loop.stats import StepStats
 from megatron_darl.loop.step import StepClock, StepRunner, uses_snapshots
 from megatron_darl.transport import WORKER, TransportTimeout, WeightSyncFailed
-from megatron_darl.transport.weight_sync import SyncReport
+from megatron_darl.transport.weight_protocol import SyncReport
 
 log = logging.getLogger(__name__)
 
