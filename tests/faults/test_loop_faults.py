@@ -59,7 +59,10 @@ def test_a_weight_sync_no_worker_can_load_ends_the_run_naming_the_worker(tmp_pat
     assert (run_dir / "logs" / "rollout0.exit").read_text().startswith("rollout 0 (")
     assert list((run_dir / "checkpoints").glob("step_*")), "no checkpoint before giving up"
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert len(rows) == 1 and json.loads(rows[0])["version"] == 1.0  # one step, then the failed sync
+    # One step, then the failed sync. The sync runs in the background, so the step that trained
+    # while it failed may be kept too; no step starts once the failure is known.
+    versions = [json.loads(row)["version"] for row in rows]
+    assert versions in ([1.0], [1.0, 2.0]), versions
     assert seconds < 240, seconds
 
 
