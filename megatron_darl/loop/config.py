@@ -16,6 +16,7 @@ from typing import Any, Optional
 from megatron_darl.algorithms import (
     CapMode, MixtureForm, ScoreKind, Variant, VariantSpec, variant_spec, with_rollout_is,
 )
+from megatron_darl.loop.candidates import RESCORE_MODES
 from megatron_darl.replay.window import VersionWindow
 
 BACKFILLS = ("snapshot", "nearest")  # mis.backfill: exact recompute or nearest-version copy
@@ -134,8 +135,12 @@ class ReplayConfig:
     warmup: int = 0  # first steps take the freshest groups without scoring
     max_replays: Optional[int] = None  # times a group may be selected; null = while in window
     drop_degenerate: bool = True  # never select groups whose rewards are all equal
+    rescore: str = "selected"  # which groups a ratio score re-scores at t: selected|bounded|all
+    rescore_audit: bool = False  # score all too and report what the rule would have selected
 
     def __post_init__(self) -> None:
+        if self.rescore not in RESCORE_MODES:
+            raise ValueError(f"replay.rescore={self.rescore!r}: use one of {RESCORE_MODES}")
         if self.k < 1:
             raise ValueError(f"replay.k must be >= 1, got {self.k}")
         if self.warmup < 0:

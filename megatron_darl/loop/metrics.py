@@ -53,6 +53,10 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
         "samples_selected": g("samples_selected"),
         "groups_selected": g("groups_selected"),
         "dropped_stale": g("dropped_stale"),
+        # the candidate pass: eligible groups, groups scored at t and passes (sums over DP)
+        "candidate_groups": g("candidate_groups"),
+        "groups_scored": g("groups_scored"),
+        "logprob_passes": g("logprob_passes"),
         "score_mean": _ratio(g("score_sum"), g("score_count")),
         "score_max": g("score_max") if g("score_count") > 0 else 0.0,
         "selected_score_mean": _ratio(g("selected_score_sum"), g("groups_selected")),
@@ -75,6 +79,10 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
         # rows the cache holds at the end of the step, by source
         **{f"cache_rows_{src}": g(f"cache_rows_{src}") for src in CACHE_SOURCES},
     }
+    if g("rescore_audits") > 0:  # replay.rescore_audit: the rule against scoring everything
+        out["rescore_agreement"] = _ratio(g("rescore_agreement_sum"), g("rescore_audits"))
+        out["rescore_score_gap"] = _ratio(g("rescore_score_gap_sum"), g("rescore_audits"))
+        out["rescore_rule_scored"] = g("rescore_rule_scored")
     for name in HISTOGRAMS:
         hist = torch.as_tensor(getattr(stats, name), dtype=torch.float64)
         out[name] = [float(x) for x in hist.tolist()]

@@ -4,12 +4,14 @@
 trainer step, from the shard's new groups to the trainer's PPO mini-batches:
 
     arrive     buffer the new groups (GRPO advantages), engine rows into the cache
-    pass       one log-prob pass at t over every selectable group (``logprobs(batch, t)``):
-               trainer rows into the cache, kept as the proximal log-probs of the step
-               (skipped when the variant reads no pi_t: naive async)
-    score      per-group scores (the variant's score kind)
+    score      per-group scores (the variant's score kind); a ratio score needs log pi_t, so
+               its groups go through log-prob passes at t (``logprobs(batch, t)``), as few
+               as can still be selected (``candidates.py``, ``replay.rescore``)
     select     the shard's quota B/DP (warmup: freshest first); per-version tokens summed over
                DP (``dp_sum``) give the mixture's alpha
+    pass       the selected groups not yet scored at t (warmup, scores without pi_t) get theirs;
+               every pass's rows go into the cache and are the step's proximal log-probs
+               (no pass at all when the variant reads no pi_t: naive async)
     backfill   rows of V(S) the selected samples lack: exact from parameter snapshots
                (``logprobs(batch, v)`` for v in ``exact_versions``), else the nearest version
     weights    behavior weights, ratio base and advantages (``PolicyLossInputs``), fixed for the
@@ -20,7 +22,9 @@ its own (``logprobs`` and ``dp_sum`` are given), so it is tested with real ``Sam
 fake trainer. All per-token values are in the packed layout (``sequences.py``).
 
 Order note: scores only need pi_t (the pass) and mu_{v_i} (the engine row), so backfill runs
-after selection and only for the selected samples x V(S), not for every candidate.
+after selection and only for the selected samples x V(S), not for every candidate. A group
+scored in an earlier step keeps that score (``BufferEntry.score``): scaled by its age, the bound
+that lets a step re-score only the old groups that could beat the quota.
 
 Samples whose tokens span versions (interruptible rollout): the engine row, each token's log-prob
 under the version that sampled it, is stored under the sample's behavior version
@@ -43,6 +47,7 @@ from megatron_darl.algorithms import (
     RATIO_SCORES, PolicyLossInputs, WeightRule, batch_behavior_weights, group_scores,
     needs_logprob_pass, score_tokens,
 )
+from megatron_darl.loop.candidates import audit_rule, extrapolate, rescore
 from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.sequences import pack, response_lengths, sample_index, sequence_batch
 from megatron_darl.loop.stats import StepStats
@@ -151,17 +156,17 @@ class ShardPlanner:
         """
         stats = StepStats.empty(self.hist_bins)
         self._arrive(groups, step, version, stats)
-        cand, proximal, scores = self._candidates(), {}, {}
-        if cand is not None:
-            if self.needs_pass:
-                batch = sequence_batch(cand.samples)
-                proximal = self._take_pass(cand, logprobs(batch, version), version, stats)
-            scores = self._score(cand, proximal, step)
+        proximal: dict[int, torch.Tensor] = {}  # sample_id -> (T_i,) log pi_t: every pass's rows
+        passes = lambda entries: self._pass(entries, version, logprobs, proximal, stats)  # noqa: E731
+        scores = self._score_candidates(step, version, passes, proximal, stats)
         lap("logprob_seconds")
         _score_stats(scores, stats)
         sel = self._select(step, scores, version, stats)
         tokens = dp_sum(sel.version_tokens.clone())
         lap("plan_seconds")
+        if self.needs_pass:
+            passes([e for e in sel.entries if any(s.sample_id not in proximal for s in e.group.samples)])
+        lap("logprob_seconds")
         self._backfill(sel, tokens, step, logprobs, set(exact_versions) | {version}, stats)
         plan = self._plan(sel, tokens, version, proximal, stats, step)
         lap("backfill_seconds")
@@ -202,27 +207,70 @@ class ShardPlanner:
                 if s.num_tokens and int(s.token_versions.max()) != v:
                     stats.mixed_version_samples += 1
 
-    def _candidates(self) -> Candidates | None:
-        entries = self.buffer.candidates(self.shard)
-        if not entries:
-            return None
+    @staticmethod
+    def _candidates(entries: list[BufferEntry]) -> Candidates:
         samples = [s for e in entries for s in e.group.samples]
         group_index = torch.tensor([i for i, e in enumerate(entries) for _ in e.group.samples])
         return Candidates(entries, samples, response_lengths(samples), group_index)
 
-    def _take_pass(self, cand: Candidates, logp: torch.Tensor, version: int,
-                   stats: StepStats) -> dict[int, torch.Tensor]:
-        """The pass's packed log-probs (version t) into the cache; returns them per sample (the
-        proximal rows) and adds the engine/trainer mismatch (k3 over samples of exactly t)."""
+    def _pass(self, entries: list[BufferEntry], version: int, logprobs: LogProbFn,
+              proximal: dict[int, torch.Tensor], stats: StepStats) -> Candidates | None:
+        """One log-prob pass at t over ``entries``: rows into the cache and into ``proximal``,
+        plus the engine/trainer mismatch (k3 over samples generated at exactly t)."""
+        if not entries:
+            return None
+        cand = self._candidates(entries)
+        logp = logprobs(sequence_batch(cand.samples), version)
         rows = torch.split(logp, cand.lengths.tolist())
         self.cache.put_packed([s.sample_id for s in cand.samples], version, logp, cand.lengths,
                               RowSource.TRAINER)
         for s, row in zip(cand.samples, rows, strict=True):
+            proximal[s.sample_id] = row
             if s.num_tokens and bool((s.token_versions == version).all()):
                 log_r = row.double() - s.behavior_logprobs.double()  # log pi_t - log mu
                 stats.mismatch_k3_sum += float((torch.expm1(log_r) - log_r).sum())
                 stats.mismatch_tokens += s.num_tokens
-        return {s.sample_id: row for s, row in zip(cand.samples, rows)}
+        stats.groups_scored += len(entries)
+        stats.logprob_passes += 1
+        return cand
+
+    def _score_candidates(self, step: int, version: int,
+                          passes: Callable[[list[BufferEntry]], Candidates | None],
+                          proximal: dict[int, torch.Tensor], stats: StepStats) -> dict[int, float]:
+        """group_id -> score at t of the groups that may be selected (none during warmup).
+
+        Scores that read no pi_t score every candidate from the engine rows; ratio scores run
+        ``passes`` over the groups ``replay.rescore`` asks for and remember each score."""
+        entries = self.buffer.candidates(self.shard)
+        stats.candidate_groups = float(len(entries))
+        if not entries or self.buffer.in_warmup(step):
+            return {}
+        if self.spec.score not in RATIO_SCORES:
+            return self._score(self._candidates(entries), proximal, step)
+
+        def score(ids: list[int]) -> dict[int, float]:
+            chosen = [self.buffer.entry(gid) for gid in ids]
+            out = self._score(passes(chosen), proximal, step)
+            for e in chosen:
+                e.score, e.scored_version = out[e.group_id], version
+            return out
+
+        fresh = [e.group_id for e in entries if e.score is None]
+        predicted = {e.group_id: extrapolate(float(e.score), e.behavior_version, e.scored_version,
+                                             version) for e in entries if e.score is not None}
+        prior = [(e.group_id, predicted[e.group_id]) for e in sorted(
+            (e for e in entries if e.score is not None),
+            key=lambda e: (predicted[e.group_id], -e.behavior_version, -e.arrival_seq))]
+        rank = lambda sc: [e.group_id for e in self.buffer.rank(step, self.quota, sc, [self.shard])]  # noqa: E731
+        if not self.replay.rescore_audit:
+            return rescore(self.replay.rescore, fresh, prior, self.quota, score, rank).scores
+        scores = score([e.group_id for e in entries])
+        audit = audit_rule(self.replay.rescore, fresh, prior, self.quota, scores, rank)
+        stats.rescore_audits += 1
+        stats.rescore_agreement_sum += audit.agreement
+        stats.rescore_score_gap_sum += audit.score_gap
+        stats.rescore_rule_scored += audit.scored
+        return scores
 
     # ---- score and selection ----------------------------------------------------------------
     def _score(self, cand: Candidates, proximal: dict[int, torch.Tensor], step: int) -> dict[int, float]:

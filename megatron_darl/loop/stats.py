@@ -55,6 +55,14 @@ class StepStats:
     # log-prob pass: engine vs trainer at equal version (k3 estimate of KL)
     mismatch_k3_sum: float = _sum()
     mismatch_tokens: float = _sum()
+    # the candidates and the log-prob passes at t (``candidates.py``)
+    candidate_groups: float = _sum()  # eligible groups in the buffer
+    groups_scored: float = _sum()  # groups in a log-prob pass at t (scoring or selected)
+    logprob_passes: float = _sum()
+    rescore_audits: float = _sum()  # replay.rescore_audit: what the rule would have selected
+    rescore_agreement_sum: float = _sum()
+    rescore_score_gap_sum: float = _sum()
+    rescore_rule_scored: float = _sum()
     # scores of the candidates
     score_sum: float = _sum()
     score_count: float = _sum()

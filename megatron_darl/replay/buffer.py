@@ -31,6 +31,8 @@ class BufferEntry:
     behavior_version: int  # oldest token version of the group
     arrival_seq: int  # arrival order inside the buffer (ties on freshness)
     times_selected: int = 0  # how often it went into a training batch
+    score: float | None = None  # its latest selection score (None: never scored)
+    scored_version: int = -1  # the version t of that score
 
     @property
     def group_id(self) -> int:
@@ -161,7 +163,20 @@ class ReplayBuffer:
         scores: Mapping[int, float] | None = None,
         shards: Iterable[int] | None = None,
     ) -> list[BufferEntry]:
-        """Choose up to ``quota`` groups per shard and count the selection.
+        """``rank`` the groups, then count the selection (``times_selected``)."""
+        chosen = self.rank(step, quota, scores, shards)
+        for e in chosen:
+            e.times_selected += 1
+        return chosen
+
+    def rank(
+        self,
+        step: int,
+        quota: int,
+        scores: Mapping[int, float] | None = None,
+        shards: Iterable[int] | None = None,
+    ) -> list[BufferEntry]:
+        """The up to ``quota`` groups per shard a selection would choose; counts nothing.
 
         Warmup steps take the freshest eligible groups and ignore ``scores``; later steps take
         the lowest-score eligible groups, ties to the fresher (higher behavior version, then
@@ -198,8 +213,6 @@ class ReplayBuffer:
             freshness = version * (self._next_seq + 1) + seq  # (M,) version, then arrival
             idx = select_groups(score, eligible, quota, freshness)
             chosen.extend(pool[i] for i in idx.tolist())
-        for e in chosen:
-            e.times_selected += 1
         return chosen
 
     # ---- checkpointing ----------------------------------------------------------------------
@@ -217,7 +230,8 @@ class ReplayBuffer:
                     "group": group_to_state(e.group), "advantages": e.advantages.clone(),
                     "shard": e.shard, "arrival_step": e.arrival_step,
                     "behavior_version": e.behavior_version, "arrival_seq": e.arrival_seq,
-                    "times_selected": e.times_selected,
+                    "times_selected": e.times_selected, "score": e.score,
+                    "scored_version": e.scored_version,
                 }
                 for e in self._entries.values()
             ],
@@ -235,5 +249,6 @@ class ReplayBuffer:
                 shard=int(raw["shard"]), arrival_step=int(raw["arrival_step"]),
                 behavior_version=int(raw["behavior_version"]),
                 arrival_seq=int(raw["arrival_seq"]), times_selected=int(raw["times_selected"]),
+                score=raw.get("score"), scored_version=int(raw.get("scored_version", -1)),
             )
             self._entries[entry.group_id] = entry

@@ -80,7 +80,10 @@ class TrainerConfig:
     activation_recompute: bool = False  # recompute every layer in backward (memory for ~1/3 more compute)
     grad_reduce_in_fp32: bool = True  # reduce gradients in fp32 (bf16 runs)
     peak_tflops: float = 989.0  # per-device dense bf16 peak for MFU (H100/H200 SXM)
+    snapshots: str = "auto"  # where backfill's parameter snapshots live: auto|device|host (snapshots.py)
 
     def __post_init__(self) -> None:
+        if self.snapshots not in ("auto", "device", "host"):
+            raise ValueError(f"trainer.snapshots={self.snapshots!r}: use auto, device or host")
         if self.peak_tflops <= 0:
             raise ValueError(f"trainer.peak_tflops must be > 0, got {self.peak_tflops}")

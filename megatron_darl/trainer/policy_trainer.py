@@ -102,7 +102,7 @@ class PolicyTrainer:
         self.version = 0  # weight version published after the last step (DESIGN 3)
         self.needs_attention_mask = bool(getattr(chunks[0], "needs_attention_mask", False))
         params = [p for chunk in self.model for p in chunk.module.parameters()]
-        self.snapshots = ParamSnapshots(params, pin=self.ps.device.type == "cuda")
+        self.snapshots = ParamSnapshots(params, pin=self.ps.device.type == "cuda", placement=cfg.snapshots)
 
     # ------------------------------------------------------------------ construction
     def _build_chunks(self) -> list:

@@ -2,11 +2,20 @@
 
 D-ARL needs log pi_k(y) for window versions k older than a sample's arrival (DESIGN 4.3). Each
 rank keeps, for the last K versions, a copy of *its own* model shard (its TP x PP slice of the
-weights, the model dtype: bf16 on GPU) in host memory, pinned on GPU so the copies run at PCIe
-bandwidth without staging. To score under version k the trainer swaps the snapshot into the live
-parameters, runs the ordinary forward-only log-prob pass and swaps the current weights back
-(also through a pinned host buffer, so no extra GPU memory is needed). Optimizer state is never
-touched: it lives in the optimizer's own fp32 main params.
+weights, the model dtype: bf16 on GPU). Where the copies live decides what a backfill costs:
+
+    resident  on the parameters' device (``trainer.snapshots: device``, and always on CPU): to
+              score under version k the live parameters point at the snapshot's tensors for the
+              pass (``param.data`` swapped, no copy) and back; backfill is a forward pass and
+              nothing else
+    host      pinned host memory (``host``): the snapshot is copied in through PCIe and the live
+              weights copied out and back, three full-model copies per backfilled version
+
+``auto`` (the default) keeps a snapshot resident while the device keeps ``headroom`` of its
+memory free after it (the caching allocator's reserve counts as used, so a train step's peak is
+already accounted for) and on the host otherwise; a run logs where its snapshots went. Taking a
+snapshot is one device-to-device copy per step, into the buffers of the version that left the
+window. Optimizer state is never touched: it lives in the optimizer's own fp32 main params.
 
 Checkpoints carry the snapshots (``save_snapshots`` / ``load_snapshots``): without them a resumed
 run could not backfill versions older than its first step for K - 1 steps, and the mixture would
@@ -30,23 +39,58 @@ log = logging.getLogger(__name__)
 SNAPSHOT_DIR = "snapshots"
 
 
+PLACEMENTS = ("auto", "device", "host")
+
+
 class ParamSnapshots:
-    """Host copies of one rank's parameters, keyed by weight version."""
+    """Copies of one rank's parameters, keyed by weight version."""
 
-    def __init__(self, params: list[torch.Tensor], pin: bool):
+    def __init__(self, params: list[torch.Tensor], pin: bool, placement: str = "auto",
+                 headroom: float = 0.15):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"trainer.snapshots={placement!r}: use one of {PLACEMENTS}")
         self._params = params  # the live parameters, in a fixed order
-        self._pin = pin  # pinned host memory (GPU runs only)
+        self._pin = pin  # the parameters are on a GPU: host copies are pinned
+        self._placement = placement if pin else "device"  # on CPU the device is the host
+        self._headroom = headroom  # auto: device memory share left free after a resident snapshot
         self._store: dict[int, list[torch.Tensor]] = {}
-        self._scratch: list[torch.Tensor] | None = None  # reused for swap-back
+        self._spare: list[torch.Tensor] | None = None  # buffers of the last dropped version
+        self._scratch: list[torch.Tensor] | None = None  # host copy of the live weights (host swap)
+        self._logged: set[bool] = set()
 
-    def _host_like(self, p: torch.Tensor) -> torch.Tensor:
-        return torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=self._pin)
+    def _nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self._params)
+
+    def _resident_next(self) -> bool:
+        """Whether the next new snapshot goes on the parameters' device."""
+        if self._placement != "auto":
+            return self._placement == "device"
+        free, total = torch.cuda.mem_get_info(self._params[0].device)
+        return free - self._nbytes() >= self._headroom * total
+
+    def _buffers(self) -> list[torch.Tensor]:
+        if self._spare is not None:
+            bufs, self._spare = self._spare, None
+            return bufs
+        resident = self._resident_next()
+        if resident not in self._logged:
+            self._logged.add(resident)
+            log.info("parameter snapshots of %.2f GiB each kept %s", self._nbytes() / 2**30,
+                     "on the device (backfill swaps no weights)" if resident or not self._pin
+                     else "in pinned host memory (the device lacks room; backfill copies weights)")
+        if resident:
+            return [torch.empty_like(p) for p in self._params]
+        return [torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=self._pin)
+                for p in self._params]
+
+    def _is_resident(self, version: int) -> bool:
+        return self._store[version][0].device == self._params[0].device
 
     @torch.no_grad()
     def take(self, version: int) -> None:
-        """Copy the live parameters as ``version`` (reusing the oldest buffers is the caller's
-        choice: ``drop`` first to bound memory)."""
-        bufs = self._store.get(version) or [self._host_like(p) for p in self._params]
+        """Copy the live parameters as ``version`` (``retain``/``drop`` first to reuse the
+        buffers of a version that left the window)."""
+        bufs = self._store.get(version) or self._buffers()
         for buf, p in zip(bufs, self._params):
             buf.copy_(p.detach(), non_blocking=self._pin)
         if self._pin:
@@ -54,7 +98,9 @@ class ParamSnapshots:
         self._store[version] = bufs
 
     def drop(self, version: int) -> None:
-        self._store.pop(version, None)
+        bufs = self._store.pop(version, None)
+        if bufs is not None:
+            self._spare = bufs
 
     def retain(self, versions: Iterable[int]) -> None:
         """Drop every snapshot whose version is not in ``versions`` (the loop's replay window)."""
@@ -67,8 +113,12 @@ class ParamSnapshots:
         return sorted(self._store)
 
     def bytes(self) -> int:
-        """Host bytes held by snapshots (scratch excluded)."""
+        """Bytes held by snapshots (spare and scratch buffers excluded)."""
         return sum(t.numel() * t.element_size() for bufs in self._store.values() for t in bufs)
+
+    def resident_versions(self) -> list[int]:
+        """Versions whose snapshot lives on the parameters' device."""
+        return [v for v in self.versions if self._is_resident(v)]
 
     @torch.no_grad()
     def restore(self, version: int) -> None:
@@ -82,11 +132,26 @@ class ParamSnapshots:
 
     @contextlib.contextmanager
     def swapped_in(self, version: int) -> Iterator[None]:
-        """Run the body with ``version``'s weights in the live parameters, then restore them."""
+        """Run the body with ``version``'s weights in the live parameters, then restore them.
+
+        A resident snapshot is swapped by pointer (``param.data``): no copy, and the live
+        tensors are back untouched. A host snapshot is copied in, the live weights through a
+        host buffer and back."""
         if version not in self._store:
             raise ValueError(f"no parameter snapshot of version {version}; have {self.versions}")
+        if self._is_resident(version):
+            live = [p.data for p in self._params]
+            for snap, p in zip(self._store[version], self._params):
+                p.data = snap
+            try:
+                yield
+            finally:
+                for data, p in zip(live, self._params):
+                    p.data = data
+            return
         if self._scratch is None:
-            self._scratch = [self._host_like(p) for p in self._params]
+            self._scratch = [torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=self._pin)
+                             for p in self._params]
         with torch.no_grad():
             for buf, p in zip(self._scratch, self._params):
                 buf.copy_(p.detach(), non_blocking=self._pin)

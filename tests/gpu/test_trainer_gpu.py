@@ -70,3 +70,5 @@ def test_train_step_and_pinned_snapshot(trainer):
     assert torch.equal(trainer.compute_logprobs(batch, version=trainer.version - 1), before)
     assert torch.equal(trainer.compute_logprobs(batch), after)
     assert trainer.snapshots.bytes() > 0
+    # a tiny model leaves the device room: auto keeps the snapshot there (backfill copies nothing)
+    assert trainer.snapshots.resident_versions() == trainer.snapshots.versions

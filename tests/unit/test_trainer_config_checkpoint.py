@@ -81,6 +81,29 @@ def test_snapshots_swap_and_restore():
             pass
 
 
+def test_resident_snapshots_swap_by_pointer_and_reuse_the_buffers_of_a_dropped_version():
+    p = torch.nn.Parameter(torch.arange(4.0))
+    live = p.data.data_ptr()
+    snaps = ParamSnapshots([p], pin=False, placement="auto")  # CPU: resident whatever is asked
+    snaps.take(0)
+    with torch.no_grad():
+        p.add_(10.0)
+    snaps.take(1)
+    assert snaps.resident_versions() == [0, 1]
+    old = snaps._store[0][0].data_ptr()
+    with snaps.swapped_in(0):
+        assert p.data.data_ptr() == old and p.tolist() == [0.0, 1.0, 2.0, 3.0]  # no copy made
+        loss = (p * 2).sum()  # a forward pass reads the snapshot
+    assert loss.item() == 12.0
+    assert p.data.data_ptr() == live and p.tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert snaps._store[0][0].tolist() == [0.0, 1.0, 2.0, 3.0]  # the snapshot is unchanged
+    snaps.retain([1, 2])
+    snaps.take(2)  # into version 0's buffers: no new allocation per step
+    assert snaps._store[2][0].data_ptr() == old and snaps.versions == [1, 2]
+    with pytest.raises(ValueError, match="trainer.snapshots='disk'"):
+        ParamSnapshots([p], pin=False, placement="disk")
+
+
 def test_checkpoint_of_another_model_is_refused(tmp_path):
     spec = spec_from_hf(QWEN3_1_7B)
     other = dict(spec.to_dict(), hidden_size=64, num_layers=4)
