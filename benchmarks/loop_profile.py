@@ -29,6 +29,14 @@ workers in the same call: ``bound_seconds`` (one NCCL broadcast of the same byte
     python benchmarks/loop_profile.py                       # 1.7B, gpu1 (+ gpu2 with 2 GPUs)
     python benchmarks/loop_profile.py --splits 1:1,2:2 --bound   # 4 GPUs of one host
     python benchmarks/loop_profile.py --model tiny --layouts cpu --steps 3   # CPU smoke check
+    python benchmarks/loop_profile.py --model default --variant darl,decoupled --steps 20 --skip 3
+
+``--variant`` takes a comma list: each variant runs at each layout, one after the other in the same
+call, and with ``decoupled`` among them every row gets ``step_to_decoupled`` (its step seconds over
+decoupled's at the same layout) and ``per_sample_to_decoupled`` (the same per trained sample: a
+variant that fills its quota from replay trains more samples per step than one that trains each
+group once). ``--model default`` runs the embedded default exactly as the quick start does (the
+warm-started tiny policy, its task, batch and trainer; only ``--steps`` and the variant change).
 """
 
 from __future__ import annotations
@@ -93,20 +101,26 @@ def split_counts(layout: str) -> tuple[int, int]:
     return {"gpu1": (1, 1), "gpu2": (1, 1)}.get(layout, (0, 0))
 
 
-def run_layout(layout: str, policy: Path, a: argparse.Namespace, run_dir: Path) -> list[dict]:
+def run_layout(layout: str, policy: Path | None, a: argparse.Namespace, run_dir: Path,
+               variant: str) -> list[dict]:
+    """The main job at ``layout`` with ``variant``; its metrics rows. ``policy`` None: the
+    embedded default (its model, task, batch and trainer as they are)."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    trainer = "cpu_tiny" if layout == "cpu" else "default"
-    # one 80 GB GPU holds the 1.7B trainer (fp32 Adam state) and the engine only with smaller
-    # micro-batches (the logits of 16k tokens alone are 5 GB in bf16)
-    budget = ["trainer.micro_batch.token_budget=8192"] if layout == "gpu1" else []
-    cmd = [sys.executable, "-m", "launch.train", *cluster_overrides(layout, cpu=layout == "cpu"),
-           f"trainer={trainer}",
-           f"model.path={policy}", f"model.name={a.model}", f"algorithm={a.variant}",
-           f"algorithm.groups_per_step={a.groups}", f"algorithm.group_size={a.group_size}",
-           f"worker.groups_per_batch={a.groups}", f"sampling.max_new_tokens={a.new_tokens}",
-           f"loop.steps={a.steps}", f"loop.run_dir={run_dir}", "loop.progress_bar=false",
-           "loop.plot=false", "loop.tensorboard=false", "transport.control.port=0",
-           "cluster.master_port=0", "replay.drop_degenerate=false", *budget, *a.overrides]
+    common = [f"algorithm={variant}", f"loop.steps={a.steps}", f"loop.run_dir={run_dir}",
+              "loop.progress_bar=false", "loop.plot=false", "loop.tensorboard=false",
+              "transport.control.port=0", "cluster.master_port=0"]
+    if policy is None:
+        cmd = [sys.executable, "-m", "launch.train", *common, *a.overrides]
+    else:
+        trainer = "cpu_tiny" if layout == "cpu" else "default"
+        # one 80 GB GPU holds the 1.7B trainer (fp32 Adam state) and the engine only with smaller
+        # micro-batches (the logits of 16k tokens alone are 5 GB in bf16)
+        budget = ["trainer.micro_batch.token_budget=8192"] if layout == "gpu1" else []
+        cmd = [sys.executable, "-m", "launch.train", *cluster_overrides(layout, cpu=layout == "cpu"),
+               f"trainer={trainer}", f"model.path={policy}", f"model.name={a.model}", *common,
+               f"algorithm.groups_per_step={a.groups}", f"algorithm.group_size={a.group_size}",
+               f"worker.groups_per_batch={a.groups}", f"sampling.max_new_tokens={a.new_tokens}",
+               "replay.drop_degenerate=false", *budget, *a.overrides]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout)
     if proc.returncode != 0:
@@ -131,6 +145,10 @@ def profile(rows: list[dict], skip: int = 1) -> dict:
     workers = sorted(k for k in steady[0] if k.startswith("generation_seconds_w"))
     out["generation_per_worker"] = [statistics.fmean(float(r.get(k) or 0.0) for r in steady) for k in workers]
     out["weight_sync_rounds"] = statistics.fmean(float(r.get("weight_sync_rounds") or 0.0) for r in steady)
+    for count in ("samples_selected", "candidate_groups", "groups_scored", "logprob_passes",
+                  "backfill_snapshot"):  # per step: what the trainer's work scales with
+        out[count] = statistics.fmean(float(r.get(count) or 0.0) for r in steady)
+    out["seconds_per_trained_sample"] = step / max(out["samples_selected"], 1e-9)
     calls = [float(r["engine_batch_groups"]) for r in steady if r.get("engine_batch_groups")]
     out["engine_batch_groups"] = statistics.fmean(calls) if calls else 0.0  # steps where a call ended
     return out
@@ -157,6 +175,7 @@ def main() -> None:
     p.add_argument("--bound", action="store_true", help="also measure the broadcast bound per rollout count")
     p.add_argument("--variant", default="darl")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=1, help="runs per variant and layout (steady steps pooled)")
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=512)
@@ -168,17 +187,28 @@ def main() -> None:
     import torch
 
     layouts = [x for x in a.layouts.split(",") if x] + parse_splits(a.splits)
-    if not layouts:
+    if a.model == "default":
+        layouts = ["default"]
+    elif not layouts:
         layouts = (["gpu1"] + (["gpu2"] if torch.cuda.device_count() >= 2 else [])
                    if torch.cuda.is_available() else ["cpu"])
-    policy = build_policy(a.model, a.work_dir / "policy")
+    policy = None if a.model == "default" else build_policy(a.model, a.work_dir / "policy")
     engine = next((o.split("=", 1)[1] for o in a.overrides if o.startswith("engine.backend=")), "hf")
     bounds: dict[int, dict] = {}
-    rows_out = []
-    for layout in layouts:
-        start = time.monotonic()
-        metrics = profile(run_layout(layout, policy, a, a.work_dir / layout), a.skip)
-        metrics["launch_seconds"] = time.monotonic() - start
+    rows_out, records = [], []
+    variants = [v for v in a.variant.split(",") if v]
+    steady: dict[tuple[str, str], list[dict]] = {}
+    seconds: dict[tuple[str, str], float] = {}
+    for rep in range(a.repeats):  # --repeats: the variants' runs interleave on a shared machine
+        for key in ((lay, v) for lay in layouts for v in variants):
+            start = time.monotonic()
+            rows = run_layout(key[0], policy, a, a.work_dir / f"{key[0]}_{key[1]}", key[1])
+            steady.setdefault(key, []).extend(rows if rep == 0 else rows[a.skip:])
+            seconds[key] = seconds.get(key, 0.0) + time.monotonic() - start
+    for layout, variant in steady:
+        metrics = profile(steady[(layout, variant)], a.skip)
+        metrics["runs"] = a.repeats
+        metrics["launch_seconds"] = seconds[(layout, variant)] / a.repeats
         trainer_gpus, rollout_gpus = split_counts(layout)
         if a.bound and layout != "gpu1" and rollout_gpus:
             if rollout_gpus not in bounds:
@@ -186,14 +216,23 @@ def main() -> None:
             metrics["bound_seconds"] = bounds[rollout_gpus]["bound_seconds"]
             metrics["sync_alone_seconds"] = bounds[rollout_gpus]["seconds"]
             metrics["transfer_to_bound"] = metrics["weight_sync_transfer_seconds"] / metrics["bound_seconds"]
-        config = {"model": a.model, "layout": layout, "variant": a.variant, "groups": a.groups,
+        config = {"model": a.model, "layout": layout, "variant": variant, "groups": a.groups,
                   "group_size": a.group_size, "new_tokens": a.new_tokens, "steps": a.steps, "engine": engine,
                   "trainer_gpus": trainer_gpus, "rollout_gpus": rollout_gpus,
                   "overrides": list(a.overrides)}
+        records.append((config, metrics))
+    base = {c["layout"]: m for c, m in records if c["variant"] == "decoupled"}
+    for config, metrics in records:
+        if config["layout"] in base:  # against decoupled at the same layout, in the same call
+            ref = base[config["layout"]]
+            metrics["step_to_decoupled"] = metrics["step_seconds"] / ref["step_seconds"]
+            metrics["per_sample_to_decoupled"] = (metrics["seconds_per_trained_sample"]
+                                                  / ref["seconds_per_trained_sample"])
         print(write_result("loop_profile", config, metrics, a.out_dir))
-        rows_out.append({"layout": layout, **{k: v for k, v in metrics.items()
-                                              if not k.endswith("_fraction") and not isinstance(v, list)}})
-        rows_out.append({"layout": f"{layout} (fraction)", **{
+        name = f"{config['layout']} {config['variant']}"
+        rows_out.append({"layout": name, **{k: v for k, v in metrics.items()
+                                            if not k.endswith("_fraction") and not isinstance(v, list)}})
+        rows_out.append({"layout": f"{name} (fraction)", **{
             k.replace("_fraction", "_seconds"): v for k, v in metrics.items() if k.endswith("_fraction")}})
     print_table(rows_out)
 
