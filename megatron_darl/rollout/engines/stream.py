@@ -54,11 +54,17 @@ class Partial:
 
 
 @dataclass
-class _Group:
+class PendingGroup:
+    """A submitted prompt's responses under construction (``BatchStream`` and the vLLM engine)."""
+
     key: Hashable
     prompt: list[int]
     sampling: SamplingConfig
     responses: list[Partial]
+
+    @classmethod
+    def start(cls, key: Hashable, prompt: list[int], sampling: SamplingConfig) -> "PendingGroup":
+        return cls(key, list(prompt), sampling, [Partial() for _ in range(sampling.n)])
 
 
 def as_stream(engine, chunk_tokens: int = 0):
@@ -79,13 +85,13 @@ class BatchStream:
         # size, one compilation); chunks take new groups between any two chunks instead
         self.whole_batches = chunk_tokens == 0
         self.version = 0  # weights version of the tokens generated next
-        self._groups: list[_Group] = []  # submitted, not yet returned, in submission order
+        self._groups: list[PendingGroup] = []  # submitted, not yet returned, in submission order
 
     def submit(self, key: Hashable, prompt: list[int], sampling: SamplingConfig) -> None:
         if sampling.n < 1 or sampling.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.n and max_new_tokens must be >= 1, got {sampling.n}, "
                              f"{sampling.max_new_tokens}")
-        self._groups.append(_Group(key, list(prompt), sampling, [Partial() for _ in range(sampling.n)]))
+        self._groups.append(PendingGroup.start(key, prompt, sampling))
 
     def inflight(self) -> int:
         return len(self._groups)

@@ -39,28 +39,19 @@ import itertools
 import logging
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
 import torch
 
 from megatron_darl.rollout.engines import vllm_compat as compat
 from megatron_darl.rollout.engines.base import EngineConfig, FinishedGroup, Generation, SamplingConfig
-from megatron_darl.rollout.engines.stream import Partial
+from megatron_darl.rollout.engines.stream import Partial, PendingGroup
 from megatron_darl.rollout.engines.vllm_worker import StagingBuffer, pack_bytes
 from megatron_darl.transport.buckets import buckets
 
 log = logging.getLogger(__name__)
 _CHUNK_BYTES = 1 << 30  # weights per RPC (and staging buffer size): bounds the extra GPU memory
 _ABORT_WAIT_S = 30.0  # after an abort, how long the aborted requests get to hand back their tokens
-
-
-@dataclass
-class _Group:
-    key: Hashable
-    prompt: list[int]
-    sampling: SamplingConfig
-    responses: list[Partial]
 
 
 class VLLMEngine:
@@ -117,14 +108,14 @@ class VLLMEngine:
             raise TimeoutError(f"vLLM engine: {what} did not finish within "
                                f"{timeout_s or self.cfg.timeout_s:.0f} s (EngineConfig.timeout_s)") from None
 
-    async def _run_group(self, group: _Group) -> None:
+    async def _run_group(self, group: PendingGroup) -> None:
         try:
             await asyncio.gather(*(self._run_response(group, r) for r in group.responses))
             self._done.put(FinishedGroup(group.key, [r.generation() for r in group.responses]))
         except Exception as exc:  # noqa: BLE001 - handed to poll, which raises it in the worker
             self._done.put(exc)
 
-    async def _run_response(self, group: _Group, r: Partial) -> None:
+    async def _run_response(self, group: PendingGroup, r: Partial) -> None:
         """One response, as one request or (interrupted by weight loads) several segments."""
         limit = group.sampling.max_new_tokens
         while not r.finish_reason:
@@ -219,7 +210,7 @@ class VLLMEngine:
             raise ValueError(f"prompt ({len(prompt)} tokens) + SamplingConfig.max_new_tokens "
                              f"({sampling.max_new_tokens}) exceed the engine's max_model_len {self.max_model_len} "
                              "(EngineConfig.max_model_len)")
-        group = _Group(key, list(prompt), sampling, [Partial() for _ in range(sampling.n)])
+        group = PendingGroup.start(key, prompt, sampling)
         self._inflight += 1
         asyncio.run_coroutine_threadsafe(self._run_group(group), self._loop)
 
