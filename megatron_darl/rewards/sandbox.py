@@ -125,12 +125,13 @@ class SandboxResult:
     uid: int  # host uid the program ran under (-1 when unknown)
     passed: bool | None = None  # a FunctionCheck's verdict, from the harness; None without one
     check_error: str = ""  # why the check failed (traceback tail from the harness)
+    harness_error: str = ""  # the check's own (trusted) code failed: no verdict on the program
     error: str = ""  # the sandbox itself failed (not the program); empty when it worked
 
     @property
     def ok(self) -> bool:
         """Within its limits and: the check passed (with a check) or it exited 0 (without)."""
-        if self.timed_out or self.output_truncated or self.error:
+        if self.timed_out or self.output_truncated or self.error or self.harness_error:
             return False
         return bool(self.passed) if self.passed is not None else self.returncode == 0
 
@@ -261,7 +262,8 @@ def _result(events: list[dict], stdout: bytes, stderr: bytes, timed_out: bool,
         stderr=stderr.decode("utf-8", errors="replace"),
         timed_out=timed_out, output_truncated=truncated,
         isolation=started.get("isolation", ""), uid=int(started.get("uid", -1)),
-        passed=done.get("passed"), check_error=done.get("check_error", ""), error=error)
+        passed=done.get("passed"), check_error=done.get("check_error", ""),
+        harness_error=done.get("harness_error", ""), error=error)
 
 
 def _read_status(fd: int) -> list[dict]:

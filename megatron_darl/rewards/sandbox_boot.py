@@ -181,7 +181,7 @@ def _kill_all(own_uid: bool, pid: int) -> None:
         pass
 
 
-def _judge(check_fd: int, calls_w: int, answers_r: int, deadline: float) -> tuple[bool, str]:
+def _judge(check_fd: int, calls_w: int, answers_r: int, deadline: float) -> tuple[bool, str, bool]:
     """Harness: run the trusted check (read only now, after the fork) against the program."""
     import sandbox_harness
 
@@ -217,16 +217,17 @@ def _harness(s: dict, job: dict, status_fd: int, check_fd: int, alive_fd: int, h
         return job["entry_point"], calls_r, answers_w
     try:
         _send(status_fd, event="started", pid=pid, **info)
-        passed, why = None, ""
+        passed, why, broken = None, "", False
         if checking:
             os.close(calls_r)
             os.close(answers_w)
-            passed, why = _judge(check_fd, calls_w, answers_r, deadline)
+            passed, why, broken = _judge(check_fd, calls_w, answers_r, deadline)
             os.close(calls_w)  # EOF: the program stops serving and exits, flushing its output
             deadline = min(deadline, time.monotonic() + _CHECK_GRACE)
         code = _wait_program(pid, wake_r, alive_fd, deadline)
         _kill_all(info["own_uid"], pid)
-        _send(status_fd, event="done", returncode=code, passed=passed, check_error=why)
+        _send(status_fd, event="done", returncode=code, passed=passed,
+              check_error="" if broken else why, harness_error=why if broken else "")
     finally:
         os._exit(0)  # never unwind into the program's path, whatever happened
 
