@@ -232,9 +232,25 @@ def _probe(cfg: SandboxConfig, python: str) -> str:
             f"code sandbox: {reason}, and degraded mode cannot drop root: {python} is not "
             "readable by an unprivileged uid. Set SandboxConfig.python to an interpreter "
             "outside root-only directories (e.g. /usr/bin/python3).")
+    if os.geteuid() != 0:
+        _close_proc_files()
     log.warning("code sandbox DEGRADED (%s): no private root, disk cap, network or PID "
                 "isolation; seccomp, rlimits and the group kill remain (docs/sandbox.md)", reason)
     return "degraded"
+
+
+def _close_proc_files() -> None:
+    """Degraded mode under a non-root worker runs programs as the worker's uid, which may open
+    the worker's ``/proc/PID/environ``, ``mem`` and ``fd/``: the worker turns non-dumpable, so
+    the kernel closes them to every process without CAP_SYS_PTRACE (debuggers of this uid
+    included; core dumps are off)."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+        raise SandboxUnavailableError(
+            f"code sandbox: degraded mode cannot close this worker's /proc files to its programs: "
+            f"prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}")
+    log.warning("code sandbox: this worker is now non-dumpable (its programs share its uid)")
 
 
 def run_sandboxed(program: str, stdin: str = "", cfg: SandboxConfig | None = None,
