@@ -9,6 +9,7 @@ takeover) or reads a saved ``run_config.yaml`` and converts to dataclasses once 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -72,12 +73,25 @@ def load_run_config(overrides: Sequence[str] = (), config_file: str | Path | Non
     return to_run_config(compose(overrides))
 
 
-def save_run_config(cfg: RunConfig, path: str | Path) -> Path:
-    """Write the resolved config (what every child process loads), without the run's secret:
-    that travels in the children's environment only (``launch.lifeline``)."""
+def write_private(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by this user only (mode 0600, also over an existing
+    file), atomically: run files name the control store's address and port."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a stale tmp file keeps its mode through O_CREAT
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def save_run_config(cfg: RunConfig, path: str | Path) -> Path:
+    """Write the resolved config (what every child process loads) readable by this user only
+    and without the run's secret, which the launcher hands each child (``launch.lifeline``)."""
     node = OmegaConf.structured(cfg)
     node.transport.control.secret = ""
-    path.write_text(OmegaConf.to_yaml(node))
-    return path
+    return write_private(path, OmegaConf.to_yaml(node))

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Sequence
 
-from launch.lifeline import LAUNCHER_GRACE, LAUNCHER_PID
+from launch.lifeline import LAUNCHER_GRACE, LAUNCHER_PID, RUN_SECRET_FD, secret_pipe
 
 log = logging.getLogger(__name__)
 TRAINER, ROLLOUT = "trainer", "rollout"
@@ -47,6 +47,7 @@ class ProcSpec:
     env: dict[str, str]  # full environment of the child
     log_path: Path | None = None  # stdout+stderr file; None = inherit the launcher's
     reason_path: Path | None = None  # where the child writes one line on why it gave up
+    secret: str = field(default="", repr=False)  # the run's secret: on an inherited pipe, never in env
 
     @property
     def name(self) -> str:
@@ -136,8 +137,15 @@ class Launcher:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = spec.log_path.open("ab")
         env = {**spec.env, LAUNCHER_PID: str(os.getpid()), LAUNCHER_GRACE: str(self.grace_s)}
-        proc = subprocess.Popen(spec.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True)
+        secret_fd = secret_pipe(spec.secret) if spec.secret else None
+        if secret_fd is not None:
+            env[RUN_SECRET_FD] = str(secret_fd)
+        try:
+            proc = subprocess.Popen(spec.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                    start_new_session=True, pass_fds=() if secret_fd is None else (secret_fd,))
+        finally:
+            if secret_fd is not None:
+                os.close(secret_fd)
         log.info("started %s (pid %d): %s", spec.name, proc.pid, " ".join(spec.argv))
         return _Child(spec, proc, out)
 

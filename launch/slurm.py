@@ -183,9 +183,9 @@ def write_plan(path: Path, values: Mapping[str, object]) -> Path:
             lines.append(f"{key}=({' '.join(shlex.quote(str(v)) for v in value)})")
         else:
             lines.append(f"{key}={shlex.quote(str(value))}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    from launch.config import write_private
+
+    return write_private(path, "\n".join(lines) + "\n")  # it names the control store's port
 
 
 def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, log=print) -> dict:
@@ -202,7 +202,7 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
     if knobs.convert and knobs.model_path:
         init_ckpt = str(cached_conversion(Path(knobs.model_path), knobs.tp, knobs.pp, knobs.convert_dtype,
                                           Path(knobs.convert_cache), log=log))
-    from launch.config import load_run_config, save_run_config
+    from launch.config import load_run_config, save_run_config, write_private
     from launch.preflight import preflight
     from launch.train import prepare
 
@@ -223,7 +223,7 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
         **layout.shell_values(),
     }
     write_plan(plan_path, plan)
-    (run_dir / "slurm_layout.json").write_text(json.dumps(
+    write_private(run_dir / "slurm_layout.json", json.dumps(
         {"job_id": env.get("SLURM_JOB_ID", ""), **dataclasses.asdict(layout)}, indent=2) + "\n")
     return plan
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
-from launch.lifeline import RUN_SECRET, new_run_secret
+from launch.lifeline import new_run_secret
 from launch.preflight import preflight
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
 from megatron_darl.ports import free_port
@@ -73,10 +73,8 @@ def _visible(devices: list[int]) -> str:
 def process_specs(cfg: RunConfig, config_path: Path, num_gpus: int,
                   base_env: dict[str, str] | None = None, secret: str = "") -> list[ProcSpec]:
     """The trainer ranks and rollout workers of this run, with their environments and logs;
-    ``secret`` (the run's control-store secret) reaches every child through its environment."""
+    ``secret`` (the run's control-store secret) reaches every child on a pipe (``ProcSpec.secret``)."""
     env0 = dict(os.environ if base_env is None else base_env)
-    if secret:
-        env0[RUN_SECRET] = secret
     c = cfg.cluster
     trainer_devs, rollout_devs = resolve_devices(c, num_gpus)
     nprocs = c.trainer_ranks + c.rollout_workers
@@ -91,14 +89,14 @@ def process_specs(cfg: RunConfig, config_path: Path, num_gpus: int,
                "CUDA_VISIBLE_DEVICES": _visible(trainer_devs)}
         argv = [sys.executable, "-m", "launch.trainer", "--config", str(config_path)]
         specs.append(ProcSpec(TRAINER, rank, argv, env, None if rank == 0 else logs / f"trainer{rank}.log",
-                              exit_reason_path(cfg.loop.run_dir, TRAINER, rank)))
+                              exit_reason_path(cfg.loop.run_dir, TRAINER, rank), secret=secret))
     for wid in range(c.rollout_workers):
         dev = [rollout_devs[wid % len(rollout_devs)]] if rollout_devs else []
         env = {**env0, **common, "CUDA_VISIBLE_DEVICES": _visible(dev)}
         argv = [sys.executable, "-m", "launch.rollout", "--config", str(config_path),
                 "--worker-id", str(wid)]
         specs.append(ProcSpec(ROLLOUT, wid, argv, env, logs / f"rollout{wid}.log",
-                              exit_reason_path(cfg.loop.run_dir, ROLLOUT, wid)))
+                              exit_reason_path(cfg.loop.run_dir, ROLLOUT, wid), secret=secret))
     return specs
 
 

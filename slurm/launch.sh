@@ -32,8 +32,9 @@
 #   GRACE_S=60     seconds rollout steps may take to leave after the trainer step ended
 #   TRAINER_PORT, STORE_PORT  fixed ports (default 0: derived from the job id, 20000 + 2 * (id % 5000)
 #                  and the next one; see launch/slurm.py job_ports)
-#   DARL_RUN_SECRET  the run's control-store secret (default: 32 fresh random bytes); every job
-#                  step inherits it, nothing writes it to disk
+#   DARL_RUN_SECRET  the run's control-store secret (default: 32 fresh random bytes); the job
+#                  steps read it from LOG_DIR/run_secret (mode 0600, removed when the job ends),
+#                  never from their environment
 #   NET_IFNAME     network interface for NCCL/gloo (see slurm/env.sh, the NCCL settings)
 #   STEP_MEM       --mem of each job step (clusters that track memory; default: none)
 #   DARL_PYTHON    python with megatron_darl installed (default: python on PATH, i.e. the venv
@@ -62,9 +63,16 @@ mkdir -p "$LOG_DIR" || die "cannot create $LOG_DIR"
 # shellcheck source=slurm/env.sh
 source "$DARL_ROOT/slurm/env.sh"
 # Only the run's own processes may act on its control store (launch/lifeline.py, docs/reliability.md).
-DARL_RUN_SECRET=${DARL_RUN_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
-[ -n "$DARL_RUN_SECRET" ] || die "could not read /dev/urandom for the run secret"
-export DARL_RUN_SECRET
+# The steps get the secret in a file only this user can read: in their environment it would stay
+# readable in /proc/PID/environ for their whole life.
+run_secret=${DARL_RUN_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+[ -n "$run_secret" ] || die "could not read /dev/urandom for the run secret"
+unset DARL_RUN_SECRET
+export DARL_RUN_SECRET_FILE=$LOG_DIR/run_secret
+rm -f "$DARL_RUN_SECRET_FILE"
+(umask 077 && printf '%s\n' "$run_secret" >"$DARL_RUN_SECRET_FILE") || die "cannot write $DARL_RUN_SECRET_FILE"
+unset run_secret
+trap 'rm -f "$DARL_RUN_SECRET_FILE"' EXIT
 
 STOP_SIGNAL=""
 TRAINER_PID=""

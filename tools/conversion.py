@@ -17,7 +17,9 @@ The tools validate inputs (``validate_hf_dir``, ``validate_megatron_dir``) befor
 spawning anything, so bad input fails fast with one line naming the file. The output never
 overlaps the input (``check_no_overlap``: an ``--out-dir`` equal to or above the input once let
 ``--force`` delete the model being converted), and ``--force`` replaces only what an earlier
-conversion wrote, as listed in its ``conversion_manifest.json``.
+conversion wrote, as listed in its ``conversion_manifest.json``, and only inside the output
+directory (a manifest entry with ``..``, an absolute path or a symlinked directory leading out
+is refused by name before anything is converted or deleted).
 """
 
 from __future__ import annotations
@@ -195,6 +197,20 @@ def _files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
 
 
+def _inside(out: Path, entry: object) -> bool:
+    """Whether a manifest entry names a path strictly inside ``out``: relative, no ``..``, and
+    no symlinked directory on the way that leads elsewhere (what a written manifest holds;
+    an edited or planted one may name anything)."""
+    if not isinstance(entry, str) or not entry or os.path.isabs(entry) or "\0" in entry:
+        return False
+    parts = Path(entry).parts
+    if not parts or ".." in parts:
+        return False
+    root = out.resolve()
+    parent = (out / entry).parent.resolve()
+    return parent == root or root in parent.parents
+
+
 def _previous_conversion(out: Path) -> list[str]:
     """The files ``--force`` may remove from ``out``: those its manifest lists, if that is all."""
     manifest = out / MANIFEST_NAME
@@ -208,6 +224,10 @@ def _previous_conversion(out: Path) -> list[str]:
         listed = set(json.loads(manifest.read_text())["files"])
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise FileExistsError(f"{manifest}: unreadable ({exc}); remove {out} yourself") from None
+    for entry in sorted(listed, key=str):
+        if not _inside(out, entry):
+            raise FileExistsError(f"{manifest}: entry {entry!r} is not a file inside {out}; --force "
+                                  f"deletes only inside the output directory: remove {out} yourself")
     foreign = sorted(_files(out) - listed - {MANIFEST_NAME})
     if foreign:
         raise FileExistsError(f"{out}: holds files a conversion did not write ({', '.join(foreign[:3])}"

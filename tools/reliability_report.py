@@ -36,12 +36,14 @@ what the fault costs the run; the target is nothing.
 
 Control-store trust model (`megatron_darl/transport/control_store.py`): every value the run
 acts on is signed (HMAC-SHA256) with a per-run secret that the launcher hands to its processes
-through the environment only. A process without it cannot stop the run, join it, pose as a
+on an inherited pipe (under Slurm in a 0600 file), never in their environment, which stays
+readable in /proc/PID/environ. A process without it cannot stop the run, join it, pose as a
 member or feed it samples, versions or weight-sync headers. A TCPStore has no access control,
 so a process that reaches the port can still read values, delete or overwrite keys, replay the
 run's own earlier values, move the staleness counters and write the data-plane rendezvous keys:
-it can disrupt a run (a timeout or error naming the key), not steer it. Keep the port on a
-private network.
+it can disrupt a run (a timeout or error naming the key), not steer it. The store listens only
+on the address its host resolves to (`transport.control.bind` to choose), and the run files that
+name its port are 0600; keep the port on a private network.
 """
 
 

@@ -2,7 +2,7 @@
 
 Each dataset's columns are mapped through its ``FieldMapConfig``. A malformed row (bad JSON,
 not an object, a mapped column missing or empty, undecodable tests, a math reference the
-verifier cannot use) raises ``ValueError``
+verifier cannot use, HumanEval test or prompt code the check cannot run) raises ``ValueError``
 naming the file, the line (jsonl) or row (parquet, 1-based) and the field, unless the config
 says ``skip_malformed: true``, in which case it is skipped and counted in ``LoadResult``.
 """
@@ -20,10 +20,11 @@ from megatron_darl.data.builtin import builtin_records
 from megatron_darl.data.countdown import countdown_records
 from megatron_darl.data.config import DataConfig
 from megatron_darl.data.records import PromptRecord
-from megatron_darl.data.testcases import decode_cases
+from megatron_darl.data.testcases import FunctionTestError, decode_cases, humaneval_setup
 
 logger = logging.getLogger(__name__)
 MATH_TASKS = ("math", "gsm8k")  # tasks scored by math_answer: their references are checked at load
+ENTRY_POINT = "entry_point"  # metadata column naming a HumanEval row's function
 
 
 class MalformedRowError(ValueError):
@@ -114,6 +115,12 @@ def row_to_record(row: object, index: int, cfg: DataConfig, where: str) -> Promp
             raise MalformedRowError(f"{where}: field {fm.reference!r}: math reference {problem}")
     metadata = {name: row.get(name) for name in fm.metadata}
     metadata["source_id"] = row.get(fm.id, index) if fm.id else index
+    if cfg.task == "humaneval":
+        try:
+            humaneval_setup(prompt, reference, metadata.get(ENTRY_POINT))
+        except FunctionTestError as exc:
+            column = {"prompt": fm.prompt, "test": fm.reference, "entry_point": ENTRY_POINT}[exc.part]
+            raise MalformedRowError(f"{where}: field {column!r}: {exc}") from exc
     try:
         messages = build_messages(prompt, cfg, {k: v for k, v in row.items() if isinstance(k, str)})
     except (KeyError, IndexError) as exc:

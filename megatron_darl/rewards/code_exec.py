@@ -12,16 +12,25 @@ Two formats cover the code benchmarks we train and evaluate on:
   (``stdio_total_seconds``) on top of the per-run wall-clock limit.
 
 Models often wrap code in a markdown fence; the last fenced block is taken when there is one.
+
+A row the check cannot run on (its test or prompt code broken, the sandbox failing) is not the
+answer's fault: it scores 0.0 and is logged and counted (``reward_errors`` in the trainer's
+metrics), so a dataset that cannot be scored shows up at once instead of training on zeros.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 from dataclasses import dataclass, field
 
-from megatron_darl.rewards.sandbox import FunctionCheck, SandboxConfig, run_sandboxed
+from megatron_darl import counters
+from megatron_darl.data.testcases import humaneval_setup, humaneval_solution_prefix
+from megatron_darl.rewards.sandbox import FunctionCheck, SandboxConfig, SandboxResult, run_sandboxed
+
+logger = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
@@ -58,28 +67,53 @@ def _humaneval_fields(problem: dict) -> None:
 def humaneval_solution(problem: dict, completion: str) -> str:
     """The program defining the completed function (what the sandbox runs as ``__main__``).
 
-    An unfenced completion continues the prompt (the benchmark's own convention: the body of
-    the prompted function); a fenced one is a whole definition appended after the prompt, so
-    it replaces the prompted stub while keeping the prompt's imports.
+    An unfenced completion continues the prompt, as the benchmark defines it (prompt +
+    completion: the body of the prompted function). A fenced one that defines the entry point
+    replaces the prompt's stub (it follows the prompt's code before the stub: imports, helpers);
+    any other fenced block is appended to the prompt.
     """
     _humaneval_fields(problem)
     code, fenced = extract_code(completion)
-    return problem["prompt"] + ("\n" + code if fenced else code) + "\n"
+    if not fenced:
+        return problem["prompt"] + code + "\n"
+    entry = re.escape(str(problem["entry_point"]))
+    if re.search(rf"^(?:async[ \t]+)?def[ \t]+{entry}[ \t]*\(", code, re.M):
+        return humaneval_solution_prefix(problem["prompt"], problem["entry_point"]) + "\n" + code + "\n"
+    return problem["prompt"] + "\n" + code + "\n"
 
 
 def humaneval_program(problem: dict, completion: str) -> str:
-    """The completed function and the record's tests as one program (for reading and
-    debugging; rewards run the tests in the harness instead, see ``humaneval_reward``)."""
+    """The completed function and the record's tests as one program, as the benchmark runs it
+    (for reading and debugging; rewards run the tests in the harness, see ``humaneval_reward``)."""
     body = humaneval_solution(problem, completion)
     return f"{body}\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+
+
+def reward_error(what: str) -> float:
+    """0.0 for a row the verifier could not score, logged and counted (``reward_errors``)."""
+    total = counters.count(counters.REWARD_ERRORS)
+    logger.error("reward error %d (scored 0.0): %s", total, what)
+    return 0.0
+
+
+def _verifier_failure(result: SandboxResult) -> str:
+    """Why the run says nothing about the answer (the sandbox or the trusted check failed)."""
+    return result.error or result.harness_error
 
 
 def humaneval_reward_with(problem: dict, completion: str, cfg: CodeRewardConfig) -> float:
     """``humaneval_reward`` under explicit limits."""
     program = humaneval_solution(problem, completion)
-    check = FunctionCheck(setup=problem["prompt"], test=problem["test"],
-                          entry_point=problem["entry_point"])
-    return 1.0 if run_sandboxed(program, "", cfg.sandbox, check).ok else 0.0
+    name = f"HumanEval row {problem.get('task_id', '?')}"
+    try:
+        setup = humaneval_setup(problem["prompt"], problem["test"], problem["entry_point"])
+    except ValueError as exc:
+        return reward_error(f"{name}: field {getattr(exc, 'part', '?')!r}: {exc}")
+    check = FunctionCheck(setup=setup, test=problem["test"], entry_point=problem["entry_point"])
+    result = run_sandboxed(program, "", cfg.sandbox, check)
+    if _verifier_failure(result):
+        return reward_error(f"{name}: {_verifier_failure(result)}")
+    return 1.0 if result.ok else 0.0
 
 
 def humaneval_reward(problem: dict, completion: str) -> float:
@@ -116,11 +150,13 @@ def stdio_reward_with(code: str, cases: list[dict], cfg: CodeRewardConfig) -> fl
     program, _ = extract_code(code)
     deadline = time.monotonic() + cfg.stdio_total_seconds
     passed = 0
-    for case in cases:
+    for i, case in enumerate(cases):
         left = deadline - time.monotonic()
         if left > 0:
             limits = dataclasses.replace(cfg.sandbox, wall_seconds=min(cfg.sandbox.wall_seconds, left))
             result = run_sandboxed(program, case["input"], limits)
+            if _verifier_failure(result):
+                return reward_error(f"stdio case {i} of {len(cases)}: {_verifier_failure(result)}")
             if result.ok and outputs_match(result.stdout, case["output"]):
                 passed += 1
                 continue

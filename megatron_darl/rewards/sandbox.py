@@ -17,6 +17,9 @@ kernel:
   and signals only to its own processes;
 - **rlimits** on CPU seconds, address space, file size, processes and open files, and a
   **total disk budget**: ``/tmp`` (cwd and HOME) is a tmpfs of ``disk_bytes``;
+- **a cgroup of its own** where the kernel allows (``sandbox_cgroup``): the memory and the
+  processes of the whole program, its children included, bounded together (``memory_bytes``,
+  ``max_processes``); a run past its memory is OOM-killed and ``SandboxResult.memory_exceeded``;
 - **a reaper that misses nothing**: the harness is the PID namespace's init; when it exits the
   kernel kills every process of the namespace (setsid daemons included). The boot process dies
   with the worker (PR_SET_PDEATHSIG) and the harness with the boot, so a SIGKILLed worker takes
@@ -56,6 +59,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+if __package__:
+    from megatron_darl.rewards.sandbox_cgroup import RunCgroup, cgroup_backend
+else:  # loaded from its file alone (stdlib only: the tests' unprivileged worker, system python)
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("sandbox_cgroup", Path(__file__).with_name("sandbox_cgroup.py"))
+    _cgroup = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_cgroup)
+    RunCgroup, cgroup_backend = _cgroup.RunCgroup, _cgroup.cgroup_backend
+
 log = logging.getLogger(__name__)
 
 _BOOT = Path(__file__).with_name("sandbox_boot.py")
@@ -73,11 +86,11 @@ class SandboxConfig:
 
     wall_seconds: float = 10.0  # wall-clock limit; every process of the run is killed after it
     cpu_seconds: int = 10  # RLIMIT_CPU of each process
-    memory_bytes: int = 1 << 30  # RLIMIT_AS (address space) of each process
+    memory_bytes: int = 1 << 30  # RLIMIT_AS of each process, and the whole run's memory (cgroup)
     file_size_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file it may write
     disk_bytes: int = 64 << 20  # size of its tmpfs /tmp: all files together (namespaces only)
     disk_inodes: int = 4096  # files and directories it may create in /tmp
-    max_processes: int = 32  # RLIMIT_NPROC: processes of its uid (the harness counts as one)
+    max_processes: int = 32  # RLIMIT_NPROC of its uid and pids.max of its cgroup (harness included)
     max_open_files: int = 64  # RLIMIT_NOFILE
     max_output_bytes: int = 1 << 20  # cap on stdout and on stderr; exceeding it kills the run
     uid_base: int = 1_000_000_000  # as root, each run's uid is uid_base + its boot pid
@@ -85,6 +98,8 @@ class SandboxConfig:
     namespaces: bool = True  # False: skip the namespaces on purpose (needs allow_degraded)
     allow_degraded: bool = False  # run without namespaces where the kernel refuses them
     python: str = ""  # interpreter; "" = the running one (sys.executable)
+    cgroup: str = "auto"  # a cgroup per run: "auto" (where the kernel allows), "require", "off"
+    cgroup_parent: str = ""  # delegated cgroup v2 dir for the runs' cgroups; "" = the worker's own
 
     def __post_init__(self) -> None:
         for name in ("wall_seconds", "cpu_seconds", "memory_bytes", "file_size_bytes",
@@ -95,6 +110,8 @@ class SandboxConfig:
         if not 1000 <= self.uid_base <= 4_000_000_000:
             raise ValueError(f"SandboxConfig.uid_base={self.uid_base}: use an unused uid range "
                              "in [1000, 4e9] (each run takes uid_base + a pid)")
+        if self.cgroup not in ("auto", "require", "off"):
+            raise ValueError(f"SandboxConfig.cgroup={self.cgroup!r}: use 'auto', 'require' or 'off'")
         if not self.namespaces and not self.allow_degraded:
             raise ValueError("SandboxConfig.namespaces=False runs degraded: set allow_degraded=True")
         self.readonly_paths = tuple(self.readonly_paths)
@@ -125,12 +142,17 @@ class SandboxResult:
     uid: int  # host uid the program ran under (-1 when unknown)
     passed: bool | None = None  # a FunctionCheck's verdict, from the harness; None without one
     check_error: str = ""  # why the check failed (traceback tail from the harness)
+    harness_error: str = ""  # the check's own (trusted) code failed: no verdict on the program
+    memory_exceeded: bool = False  # the run's cgroup hit memory_bytes: the kernel OOM-killed in it
+    cgroup: str = ""  # "v2" or "v1": the run had a cgroup of its own; "" = none
+    memory_peak_bytes: int = -1  # most memory the whole run held at once (cgroup); -1 = unknown
     error: str = ""  # the sandbox itself failed (not the program); empty when it worked
 
     @property
     def ok(self) -> bool:
         """Within its limits and: the check passed (with a check) or it exited 0 (without)."""
-        if self.timed_out or self.output_truncated or self.error:
+        if (self.timed_out or self.output_truncated or self.memory_exceeded or self.error
+                or self.harness_error):
             return False
         return bool(self.passed) if self.passed is not None else self.returncode == 0
 
@@ -147,11 +169,46 @@ def sandbox_mode(cfg: SandboxConfig | None = None) -> str:
     """
     cfg = cfg or SandboxConfig()
     python = os.path.realpath(cfg.python or sys.executable)
-    key = (python, cfg.namespaces, cfg.allow_degraded, cfg.readonly_paths)
+    key = (python, cfg.namespaces, cfg.allow_degraded, cfg.readonly_paths, cfg.cgroup, cfg.cgroup_parent)
     with _MODES_LOCK:
         if key not in _MODES:
+            _check_cgroup(cfg)
             _MODES[key] = _probe(cfg, python)
         return _MODES[key]
+
+
+def _check_cgroup(cfg: SandboxConfig) -> None:
+    """Refuse (``cgroup="require"``) or say once (``"auto"``) when runs get no cgroup."""
+    if cfg.cgroup == "off":
+        return
+    backend, why = cgroup_backend(cfg.cgroup_parent)
+    if backend is not None:
+        return
+    if cfg.cgroup == "require":
+        raise SandboxUnavailableError(
+            f"code sandbox: {why}. SandboxConfig.cgroup='require' needs a cgroup per run: run the "
+            "worker as root, or in a delegated cgroup v2 subtree (SandboxConfig.cgroup_parent), or "
+            "set cgroup='auto' to run with per-process limits only (docs/sandbox.md, 'Known limits').")
+    _warn_once(f"code sandbox without a cgroup per run: {why}. Memory and processes are bounded per "
+               "process only (RLIMIT_AS, RLIMIT_NPROC): a run may use up to max_processes x "
+               "memory_bytes (docs/sandbox.md, 'Known limits')")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
+
+
+def _run_cgroup(cfg: SandboxConfig) -> RunCgroup | None:
+    """A fresh cgroup for one run, or None where runs get none (see ``_check_cgroup``)."""
+    backend = cgroup_backend(cfg.cgroup_parent)[0] if cfg.cgroup != "off" else None
+    if backend is None:
+        return None
+    return RunCgroup(backend, cfg.memory_bytes, cfg.max_processes + 1)  # + the boot
 
 
 def _probe(cfg: SandboxConfig, python: str) -> str:
@@ -175,9 +232,25 @@ def _probe(cfg: SandboxConfig, python: str) -> str:
             f"code sandbox: {reason}, and degraded mode cannot drop root: {python} is not "
             "readable by an unprivileged uid. Set SandboxConfig.python to an interpreter "
             "outside root-only directories (e.g. /usr/bin/python3).")
+    if os.geteuid() != 0:
+        _close_proc_files()
     log.warning("code sandbox DEGRADED (%s): no private root, disk cap, network or PID "
                 "isolation; seccomp, rlimits and the group kill remain (docs/sandbox.md)", reason)
     return "degraded"
+
+
+def _close_proc_files() -> None:
+    """Degraded mode under a non-root worker runs programs as the worker's uid, which may open
+    the worker's ``/proc/PID/environ``, ``mem`` and ``fd/``: the worker turns non-dumpable, so
+    the kernel closes them to every process without CAP_SYS_PTRACE (debuggers of this uid
+    included; core dumps are off)."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+        raise SandboxUnavailableError(
+            f"code sandbox: degraded mode cannot close this worker's /proc files to its programs: "
+            f"prctl(PR_SET_DUMPABLE): {os.strerror(ctypes.get_errno())}")
+    log.warning("code sandbox: this worker is now non-dumpable (its programs share its uid)")
 
 
 def run_sandboxed(program: str, stdin: str = "", cfg: SandboxConfig | None = None,
@@ -204,8 +277,9 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _settings(cfg: SandboxConfig, mode: str, workdir: str) -> dict:
+def _settings(cfg: SandboxConfig, mode: str, workdir: str, cgroup: RunCgroup | None) -> dict:
     return {
+        "cgroup_procs": cgroup.procs_files if cgroup is not None else [],
         "mode": mode, "wall_seconds": cfg.wall_seconds, "cpu_seconds": cfg.cpu_seconds,
         "memory_bytes": cfg.memory_bytes, "file_size_bytes": cfg.file_size_bytes,
         "disk_bytes": cfg.disk_bytes, "disk_inodes": cfg.disk_inodes,
@@ -216,9 +290,30 @@ def _settings(cfg: SandboxConfig, mode: str, workdir: str) -> dict:
 
 def _run(python: str, mode: str, program: str, stdin: str, cfg: SandboxConfig,
          check: FunctionCheck | None) -> SandboxResult:
-    workdir = _degraded_workdir() if mode == "degraded" else ""
+    try:
+        cgroup = _run_cgroup(cfg)
+    except OSError as exc:
+        return SandboxResult(None, "", "", False, False, "", -1,
+                             error=f"could not create the run's cgroup: {exc}")
+    oom_kills, peak = 0, -1
+    try:
+        workdir = _degraded_workdir() if mode == "degraded" else ""
+        outcome = _start_and_supervise(python, mode, program, stdin, cfg, check, workdir, cgroup)
+    finally:
+        if cgroup is not None:
+            oom_kills, peak = cgroup.oom_kills(), cgroup.memory_peak()
+            cgroup.close()  # kills whatever of the run is left, removes the cgroup
+    result = _result(*outcome, oom_kills)
+    if cgroup is not None:
+        result.cgroup, result.memory_peak_bytes = f"v{cgroup.backend.version}", peak
+    return result
+
+
+def _start_and_supervise(python: str, mode: str, program: str, stdin: str, cfg: SandboxConfig,
+                         check: FunctionCheck | None, workdir: str, cgroup: RunCgroup | None):
+    """Start the boot with the job, supervise it; (events, stdout, stderr, timed_out, truncated)."""
     home = workdir or "/tmp"
-    job = {"settings": _settings(cfg, mode, workdir), "program": program, "stdin": stdin,
+    job = {"settings": _settings(cfg, mode, workdir, cgroup), "program": program, "stdin": stdin,
            "entry_point": check.entry_point if check else ""}
     fds = [_memfd("darl_sandbox_job", marshal.dumps(job, 4))]
     if check is not None:
@@ -242,18 +337,18 @@ def _run(python: str, mode: str, program: str, stdin: str, cfg: SandboxConfig,
             os.close(fd)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    return _result(events, stdout, stderr, timed_out, truncated)
+    return events, stdout, stderr, timed_out, truncated
 
 
 def _result(events: list[dict], stdout: bytes, stderr: bytes, timed_out: bool,
-            truncated: bool) -> SandboxResult:
+            truncated: bool, oom_kills: int = 0) -> SandboxResult:
     started = next((e for e in events if e.get("event") == "started"), {})
     done = next((e for e in events if e.get("event") == "done"), {})
     refused = next((e for e in events if e.get("event") == "refused"), None)
     error = ""
     if refused is not None:
         error = f"the kernel refused the sandbox's {refused.get('stage')}: {refused.get('error')}"
-    elif not done and not (timed_out or truncated):
+    elif not done and not (timed_out or truncated or oom_kills):
         error = "the sandbox's harness died without a verdict"
     return SandboxResult(
         returncode=done.get("returncode"),
@@ -261,7 +356,8 @@ def _result(events: list[dict], stdout: bytes, stderr: bytes, timed_out: bool,
         stderr=stderr.decode("utf-8", errors="replace"),
         timed_out=timed_out, output_truncated=truncated,
         isolation=started.get("isolation", ""), uid=int(started.get("uid", -1)),
-        passed=done.get("passed"), check_error=done.get("check_error", ""), error=error)
+        passed=done.get("passed"), check_error=done.get("check_error", ""),
+        harness_error=done.get("harness_error", ""), memory_exceeded=oom_kills > 0, error=error)
 
 
 def _read_status(fd: int) -> list[dict]:

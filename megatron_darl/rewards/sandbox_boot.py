@@ -4,7 +4,9 @@
 with the job (settings, program, its stdin; ``marshal``) on stdin. Three processes follow:
 
 1. **boot** (this process, in the worker's namespaces): dies with the worker
-   (PR_SET_PDEATHSIG), creates the mount, network, PID, IPC, UTS and cgroup namespaces (as root;
+   (PR_SET_PDEATHSIG), joins the run's cgroup (``sandbox_cgroup``; when it has one, every
+   process of the run is born in it), creates the mount, network, PID, IPC, UTS and cgroup
+   namespaces (as root;
    otherwise with a user namespace that maps root inside to the worker's uid), forks the harness
    and waits for it. A refusal of the kernel is reported as a ``refused`` event. SIGTERM (the
    worker's deadline) makes it SIGKILL the harness and wait: when the boot exits, every process
@@ -54,6 +56,18 @@ import sandbox_seccomp as seccomp  # noqa: E402
 
 _PROGRAM = "main.py"
 _CHECK_GRACE = 0.5  # seconds the program gets to exit after the verdict (then it is killed)
+
+
+def _join_cgroup(procs_files: list[str]) -> None:
+    """Move this process into the run's cgroup (one ``cgroup.procs`` per hierarchy), before the
+    namespaces (its cgroup namespace is rooted there) and before any fork: every process of
+    the run is born in it."""
+    for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
 
 
 def _read_fd(fd: int) -> bytes:
@@ -142,6 +156,12 @@ def _program_side(s: dict, stdin_fd: int, keep: tuple[int, ...]) -> None:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.dup2(stdin_fd, 0)
+    try:  # the kernel's OOM killer takes the program's processes before the harness
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(fd, b"1000")
+        os.close(fd)
+    except OSError:
+        pass
     low = 3
     for fd in sorted(keep) + [1 << 16]:
         if fd >= low:
@@ -181,7 +201,7 @@ def _kill_all(own_uid: bool, pid: int) -> None:
         pass
 
 
-def _judge(check_fd: int, calls_w: int, answers_r: int, deadline: float) -> tuple[bool, str]:
+def _judge(check_fd: int, calls_w: int, answers_r: int, deadline: float) -> tuple[bool, str, bool]:
     """Harness: run the trusted check (read only now, after the fork) against the program."""
     import sandbox_harness
 
@@ -217,16 +237,17 @@ def _harness(s: dict, job: dict, status_fd: int, check_fd: int, alive_fd: int, h
         return job["entry_point"], calls_r, answers_w
     try:
         _send(status_fd, event="started", pid=pid, **info)
-        passed, why = None, ""
+        passed, why, broken = None, "", False
         if checking:
             os.close(calls_r)
             os.close(answers_w)
-            passed, why = _judge(check_fd, calls_w, answers_r, deadline)
+            passed, why, broken = _judge(check_fd, calls_w, answers_r, deadline)
             os.close(calls_w)  # EOF: the program stops serving and exits, flushing its output
             deadline = min(deadline, time.monotonic() + _CHECK_GRACE)
         code = _wait_program(pid, wake_r, alive_fd, deadline)
         _kill_all(info["own_uid"], pid)
-        _send(status_fd, event="done", returncode=code, passed=passed, check_error=why)
+        _send(status_fd, event="done", returncode=code, passed=passed,
+              check_error="" if broken else why, harness_error=why if broken else "")
     finally:
         os._exit(0)  # never unwind into the program's path, whatever happened
 
@@ -248,6 +269,11 @@ def main():
     gc.freeze()  # what the forks inherit stays out of their collections (fewer copied pages)
     signal.alarm(int(settings["wall_seconds"]) + 5)  # backstop: the worker kills us sooner
     host_uid = settings["uid_base"] + os.getpid() if os.getuid() == 0 else os.getuid()
+    try:
+        _join_cgroup(settings["cgroup_procs"])
+    except OSError as exc:
+        _send(status_fd, event="refused", stage="cgroup", error=str(exc))
+        os._exit(0)
     try:
         if settings["mode"] == "root":
             kernel.unshare(kernel.NAMESPACES)

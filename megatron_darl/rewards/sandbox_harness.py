@@ -144,8 +144,13 @@ _BUILTIN_EXCEPTIONS = {
 }
 
 
-def run_check(setup: str, test: str, entry_point: str, channel: Channel) -> tuple[bool, str]:
-    """Run the trusted ``setup`` and ``test`` code and ``check(proxy)``; (passed, why not)."""
+def run_check(setup: str, test: str, entry_point: str, channel: Channel) -> tuple[bool, str, bool]:
+    """Run the trusted ``setup`` and ``test`` code and ``check(proxy)``.
+
+    Returns (passed, why not, broken): ``broken`` when the trusted code itself failed before
+    ``check`` could call the program (it does not compile, raises, defines no ``check``): a
+    verdict on the row, not on the answer.
+    """
 
     def candidate(*args, **kwargs):
         channel.send({"args": encode(list(args)), "kwargs": encode(kwargs)})
@@ -162,14 +167,21 @@ def run_check(setup: str, test: str, entry_point: str, channel: Channel) -> tupl
         exec(compile(setup, "<prompt>", "exec"), namespace)
         namespace[entry_point] = candidate  # tests may call it by name (HumanEval/33 does)
         exec(compile(test, "<test>", "exec"), namespace)
-        if not callable(namespace.get("check")):
-            return False, "the test code defines no check(candidate)"
+    except BaseException:  # noqa: BLE001 - the row's own code failed: no verdict on the answer
+        return False, "the check's own code failed: " + _traceback(), True
+    if not callable(namespace.get("check")):
+        return False, "the test code defines no check(candidate)", True
+    try:
         namespace["check"](candidate)
     except BaseException:  # noqa: BLE001 - any failure of the trusted check is a fail verdict
-        import traceback
+        return False, _traceback(), False
+    return True, "", False
 
-        return False, traceback.format_exc(limit=-3)[-2000:]
-    return True, ""
+
+def _traceback() -> str:
+    import traceback
+
+    return traceback.format_exc(limit=-3)[-2000:]
 
 
 def serve(namespace: dict, entry_point: str, read_fd: int, write_fd: int) -> None:

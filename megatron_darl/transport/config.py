@@ -15,6 +15,7 @@ class ControlPlaneConfig:
     """Where the TCPStore served by trainer rank 0 lives and who is expected to meet there."""
 
     host: str = "127.0.0.1"  # host of trainer rank 0 (first trainer node under Slurm)
+    bind: str = ""  # address the store listens on; "" = the one `host` resolves to; "0.0.0.0" = all
     port: int = 0  # TCPStore port on that host; 0 = the launcher picks a free one
     num_workers: int = 1  # rollout workers expected (worker ids 0..num_workers-1)
     num_hubs: int = 1  # trainer DP hub ranks (one per DP replica: TP0, first PP stage)

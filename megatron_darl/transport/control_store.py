@@ -307,5 +307,5 @@ class ControlStore:
             raise ForeignValueError(
                 f"{self.who}: the control store at {self.address} is not this run's (its run record "
                 "is not signed with this run's secret: another run on this port, or a different "
-                "DARL_RUN_SECRET); refusing to join") from None
+                "run secret); refusing to join") from None
         self.peer = f"{record['server']} serving the control store at {self.address}"

@@ -10,7 +10,9 @@ awaited and who serves the store, and values are signed with the run's secret. K
 from __future__ import annotations
 
 import datetime as _dt
+import ipaddress
 import json
+import logging
 import os
 import socket
 import time
@@ -23,6 +25,7 @@ from megatron_darl.transport.control_store import (  # noqa: F401 (re-exported)
     ControlStore, ForeignValueError, TransportTimeout,
 )
 
+log = logging.getLogger(__name__)
 TRAINER = "trainer"  # role of a Megatron trainer rank (hub, stage leader or rank 0)
 WORKER = "rollout"  # role of a rollout worker
 
@@ -91,16 +94,61 @@ class Keys:
         return f"ch/{hub}/info"
 
 
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def listen_socket(cfg: ControlPlaneConfig) -> socket.socket:
+    """The store's listening socket, bound where configured: ``cfg.bind``, else the address
+    ``cfg.host`` resolves to (TCPStore alone listens on every interface, whatever its host).
+
+    One exception: a host *name* that resolves here to a loopback address (Debian maps the
+    machine's own name to 127.0.1.1) while other nodes reach it by another address; then the
+    store listens on every interface and says so (set ``transport.control.bind``).
+    """
+    address = cfg.bind or cfg.host
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(address, cfg.port, type=socket.SOCK_STREAM,
+                                                        flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"transport.control.{'bind' if cfg.bind else 'host'}={address!r}: "
+                         f"cannot resolve it ({exc.strerror})") from None
+    if not cfg.bind and _loopback(sockaddr[0]) and not _loopback(cfg.host):
+        log.warning("control store: host %r resolves here to %s, a loopback address: listening on "
+                    "every interface so that other nodes can reach it (transport.control.bind "
+                    "names the address to listen on)", cfg.host, sockaddr[0])
+        family, sockaddr = socket.AF_INET6 if family == socket.AF_INET6 else socket.AF_INET, ("", cfg.port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"control store: cannot listen on {sockaddr[0] or '*'}:{cfg.port}: "
+                      f"{exc.strerror}") from None
+    return sock
+
+
 def serve_store(cfg: ControlPlaneConfig) -> ControlStore:
-    """Serve the control-plane store (trainer rank 0 only; port 0 is not allowed here) and post
-    the signed run record that joining processes check."""
+    """Serve the control-plane store (trainer rank 0 only; port 0 is not allowed here) on
+    ``listen_socket(cfg)`` and post the signed run record that joining processes check."""
     if cfg.port == 0:
         raise ValueError("ControlPlaneConfig.port is 0: the launcher picks the store's port "
                          "(launch.train or slurm/launch.sh); pass an explicit port otherwise")
-    server = dist.TCPStore(
-        cfg.host, cfg.port, is_master=True, wait_for_workers=False,
-        timeout=_dt.timedelta(seconds=cfg.store_timeout_s),
-    )
+    sock = listen_socket(cfg)
+    try:
+        server = dist.TCPStore(
+            cfg.host, cfg.port, is_master=True, wait_for_workers=False,
+            timeout=_dt.timedelta(seconds=cfg.store_timeout_s), master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the server listens on this descriptor from now on, and owns it
     me = MemberInfo.here(TRAINER, 0)
     store = ControlStore(cfg, me.describe(), server=server)
     store.post_run_record(me.describe())

@@ -7,6 +7,7 @@ rank as usual) on a real tiny HF checkpoint; each case checks that the input is 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from tools import convert_hf_to_megatron as to_mg
 from tools import convert_megatron_to_hf as to_hf
+from tools.conversion import MANIFEST_NAME
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_convert_bad_input import _hf_dir  # noqa: E402 (a valid tiny HF checkpoint)
@@ -71,3 +73,26 @@ def test_force_removes_only_what_a_previous_conversion_wrote(tmp_path, capsys, f
     assert (out / "megatron_darl.json").is_file()
     capsys.readouterr()
     fault_record["observed"] = "refused (user files named, untouched); an earlier conversion was replaced"
+
+
+@pytest.mark.fault(kind="file", name="converter --force with a manifest naming files outside --out-dir")
+@pytest.mark.parametrize("entry", ["parent", "absolute", "symlink"])
+def test_force_deletes_nothing_outside_the_out_dir(tmp_path, capsys, entry, fault_record):
+    """--force refuses a manifest entry outside --out-dir (a `..` path, an absolute path, a symlinked directory), naming it; nothing is deleted."""
+    hf = _hf_dir(tmp_path / "hf")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("mine")
+    out = tmp_path / "mg"
+    out.mkdir()
+    (out / "model.bin").write_text("an earlier conversion")
+    listed = {"parent": "../victim/precious.txt", "absolute": str(victim / "precious.txt"),
+              "symlink": "link/precious.txt"}[entry]
+    if entry == "symlink":
+        (out / "link").symlink_to(victim, target_is_directory=True)
+    (out / MANIFEST_NAME).write_text(json.dumps({"tool": "x", "source": "y", "files": ["model.bin", listed]}))
+    line = _refused(to_mg, ["--hf-dir", str(hf), "--out-dir", str(out), "--force"], capsys, repr(listed),
+                    "not a file inside")
+    assert (victim / "precious.txt").read_text() == "mine"
+    assert (out / "model.bin").read_text() == "an earlier conversion"
+    fault_record["observed"] = line[:200]

@@ -72,15 +72,19 @@ def test_slurm_job_ports_differ_between_jobs_and_stay_below_the_ephemeral_range(
     assert all(20000 <= p < 30000 for p in a + b)
 
 
-def test_run_secret_reaches_children_by_environment_only(tmp_path):
+def test_run_secret_reaches_children_on_a_pipe_never_in_their_environment(tmp_path):
     from launch.config import save_run_config
-    from launch.lifeline import RUN_SECRET, with_run_secret
+    from launch.lifeline import RUN_SECRET, RUN_SECRET_FD, secret_pipe, with_run_secret
 
     cfg = load_run_config(["cluster=cpu", "transport.control.secret=s3cret", f"loop.run_dir={tmp_path}"])
     path = save_run_config(cfg, tmp_path / "run_config.yaml")
     assert "s3cret" not in path.read_text() and "s3cret" not in repr(cfg)
+    assert path.stat().st_mode & 0o777 == 0o600  # it names the control store's port
     specs = process_specs(cfg, path, num_gpus=0, base_env={}, secret="s3cret")
-    assert all(s.env[RUN_SECRET] == "s3cret" and "s3cret" not in " ".join(s.argv) for s in specs)
-    env = {RUN_SECRET: "s3cret", "OTHER": "1"}
+    assert all(s.secret == "s3cret" and "s3cret" not in " ".join(s.argv) + repr(s) for s in specs)
+    assert not any("s3cret" in v for s in specs for v in s.env.values())
+    env = {RUN_SECRET_FD: str(secret_pipe("s3cret")), "OTHER": "1"}  # what Launcher._start hands over
     child = with_run_secret(load_run_config([], config_file=path), env)
-    assert child.transport.control.secret == "s3cret" and RUN_SECRET not in env  # grandchildren never see it
+    assert child.transport.control.secret == "s3cret" and env == {"OTHER": "1"}  # grandchildren never see it
+    env = {RUN_SECRET: "by hand"}  # a process started by hand may still pass it in its environment
+    assert with_run_secret(cfg, env).transport.control.secret == "by hand" and not env
