@@ -177,6 +177,7 @@ class LoopConfig:
     progress_bar: bool = True  # live tqdm bar (step, reward, staleness, tokens/s)
     tensorboard: bool = True  # write <run_dir>/tensorboard
     plot: bool = True  # write <run_dir>/progress.png at the end
+    verbose: bool = False  # libraries' INFO logs and warnings too (Megatron's configs, Apex/TE notices)
     wandb: WandbConfig = field(default_factory=WandbConfig)  # W&B (off by default)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form tags copied to summary.json
 

@@ -230,7 +230,9 @@ class MetricsLogger:
         if self.cfg.plot and self.history:
             from megatron_darl.loop.plots import plot_progress
 
-            plot_progress(self.history, self.run_dir / "progress.png")
+            variant = (extra or {}).get("variant", "")
+            title = f"variant {variant}, run dir {self.run_dir}" if variant else f"run dir {self.run_dir}"
+            plot_progress(self.history, self.run_dir / "progress.png", title=title)
         summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
