@@ -25,6 +25,17 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
 
 
 def plot_progress(history: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Write ``progress_figure(history, title)`` to ``path`` (PNG); returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = progress_figure(history, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def progress_figure(history: Sequence[Mapping[str, Any]], title: str = ""):
     """Three panels over trainer steps: reward, the age of the data, the trained groups by age."""
     import matplotlib
 
@@ -62,7 +73,4 @@ def plot_progress(history: Sequence[Mapping[str, Any]], path: Path, title: str =
     axes[2].set_ylabel("groups trained,\nby age")
     axes[2].set_xlabel("trainer step (each step publishes one new weight version)")
     axes[2].legend(**outside)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
