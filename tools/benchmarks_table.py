@@ -1,6 +1,6 @@
 """Render docs/benchmarks.md from the JSON records under benchmarks/results.
 
-Each benchmark script writes one record per run (DESIGN.md section 7); this tool keeps, per
+Each benchmark script writes one record per run (docs/architecture.md); this tool keeps, per
 (benchmark, device, configuration), the newest record and prints one markdown table per
 benchmark with its configuration columns and its metrics, so the page is always regenerated
 from data rather than edited by hand.

@@ -1,4 +1,4 @@
-"""Per-step metrics of DESIGN.md section 4: reduced over DP, written, shown, plotted, summarised.
+"""Per-step metrics (docs/guide.md, What a run writes): reduced over DP, written, shown, plotted, summarised.
 
 Each DP shard's planner returns a ``StepStats`` of *sums* (rewards, tokens, histogram counts,
 weight moments; ``stats.py``), so one all-reduce per reduction kind gives exact global values

@@ -1,10 +1,10 @@
 """Parameter snapshots of past versions, for exact log-prob backfill (``mis.backfill=snapshot``).
 
-D-ARL needs log pi_k(y) for window versions k older than a sample's arrival (DESIGN 4.3). Each
-rank keeps, for the last K versions, a copy of *its own* model shard (its TP x PP slice of the
-weights, the model dtype: bf16 on GPU) in host memory, pinned on GPU so the copies run at PCIe
-bandwidth without staging. To score under version k the trainer swaps the snapshot into the live
-parameters, runs the ordinary forward-only log-prob pass and swaps the current weights back
+D-ARL needs log pi_k(y) for window versions k older than a sample's arrival (docs/algorithm.md,
+section 7). Each rank keeps, for the last K versions, a copy of *its own* model shard (its TP x PP
+slice of the weights, the model dtype: bf16 on GPU) in host memory, pinned on GPU so the copies run
+at PCIe bandwidth without staging. To score under version k the trainer swaps the snapshot into the
+live parameters, runs the ordinary forward-only log-prob pass and swaps the current weights back
 (also through a pinned host buffer, so no extra GPU memory is needed). Optimizer state is never
 touched: it lives in the optimizer's own fp32 main params.
 
