@@ -1,5 +1,5 @@
 """What a user sees: config errors that say what to do, the quiet console and ``--verbose``, the
-converters' ``--help``, the progress plot, a smoke run dir of its own.
+converters' ``--help``, the progress plot, a smoke run dir of its own, the install's phases.
 
 The log of a whole smoke run (no Megatron config dumps, no UserWarning lines) is checked on the
 runs ``tests/distributed/test_loop_smoke.py`` already makes.
@@ -133,3 +133,32 @@ def test_progress_plot_has_a_title_a_smoothed_reward_and_legends_off_the_data(tm
 def test_smoke_experiment_writes_a_fresh_run_dir():
     run_dir = load_run_config(["experiment=smoke"]).loop.run_dir
     assert re.fullmatch(r"runs/smoke_darl_\d{8}_\d{6}", run_dir), run_dir
+
+
+def test_venv_install_says_what_each_phase_does(tmp_path):
+    """launch/venv.sh against a stand-in interpreter that records its calls: one line as each
+    phase starts and one with its seconds as it ends; pip itself runs quietly."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    fake = venv / "bin" / "python"
+    fake.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+case "$*" in
+  "-c import torch") exit 1 ;;   # no torch yet: the install phase runs
+  -c*) echo "Python 3.11.9, torch 2.13.0+cpu" ;;
+esac
+""")
+    fake.chmod(0o755)
+    (venv / "bin" / "activate").write_text(f'PATH="{venv}/bin:$PATH"\n')
+    script = f'source "{REPO}/launch/venv.sh" && darl_venv "[test]"'
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, env={**os.environ, "VENV": str(venv)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("[venv] installing torch==2.13.0") and lines[0].endswith("...")
+    assert re.fullmatch(r"\[venv\] done in \d+ s: installing torch==2\.13\.0 .*", lines[1])
+    assert lines[2].startswith("[venv] installing megatron_darl[test] and its dependencies")
+    assert lines[-1] == "[venv] ready: " + str(venv) + " (Python 3.11.9, torch 2.13.0+cpu)"
+    pip = [c for c in calls.read_text().splitlines() if c.startswith("-m pip install")]
+    assert pip == ["-m pip install -q torch==2.13.0", "-m pip install -q -e .[test]"]
