@@ -1,4 +1,4 @@
-"""Packaging for megatron_darl (see README.md for the supported-versions table)."""
+"""Packaging for megatron_darl (supported versions: docs/guide.md, Install)."""
 
 from setuptools import find_packages, setup
 

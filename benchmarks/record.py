@@ -1,4 +1,4 @@
-"""One JSON record per benchmark run, in the schema of DESIGN.md section 7.
+"""One JSON record per benchmark run, in the schema of docs/architecture.md (Records, reports and tests).
 
 Every script in ``benchmarks/`` prints its own table and calls ``write_result`` once per run so
 that ``tools/benchmarks_table.py`` can render docs/benchmarks.md from ``benchmarks/results/``.

@@ -162,15 +162,18 @@ def _leave(launcher: int, grace_s: float) -> None:
 
 
 def start_child(name: str, config_file: str | None, overrides: list[str]):
-    """First things of a child process: leave with the launcher, log as ``name``, take
-    ``DARL_THREADS`` torch threads, and return the run's ``RunConfig`` with its secret."""
+    """First things of a child process: leave with the launcher, log as ``name`` (libraries
+    quiet unless ``loop.verbose``: ``launch.console``), take ``DARL_THREADS`` torch threads, and
+    return the run's ``RunConfig`` with its secret."""
     from launch.config import load_run_config
+    from launch.console import setup_logging
 
     exit_with_launcher(os.environ)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    cfg = load_run_config(overrides, config_file=config_file)  # imports no Megatron: its warnings come later
+    setup_logging(name, verbose=cfg.loop.verbose)
     threads = int(os.environ.get("DARL_THREADS", "0"))
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    return with_run_secret(load_run_config(overrides, config_file=config_file), os.environ)
+    return with_run_secret(cfg, os.environ)

@@ -9,7 +9,7 @@ whole tree, reward sandboxes included). The launcher:
   kills at once;
 - on a trainer rank's failure kills everything and exits non-zero naming ``trainer <rank>``;
 - on a rollout worker's failure reports it by name and, with ``rollout_failure=continue``, goes
-  on while another worker lives (the trainer continues without it, DESIGN.md section 3);
+  on while another worker lives (the trainer continues without it, docs/architecture.md, Failures);
 - when every trainer rank exited 0, gives the workers ``grace_s`` to see the stop flag, then
   kills stragglers. Exit code: 0, the first failure's code, or 128 + signal.
 

@@ -7,9 +7,9 @@ cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 source launch/venv.sh
 darl_venv ""
-export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}  # Megatron warns loudly about absent TE/apex
 # D-ARL on the built-in arithmetic task from the warm-started tiny policy (fitted and cached on
-# first use); prints the reward before and after and where the plot is.
+# first use); prints the reward before and after and where the plot is (--verbose: Megatron's own
+# logs and warnings too).
 # Each quick start writes a fresh run dir unless one is given (a rerun never trips over the
 # previous run's checkpoints).
 case " $* " in

@@ -6,7 +6,9 @@ starts the same processes Slurm job steps would: ``cluster.trainer_ranks`` x ``l
 (torchrun-style environment) and ``cluster.rollout_workers`` x ``launch.rollout``, which meet
 only over the transport, with free ports and a fresh per-run secret (``launch.lifeline``) that
 only they know. Devices come from the cluster preset (``cluster=cpu|gpu1|gpu2``, ``gpu4`` and GPU
-counts ``cluster.trainer_gpus=T cluster.rollout_gpus=R``, or ``local``: whatever this machine has). ``--print-config`` shows the composed config and exits.
+counts ``cluster.trainer_gpus=T cluster.rollout_gpus=R``, or ``local``: whatever this machine has). ``--print-config`` shows the composed config and exits;
+``--verbose`` shows the libraries' logs too (``launch.cli``: the flags and config errors;
+``launch.console``: what is printed).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from launch.cli import explain, parse_command_line
 from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
+from launch.console import setup_logging
 from launch.lifeline import new_run_secret
 from launch.preflight import preflight
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
@@ -114,27 +118,27 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 def usage() -> str:
     """Usage text: the config groups under ``configs/`` and their presets."""
-    lines = ["usage: python -m launch.train [--print-config] [GROUP=PRESET | KEY=VALUE ...]", "",
+    lines = ["usage: python -m launch.train [--print-config] [--verbose] [GROUP=PRESET | KEY=VALUE ...]", "",
              __doc__.strip().splitlines()[0], "", "config groups (GROUP=PRESET):"]
     for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir()):
         presets = sorted(f.stem for f in group.glob("*.yaml"))
         lines.append(f"  {group.name:<10} {' | '.join(presets)}")
     lines += ["", "examples:", "  python -m launch.train algorithm=sync",
-              "  python -m launch.train experiment=smoke loop.run_dir=runs/smoke",
-              "  python -m launch.train --print-config algorithm=darl replay.k=8"]
+              "  python -m launch.train experiment=smoke          # a fresh runs/smoke_<variant>_<time>",
+              "  python -m launch.train --print-config algorithm=darl replay.k=8",
+              "  python -m launch.train --verbose                 # Megatron's own logs and warnings too"]
     return "\n".join(lines)
 
 
 def _load(args: list[str]) -> RunConfig:
-    """The run config, or ``SystemExit(2)`` with one line naming the bad override or value."""
+    """The run config, or ``SystemExit(2)`` with what is wrong (``launch.cli.explain``)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         return load_run_config(args)
     except (HydraException, OmegaConfBaseException, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"launch.train: {first}\n(see python -m launch.train --help)", file=sys.stderr)
+        print(f"launch.train: {explain(err)}\n(see python -m launch.train --help)", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -156,18 +160,21 @@ def outcome(run_dir: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in args or "--help" in args:
+    try:
+        cli = parse_command_line(sys.argv[1:] if argv is None else argv)
+    except ValueError as err:
+        print(f"launch.train: {err}", file=sys.stderr)
+        return 2
+    if cli.help:
         print(usage())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if "--print-config" in args:
+    cfg = _load(cli.overrides)
+    if cli.print_config:
         from omegaconf import OmegaConf
 
-        args.remove("--print-config")
-        print(OmegaConf.to_yaml(OmegaConf.structured(_load(args))))
+        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return 0
-    cfg = _load(args)
+    setup_logging("launch.train", verbose=cfg.loop.verbose)
     run_dir = Path(cfg.loop.run_dir)
     try:
         if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
@@ -181,8 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config_path = save_run_config(cfg, run_dir / "run_config.yaml")
     secret = cfg.transport.control.secret or new_run_secret()  # per run, never written to disk
     specs = process_specs(cfg, config_path, _num_gpus(), secret=secret)
-    log.info("run dir %s: %d trainer rank(s), %d rollout worker(s)", run_dir,
-             cfg.cluster.trainer_ranks, cfg.cluster.rollout_workers)
+    log.info("%s, %d steps, model %s, data %s: %d trainer rank(s), %d rollout worker(s); run dir %s "
+             "(worker logs in logs/)", cfg.algorithm.variant, cfg.loop.steps, cfg.model.name, cfg.data.name,
+             cfg.cluster.trainer_ranks, cfg.cluster.rollout_workers, run_dir)
     result = Launcher(specs, grace_s=cfg.cluster.grace_s,
                       rollout_failure=cfg.cluster.rollout_failure).run()
     for failure in result.failures:

@@ -1,10 +1,10 @@
 """Typed records that cross component boundaries: one generated ``Sample`` and its ``SampleGroup``.
 
-They live in their own module because rollout produces them, transport frames them, replay
-stores them and the loop consumes them, and none of those may import the others (DESIGN.md
-section 2). ``shard_of`` is here for the same reason: the sample channel routes a group to the
-DP hub that the replay buffer files it under, and both must agree. The module imports nothing
-of ours.
+They live in their own module because rollout produces them, transport frames them, replay stores
+them and the loop consumes them, and none of those may import the others (docs/architecture.md,
+Layers and imports). ``shard_of`` is here for the same reason: the sample channel routes a group to
+the DP hub that the replay buffer files it under, and both must agree. The module imports nothing of
+ours.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Sample:
 
     @property
     def behavior_version(self) -> int:
-        """Version of the oldest token: the sample's behavior policy (DESIGN.md section 3)."""
+        """Version of the oldest token: the sample's behavior policy (docs/architecture.md)."""
         if self.num_tokens == 0:
             return -1
         return int(self.token_versions.min())

@@ -3,7 +3,6 @@
 # srun passes the environment on to the job steps). Only defaults: a value already set in the
 # environment at sbatch time wins. Put site-specific settings (InfiniBand HCAs, ...) here.
 export PYTHONUNBUFFERED=1                    # logs appear as they are written
-export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore}  # Megatron warns loudly about absent TE/apex
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}  # failed collective: raise, not hang
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}  # Megatron's TP overlap ordering

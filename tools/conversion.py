@@ -46,7 +46,7 @@ from megatron_darl.models.qwen3.hf_io import (
     finalize_shards,
 )
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # conversion_args.DTYPE_NAMES
 MANIFEST_NAME = "conversion_manifest.json"  # files a conversion wrote: all --force may remove
 
 
@@ -298,26 +298,6 @@ def run_job(worker, job: ConversionJob, timeout_s: float = 24 * 3600.0) -> None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = saved
-
-
-def positive_int(text: str) -> int:
-    """argparse type for a rank count."""
-    import argparse
-
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def add_common_args(parser, tp_help: str, pp_help: str) -> None:
-    """Options both converters take: rank counts, --force, --no-progress, --verbose."""
-    parser.add_argument("--tp", type=positive_int, default=1, help=tp_help)
-    parser.add_argument("--pp", type=positive_int, default=1, help=pp_help)
-    parser.add_argument("--force", action="store_true",
-                        help="replace an earlier conversion in --out-dir (only the files its manifest lists)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--verbose", action="store_true", help="print worker tracebacks")
 
 
 def run_conversion(prog: str, args, src_dir: str, validate, worker, src_flag: str = "--hf-dir",

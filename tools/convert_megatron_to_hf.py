@@ -17,27 +17,24 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.conversion import (  # noqa: E402
-    add_common_args,
-    megatron_to_hf_worker,
-    run_conversion,
-    validate_megatron_dir,
-)
+from tools.conversion_args import add_common_args, new_parser  # noqa: E402 (no torch)
 
 PROG = "convert_megatron_to_hf"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = new_parser(PROG, __doc__)
     parser.add_argument("--megatron-dir", required=True, help="checkpoint with megatron_darl.json")
     parser.add_argument("--out-dir", required=True, help="HF model dir to create")
-    parser.add_argument("--max-shard-gb", type=float, default=2.0, help="safetensors file size")
+    parser.add_argument("--max-shard-gb", type=float, default=2.0, help="largest safetensors file, in GiB")
     add_common_args(parser, tp_help="TP ranks to load with", pp_help="pipeline ranks to load with")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from tools.conversion import megatron_to_hf_worker, run_conversion, validate_megatron_dir  # torch: after parsing
+
     code = run_conversion(PROG, args, args.megatron_dir, validate_megatron_dir,
                           megatron_to_hf_worker, src_flag="--megatron-dir",
                           max_shard_bytes=int(args.max_shard_gb * 1024**3))

@@ -5,7 +5,7 @@ docs/benchmarks.md is redrawn from the JSON alone: the mean over seeds with a ba
 standard deviation (seconds counted from each run's first step, as samples/s is), per variant and cluster, on a common grid of samples (left) and seconds
 (right). Sample efficiency reads off the left panel, wall-clock speed off the right.
 
-    python tools/plot_async_speedup.py benchmarks/results/async_speedup_*.json --out docs/async_speedup.png
+    python tools/plot_async_speedup.py benchmarks/results/async_speedup_*.json --out docs/img/async_speedup.png
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def plot(record: dict, out: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("docs/async_speedup.png"))
+    parser.add_argument("--out", type=Path, default=Path("docs/img/async_speedup.png"))
     args = parser.parse_args()
     print(plot(json.loads(args.record.read_text()), args.out))
 

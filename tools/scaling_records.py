@@ -1,6 +1,6 @@
 """The loop's scaling by GPU count and split, from ``benchmarks/loop_profile.py`` records.
 
-``python tools/scaling_report.py --records benchmarks/results --out docs`` (this module does the
+``python tools/scaling_report.py --records benchmarks/results --out docs/img`` (this module does the
 work): per device, engine (hf, vllm) and variant, the newest record of each trainer:rollout split;
 a markdown table (samples/s, step time, the speedup over the 1:1 split of the same device and
 engine measured in the same call, i.e. the same commit, and where the step goes) and one picture,

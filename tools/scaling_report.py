@@ -1,7 +1,7 @@
 """Scaling-study report: the same experiment at several node counts, as a table and plots.
 
     python tools/scaling_report.py RUN_DIR [RUN_DIR ...] --out DIR [--skip-steps 1]
-    python tools/scaling_report.py --records benchmarks/results --out docs
+    python tools/scaling_report.py --records benchmarks/results --out docs/img
 
 The second form reports ``benchmarks/loop_profile.py`` records by GPU count and split instead
 (``tools/scaling_records.py``): a table, and ``loop_profile.png`` for docs/benchmarks.md.
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path, help="run directories (loop.run_dir)")
     parser.add_argument("--records", type=Path, default=None,
                         help="a results dir: report its loop_profile records by GPU split instead")
-    parser.add_argument("--out", type=Path, required=True, help="directory for scaling.md and the plots")
+    parser.add_argument("--out", type=Path, required=True, help="directory for scaling.md and the plots (--records: docs/img)")
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out of the averages")
     args = parser.parse_args(argv)
     if args.records is not None:

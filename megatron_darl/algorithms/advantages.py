@@ -1,4 +1,4 @@
-"""GRPO group-normalised advantages (DESIGN.md section 4.1).
+"""GRPO group-normalised advantages (docs/algorithm.md, section 1).
 
 Advantages are computed once per group when it arrives and then travel with the group through
 the replay buffer, so a replayed group keeps the advantage it was born with. Groups whose

@@ -1,4 +1,4 @@
-"""Multi-behavior importance weights (DESIGN.md section 4.6).
+"""Multi-behavior importance weights (docs/algorithm.md, section 4).
 
 A selected batch mixes samples from several behavior versions. Instead of weighting each sample
 by its own behavior density (high variance when versions differ), D-ARL treats the batch as one

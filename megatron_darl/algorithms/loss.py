@@ -1,4 +1,4 @@
-"""The D-ARL policy loss (DESIGN.md section 4.6) and the statistics logged with it.
+"""The D-ARL policy loss (docs/algorithm.md, section 5) and the statistics logged with it.
 
 ``L = - sum_ij m_ij w_ij min(rho_ij A_i, clip(rho_ij, 1 - eps_low, 1 + eps_high) A_i) / sum m``
 
@@ -27,7 +27,8 @@ MAX_LOG_RATIO = 20.0  # |log rho| is clamped here before exp: rho in [2e-9, 5e8]
 class PolicyLossInputs:
     """What ``policy_loss`` needs besides ``logp_new``, per token in the packed layout: all ``(n,)``.
 
-    Fixed for a whole trainer step (DESIGN 4.6); sliced alongside the tokens into micro-batches.
+    Fixed for a whole trainer step (docs/algorithm.md, PPO mini-batches); sliced alongside the
+    tokens into micro-batches.
     """
 
     logp_base: torch.Tensor  # (n,) float32 log-probs the ratio is taken against (pi_t, or mu), detached

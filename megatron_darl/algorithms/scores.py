@@ -1,4 +1,4 @@
-"""Sample scores that rank buffered groups for selection (DESIGN.md section 4.4).
+"""Sample scores that rank buffered groups for selection (docs/algorithm.md, section 2).
 
 Lower is better: a low score means the sample's behavior distribution still matches the current
 policy, so its importance weights are near 1 and its gradient estimate has low variance. The
@@ -254,7 +254,7 @@ def group_scores(
     group_index: torch.Tensor,
     num_groups: int,
 ) -> torch.Tensor:
-    """Token-weighted mean of sample scores per group (DESIGN.md section 4.4).
+    """Token-weighted mean of sample scores per group (docs/algorithm.md, section 2).
 
     ``score_g = sum_i n_i s_i / sum_i n_i`` over the group's samples, which equals the token mean
     of the per-token score over the whole group. A group with no tokens gets the plain mean.

@@ -1,4 +1,4 @@
-"""Variance-guided selection of buffered groups (DESIGN.md section 4.5).
+"""Variance-guided selection of buffered groups (docs/algorithm.md, section 3).
 
 Among eligible groups, take the ``quota`` with the lowest score; equal scores go to the fresher
 group. The function sees one shard's candidates; the buffer calls it once per DP shard with that

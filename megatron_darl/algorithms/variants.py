@@ -1,4 +1,4 @@
-"""Algorithm variants as data (DESIGN.md section 4.7), and the one call the loop makes per batch.
+"""Algorithm variants as data (docs/algorithm.md, section 6), and the one call the loop makes per batch.
 
 Every variant is the same code path with a different ``VariantSpec``: which score ranks the
 buffer, which weight rule corrects for the behavior policy, which log-probs the PPO ratio is

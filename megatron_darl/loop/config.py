@@ -25,7 +25,7 @@ WANDB_MODES = ("disabled", "offline", "online")
 
 @dataclass
 class MisConfig:
-    """Multi-behavior importance sampling (DESIGN.md section 4.6)."""
+    """Multi-behavior importance sampling (docs/algorithm.md, section 4)."""
 
     clip: float = 2.0  # cap c of the behavior weights w = min(pi_t / q, c)
     backfill: str = "snapshot"  # "snapshot" (exact, from kept parameter snapshots) or "nearest"
@@ -129,7 +129,7 @@ def density_temperature(temperature: float, top_p: float, top_k: int) -> float:
 
 @dataclass
 class ReplayConfig:
-    """The replay buffer's window and eligibility (DESIGN.md section 4.2 and 4.5)."""
+    """The replay buffer's window and eligibility (docs/algorithm.md, sections 3 and 7)."""
 
     k: int = 4  # window K: behavior versions [t - K + 1, t] stay buffered
     warmup: int = 0  # first steps take the freshest groups without scoring
@@ -182,6 +182,7 @@ class LoopConfig:
     progress_bar: bool = True  # live tqdm bar (step, reward, staleness, tokens/s)
     tensorboard: bool = True  # write <run_dir>/tensorboard
     plot: bool = True  # write <run_dir>/progress.png at the end
+    verbose: bool = False  # libraries' INFO logs and warnings too (Megatron's configs, Apex/TE notices)
     wandb: WandbConfig = field(default_factory=WandbConfig)  # W&B (off by default)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form tags copied to summary.json
 

@@ -10,7 +10,7 @@ in the model-parallel group) and get the step's batches later (``replica.py``).
 Rank 0 also watches progress while it waits (``ProgressWatch``): when no group arrived for
 ``loop.receive_timeout_s``, or every rollout worker is lost, all ranks leave the wait together
 with one line that names each worker's state, and the loop checkpoints and stops (a hang is a
-bug, DESIGN.md section 3).
+bug: docs/architecture.md, Failures).
 """
 
 from __future__ import annotations

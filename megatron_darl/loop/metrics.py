@@ -1,4 +1,4 @@
-"""Per-step metrics of DESIGN.md section 4: reduced over DP, written, shown, plotted, summarised.
+"""Per-step metrics (docs/guide.md, What a run writes): reduced over DP, written, shown, plotted, summarised.
 
 Each DP shard's planner returns a ``StepStats`` of *sums* (rewards, tokens, histogram counts,
 weight moments; ``stats.py``), so one all-reduce per reduction kind gives exact global values
@@ -238,7 +238,9 @@ class MetricsLogger:
         if self.cfg.plot and self.history:
             from megatron_darl.loop.plots import plot_progress
 
-            plot_progress(self.history, self.run_dir / "progress.png")
+            variant = (extra or {}).get("variant", "")
+            title = f"variant {variant}, run dir {self.run_dir}" if variant else f"run dir {self.run_dir}"
+            plot_progress(self.history, self.run_dir / "progress.png", title=title)
         summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary

@@ -336,11 +336,12 @@ class ShardPlanner:
     # ---- loss inputs and mini-batches -----------------------------------------------------------
     def _plan(self, sel: Selection, global_tokens: torch.Tensor, version: int,
               proximal: dict[int, torch.Tensor], stats: StepStats, step: int = 0) -> StepPlan:
-        """Behavior weights, ratio base and advantages fixed once for the whole step (DESIGN
-        4.6), cut into M contiguous mini-batches x epochs of the selected groups in a seeded
-        random order (in selection order the stalest groups would always train last). With
-        nothing selected on this shard (e.g. step 0 when the hash sent every group elsewhere)
-        the step trains a zero-weight stand-in, so every DP shard takes the same optimizer steps."""
+        """Behavior weights, ratio base and advantages fixed once for the whole step
+        (docs/algorithm.md, PPO mini-batches), cut into M contiguous mini-batches x epochs of the
+        selected groups in a seeded random order (in selection order the stalest groups would always
+        train last). With nothing selected on this shard (e.g. step 0 when the hash sent every group
+        elsewhere) the step trains a zero-weight stand-in, so every DP shard takes the same
+        optimizer steps."""
         if len(sel.entries) > 1 and self.algorithm.ppo_minibatches > 1:
             order = torch.randperm(len(sel.entries), generator=self._generator(step, stream=1)).tolist()
             sel = dataclasses.replace(sel, entries=[sel.entries[i] for i in order],

@@ -1,7 +1,10 @@
 """The end-of-run picture: reward, staleness and selected versions over steps, from metrics.jsonl.
 
 Kept apart from the logger so matplotlib (Agg, no display) is imported only when a plot is
-written, and so ``tools/`` can redraw a plot from any run's ``metrics.jsonl``.
+written, and so ``tools/`` can redraw a plot from any run's ``metrics.jsonl``. Drawn for a reader
+who has not read the code: a title naming the variant and the run, the per-step reward faint
+under its moving average (one step's mean over a few groups is noisy), axis labels in words, and
+every legend beside its panel rather than on top of the data.
 """
 
 from __future__ import annotations
@@ -10,35 +13,64 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
-def plot_progress(history: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Three panels: mean reward, mean arrival staleness, selected-staleness histogram per step."""
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` values (shorter at the start, so no step is dropped)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_progress(history: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Write ``progress_figure(history, title)`` to ``path`` (PNG); returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = progress_figure(history, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def progress_figure(history: Sequence[Mapping[str, Any]], title: str = ""):
+    """Three panels over trainer steps: reward, the age of the data, the trained groups by age."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [int(r["step"]) for r in history]
-    fig, axes = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
-    axes[0].plot(steps, [r.get("reward_mean") or 0.0 for r in history], marker=".")
-    axes[0].set_ylabel("reward (generated)")
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True, layout="constrained")
+    fig.suptitle(title or "training progress")
+    outside = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": "small"}
+
+    reward = [r.get("reward_mean") or 0.0 for r in history]
+    window = max(1, min(10, len(reward) // 5))
+    axes[0].plot(steps, reward, color="tab:blue", alpha=0.3, linewidth=1, label="each step")
+    axes[0].plot(steps, moving_average(reward, window), color="tab:blue", linewidth=2,
+                 label=f"mean of {window} steps" if window > 1 else "mean")
+    axes[0].set_ylabel("reward of the\ngenerated samples")
+    axes[0].legend(**outside)
+
     axes[1].plot(steps, [r.get("staleness_mean") or 0.0 for r in history], marker=".",
-                 label="arrivals")
+                 label="arriving samples")
     axes[1].plot(steps, [r.get("selected_mean") or 0.0 for r in history], marker=".",
-                 label="selected")
-    axes[1].set_ylabel("staleness t - v")
-    axes[1].legend(loc="upper left")
+                 label="trained samples")
+    axes[1].set_ylabel("age of the data\n(versions behind)")
+    axes[1].legend(**outside)
+
     hists = [r.get("selected_hist") or [0.0] for r in history]
     bins = max(len(h) for h in hists)
     bottom = [0.0] * len(steps)
     for b in range(bins):
         heights = [h[b] if b < len(h) else 0.0 for h in hists]
-        axes[2].bar(steps, heights, bottom=bottom, width=0.9, label=f"t-{b}" if b else "t")
+        label = "current version" if b == 0 else f"{b} behind" + (" or more" if b == bins - 1 else "")
+        axes[2].bar(steps, heights, bottom=bottom, width=0.9, label=label)
         bottom = [x + y for x, y in zip(bottom, heights)]
-    axes[2].set_ylabel("selected groups by version")
-    axes[2].set_xlabel("step")
-    axes[2].legend(loc="upper left", ncol=min(bins, 6), fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    axes[2].set_ylabel("groups trained,\nby age")
+    axes[2].set_xlabel("trainer step (each step publishes one new weight version)")
+    axes[2].legend(**outside)
+    return fig

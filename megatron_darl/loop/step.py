@@ -11,9 +11,9 @@ process groups, but no transport, so a test can drive the real step with groups 
 (``tests/distributed/test_loop_resume_backfill.py``); ``TrainerLoop.step`` adds receiving,
 publishing, eviction and logging around it.
 
-Backfill (DESIGN 4.3 c): rows of V(S) a selected sample lacks are recomputed from the parameter
-snapshots of the window (``mis.backfill=snapshot``, exact) or copied from the nearest cached
-version (``nearest``); both are counted (``backfill_snapshot``, ``backfill_nearest``), and a
+Backfill (docs/algorithm.md, section 7): rows of V(S) a selected sample lacks are recomputed from
+the parameter snapshots of the window (``mis.backfill=snapshot``, exact) or copied from the nearest
+cached version (``nearest``); both are counted (``backfill_snapshot``, ``backfill_nearest``), and a
 nearest fallback under ``snapshot`` (a version whose snapshot is gone, e.g. after a resume from a
 checkpoint without snapshots) is logged as a warning.
 """

@@ -1,4 +1,4 @@
-"""Replay buffer over the last K behavior versions (DESIGN.md sections 3 and 4.2-4.5).
+"""Replay buffer over the last K behavior versions (docs/algorithm.md, sections 1-3 and 7).
 
 Groups arrive from rollout with their advantages computed once (GRPO, per group) and are kept
 while their behavior version lies in the window ``[t - K + 1, t]``; a group may be selected at

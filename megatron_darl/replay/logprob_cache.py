@@ -1,4 +1,4 @@
-"""Per-version log-prob cache: ``cache[sample, k] = log pi_k(y_ij)`` per token (DESIGN.md 4.3).
+"""Per-version log-prob cache: ``cache[sample, k] = log pi_k(y_ij)`` per token (docs/algorithm.md, section 7).
 
 The multi-behavior weights need, for every selected sample, its log-probs under every behavior
 version in the batch. Rows come from three places, each tagged so the loop can log how exact

@@ -1,4 +1,4 @@
-"""The replay window of DESIGN.md section 4.2 as one object: ``VersionWindow(k)``.
+"""The replay window (docs/architecture.md, Versions and staleness) as one object: ``VersionWindow(k)``.
 
 At trainer version t the buffer holds groups whose behavior version lies in
 ``[max(0, t - K + 1), t]``; the log-prob cache holds rows for those versions; the trainer keeps

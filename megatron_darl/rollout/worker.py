@@ -10,15 +10,15 @@ contract (``engines.base.StreamingEngine``; a batch engine such as ``hf`` is wra
     poll: take the groups whose n responses are done (a batch engine generates here), hand
           their rewards to a thread pool (off the engine's critical path); post finished groups
 
-A group is handed to the sample channel the moment it finishes, whatever the others in flight
-are doing; the channel's own thread per hub sends it (``transport.channel``: over a data-plane
-pair group, the store carrying only its header), so the loop waits only on back-pressure. At a weight
-sync, ``update_mode`` decides what happens to groups in flight: ``finish`` stops admitting,
-lets them complete on the old weights (a sample's tokens keep one version), then loads;
-``interrupt`` loads at once and they continue on the new weights, every token tagged with the
-version that produced it (``Sample.token_versions``; DESIGN.md section 3). In ``finish`` mode the
-trainer's sender waits for the drain: ``transport.weight_sync.join_timeout_s`` must exceed the
-longest generation, or the worker misses that sync (it is named, and catches up at the next).
+A group is handed to the sample channel the moment it finishes, whatever the others in flight are
+doing; the channel's own thread per hub sends it (``transport.channel``: over a data-plane pair
+group, the store carrying only its header), so the loop waits only on back-pressure. At a weight
+sync, ``update_mode`` decides what happens to groups in flight: ``finish`` stops admitting, lets
+them complete on the old weights (a sample's tokens keep one version), then loads; ``interrupt``
+loads at once and they continue on the new weights, every token tagged with the version that
+produced it (``Sample.token_versions``; docs/architecture.md, Versions and staleness). In ``finish``
+mode the trainer's sender waits for the drain: ``transport.weight_sync.join_timeout_s`` must exceed
+the longest generation, or the worker misses that sync (it is named, and catches up at the next).
 
 The behavior log-probs are the engine's own and are never recomputed. If the trainer goes away
 (store unreachable or trainer rank 0 silent for the heartbeat timeout) the worker exits with

@@ -237,13 +237,13 @@ _DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16
 def broadcast_batch(batch: TrainBatch | None, parallel_state, payload_type: type | None = None) -> TrainBatch:
     """Give every rank of a DP replica the batch its hub rank (TP 0, first PP stage) holds.
 
-    Samples and the replay state live on the hub (DESIGN 3); the trainer needs the same
-    ``TrainBatch`` on all TP x PP ranks of the replica. Tensors only, no pickles: a small
-    int64 header (sizes, dtypes) and then each tensor, broadcast inside the replica's
-    model-parallel group on the trainer's device (NCCL on GPU, gloo on CPU). The other ranks pass
-    ``None`` and ``payload_type``, the dataclass of ``loss_inputs`` (fields in declaration order),
-    or ``None`` for a batch without loss inputs. Returns the batch in host memory, as the
-    trainer's calls take it (they move each micro-batch to the device themselves).
+    Samples and the replay state live on the hub (docs/architecture.md, The path of one sample); the
+    trainer needs the same ``TrainBatch`` on all TP x PP ranks of the replica. Tensors only, no
+    pickles: a small int64 header (sizes, dtypes) and then each tensor, broadcast inside the
+    replica's model-parallel group on the trainer's device (NCCL on GPU, gloo on CPU). The other
+    ranks pass ``None`` and ``payload_type``, the dataclass of ``loss_inputs`` (fields in
+    declaration order), or ``None`` for a batch without loss inputs. Returns the batch in host
+    memory, as the trainer's calls take it (they move each micro-batch to the device themselves).
     """
     import torch.distributed as dist
 

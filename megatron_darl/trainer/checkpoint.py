@@ -15,7 +15,7 @@ A checkpoint directory holds one dist_checkpointing checkpoint with:
   our models have no dropout, so only sampling-free determinism is affected);
 
 plus ``extra/dp<rank>.pt``, written by each DP replica's hub rank (TP 0, PP 0): the loop's own
-state (replay buffer, log-prob cache), which is per DP shard (DESIGN 3); and, with
+state (replay buffer, log-prob cache), which is per DP shard (docs/architecture.md); and, with
 ``with_snapshots``, the trainer's parameter snapshots of older versions under ``snapshots/``
 (``snapshots.save_snapshots``: exact log-prob backfill continues across a resume). The extra
 state holds tensors and plain types only (checked at save) and is read with

@@ -17,9 +17,9 @@ vocab 151,936) on upcasts and elementwise passes. The TP group is passed explici
 Megatron's globals); with TP = 1 no collective runs.
 
 Sampling temperature: the rollout engines sample from ``softmax(logits / T)`` and report that
-density, so the trainer must score the same one (DESIGN 4.6). ``scale = 1 / T`` multiplies each
-upcast chunk inside the same kernels (no scaled copy of the bf16 logits is made) and the
-gradient picks up the same factor; at ``scale = 1`` the arithmetic is exactly the unscaled one.
+density, so the trainer must score the same one (docs/algorithm.md, Densities). ``scale = 1 / T``
+multiplies each upcast chunk inside the same kernels (no scaled copy of the bf16 logits is made) and
+the gradient picks up the same factor; at ``scale = 1`` the arithmetic is exactly the unscaled one.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ contract and nothing else:
   ``loss_fn(logp, batch_slice)`` returns the
   *sum* of per-token losses of a micro-batch and a dict of float stats. The trainer divides by
   the number of scored tokens of the whole step (all micro-batches, all DP ranks), so the update
-  is the token mean of DESIGN 4.6 whatever the DP size or micro-batch split. It knows nothing
+  is the token mean of docs/algorithm.md (5. Loss) whatever the DP size or micro-batch split. It knows nothing
   about PPO; the loop adapts the algorithm's loss, e.g.::
 
       def loss_fn(logp, b):                      # logp (n,): b's scored tokens, in order
@@ -99,7 +99,7 @@ class PolicyTrainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ps, self.bf16)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optimizer)
         self.step = 0  # optimizer steps taken
-        self.version = 0  # weight version published after the last step (DESIGN 3)
+        self.version = 0  # weight version published after the last step (docs/architecture.md)
         self.needs_attention_mask = bool(getattr(chunks[0], "needs_attention_mask", False))
         params = [p for chunk in self.model for p in chunk.module.parameters()]
         self.snapshots = ParamSnapshots(params, pin=self.ps.device.type == "cuda", placement=cfg.snapshots)
@@ -229,7 +229,7 @@ class PolicyTrainer:
     def train_steps(self, minibatches: list[TrainBatch], loss_fn: LossFn) -> StepResult:
         """One optimizer step per mini-batch, in order, then one new weight version.
 
-        PPO mini-batches (DESIGN 4.6): whatever ``loss_fn`` reads from the batches (proximal
+        PPO mini-batches (docs/algorithm.md): whatever ``loss_fn`` reads from the batches (proximal
         log-probs, weights, advantages) was fixed before the first one, so the ratio moves off 1
         from the second mini-batch on. Each step's loss is normalised by that mini-batch's scored
         tokens over all DP ranks; every DP rank must pass the same number of mini-batches.

@@ -1,8 +1,8 @@
 """Parameter snapshots of past versions, for exact log-prob backfill (``mis.backfill=snapshot``).
 
-D-ARL needs log pi_k(y) for window versions k older than a sample's arrival (DESIGN 4.3). Each
-rank keeps, for the last K versions, a copy of *its own* model shard (its TP x PP slice of the
-weights, the model dtype: bf16 on GPU). Where the copies live decides what a backfill costs:
+D-ARL needs log pi_k(y) for window versions k older than a sample's arrival (docs/algorithm.md,
+section 7). Each rank keeps, for the last K versions, a copy of *its own* model shard (its TP x PP
+slice of the weights, the model dtype: bf16 on GPU). Where the copies live decides what a backfill costs:
 
     resident  on the parameters' device (``trainer.snapshots: device``, and always on CPU): to
               score under version k the live parameters point at the snapshot's tensors for the

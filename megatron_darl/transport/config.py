@@ -57,7 +57,7 @@ CHANNEL_TRANSPORTS = ("dataplane", "store")
 
 @dataclass
 class ChannelConfig:
-    """Sample channel rollout -> DP hub: payload path, back-pressure, the staleness bound (DESIGN 3)."""
+    """Sample channel rollout -> DP hub: payload path, back-pressure, the staleness bound."""
 
     groups_per_step: int = 1  # B: prompt groups the trainer consumes per optimizer step
     max_staleness: int = 0  # eta: groups_started <= (t + eta + 1) * groups_per_step

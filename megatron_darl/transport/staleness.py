@@ -1,4 +1,4 @@
-"""The staleness bound of DESIGN.md section 3, enforced by rollout workers before each group.
+"""The staleness bound, enforced by rollout workers before each group (docs/architecture.md).
 
 A worker may start a prompt group only while ``groups_started <= (t + eta + 1) * B``, with t the
 published version and B the groups per step. ``groups_started`` is one counter in the store shared

@@ -64,7 +64,7 @@ class WeightReceiver:
         return v if v > self._attempted else None
 
     def can_generate(self) -> bool:
-        """True while the engine holds at least the published version (DESIGN.md section 3)."""
+        """True while the engine holds at least the published version (docs/architecture.md)."""
         return self.version >= 0 and self.version >= published_version(self._store)
 
     def maybe_sync(self) -> int | None:

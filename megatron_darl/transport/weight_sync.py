@@ -28,7 +28,7 @@ on while a thread publishes, ``weight_publisher.py``), and may send a newer stag
 offered (``upgrade``): the plan names the version sent, which the workers load and ack; keys
 stay under the offered version (the round).
 
-Failures are loud (DESIGN.md section 3): a worker whose engine cannot load the weights posts
+Failures are loud (docs/architecture.md, Failures): a worker whose engine cannot load the weights posts
 why and exits (``WeightLoadError``); a sync that no ready worker could take raises
 ``WeightSyncFailed`` on the leader with each worker's reason, so the trainer checkpoints and
 stops instead of training on while every worker waits for weights that never come.

@@ -32,6 +32,16 @@ def run_smoke(run_dir: Path, *overrides: str, steps: int = STEPS, timeout: int =
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def assert_quiet_console(console: str, run_dir: Path) -> None:
+    """What the run printed is the D-ARL run: its steps and outcome, none of Megatron's config
+    dumps, bucket lists or Apex/TE warnings (``launch.console``; ``--verbose`` shows them)."""
+    logs = console + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    for noise in ("DistributedDataParallelConfig(", "OptimizerConfig(", "Params for bucket", "UserWarning",
+                  "Loading weights"):
+        assert noise not in logs, noise
+    assert "step 0 reward" in console and f"done: {STEPS} steps" in console
+
+
 def finite(value) -> bool:
     values = value if isinstance(value, list) else [value]
     return all(isinstance(x, (int, float)) and math.isfinite(x) for x in values)
@@ -52,6 +62,7 @@ PAPER = ("darl_paper",)
 def test_preset_runs_and_respects_versions(tmp_path, variant):
     proc = run_smoke(tmp_path, f"algorithm={variant}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_quiet_console(proc.stdout + proc.stderr, tmp_path)
     cfg = load_run_config(["experiment=smoke", f"algorithm={variant}"])
     k, eta = cfg.replay.k, cfg.algorithm.max_staleness
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

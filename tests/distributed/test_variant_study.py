@@ -82,4 +82,4 @@ def test_variant_study_runs_resumes_and_reports(tmp_path):
     assert report.returncode == 0, report.stderr[-3000:]
     text = doc.read_text()
     assert "written by hand" in text and "\nold\n" not in text
-    assert "| darl | 1 | 1 |" in text and (tmp_path / f"{record_path.stem}.png").stat().st_size > 0
+    assert "| darl | 1 | 1 |" in text and (tmp_path / "img" / f"{record_path.stem}.png").stat().st_size > 0

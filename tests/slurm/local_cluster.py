@@ -1,6 +1,6 @@
 """A real Slurm cluster on this machine: munged, slurmctld and two emulated slurmd nodes.
 
-Used by ``tests/slurm`` (DESIGN.md section 7) so the sbatch scripts are exercised by the real
+Used by ``tests/slurm`` (docs/architecture.md) so the sbatch scripts are exercised by the real
 scheduler, not reviewed by eye. Every daemon runs from a private directory with its own
 config, and ``stop()`` kills only the processes this object started, by PID.
 """

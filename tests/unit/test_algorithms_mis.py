@@ -1,4 +1,4 @@
-"""Multiple importance sampling by Monte Carlo, and the reductions of DESIGN.md section 4.6.
+"""Multiple importance sampling by Monte Carlo, and the reductions of docs/algorithm.md, section 4.
 
 - The balance-heuristic estimate built with ``mixture_log_density`` from samples of three
   behavior versions is unbiased for an expectation under the target policy.

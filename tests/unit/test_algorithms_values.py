@@ -1,4 +1,4 @@
-"""Hand-computed values for every function of megatron_darl.algorithms (DESIGN.md section 4)."""
+"""Hand-computed values for every function of megatron_darl.algorithms (docs/algorithm.md)."""
 
 import math
 

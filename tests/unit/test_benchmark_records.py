@@ -57,9 +57,10 @@ def _case(rewards_per_seed):
 def test_benchmarks_page_has_a_row_per_case_and_the_picture(tmp_path):
     rec = _record({"sync_gpu1": _case([[0.1, 0.3, 0.5, 0.7, 0.9]]),
                    "darl_gpu2": _case([[0.2, 0.4, 0.6, 0.8, 0.9], [0.1, 0.2, 0.3, 0.4, 0.5]])})
-    (tmp_path / "async_speedup.png").write_bytes(b"png")
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "async_speedup.png").write_bytes(b"png")
     page = benchmarks_table.render([rec], tmp_path)
-    assert "![async_speedup](async_speedup.png)" in page
+    assert "![async_speedup](img/async_speedup.png)" in page
     rows = [line for line in page.splitlines() if line.startswith("| cpu")]
     assert len(rows) == 2
     assert any("darl_gpu2" in r and "1.25 ± 0.354 (n=2/2)" in r for r in rows)

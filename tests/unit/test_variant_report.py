@@ -56,8 +56,8 @@ def test_the_sweep_table_puts_each_case_under_its_staleness_beside_sync(tmp_path
     doc.write_text(f"# R\n\nby hand\n\n{variant_report.BEGIN}\nold\n{variant_report.END}\n")
     text = variant_report.render([path], doc)
     assert "by hand" in text and "\nold\n" not in text and "| darl | 0.090 ± 0.010 | 0.030 ± 0.010 |" in text
-    assert (tmp_path / "variant_study_cpu_x_sweep.png").stat().st_size > 0
-    assert "![variant_study sweep](variant_study_cpu_x_sweep.png)" in text
+    assert (tmp_path / "img" / "variant_study_cpu_x_sweep.png").stat().st_size > 0
+    assert "![variant_study sweep](img/variant_study_cpu_x_sweep.png)" in text
     assert "| darl | 0.045 ± 0.005 | 0.015 ± 0.005 |" in text  # the sampled sweep follows the greedy one
 
 
@@ -91,7 +91,7 @@ def test_a_missing_cell_reads_as_a_dash_and_one_staleness_has_no_sweep(tmp_path)
     assert "| darl_twice | - | 0.060 ± 0.014 |" in variant_report.sweep_table(record)
     single = _record([_case("sync", 0, [0.08]), _case("async", 8, [0.05])])
     assert variant_report.sweep(single, tmp_path / "r.json", tmp_path / "results.md") == ""
-    assert not (tmp_path / "r_sweep.png").exists()
+    assert not (tmp_path / "img" / "r_sweep.png").exists()
 
 
 def test_a_record_of_a_study_cut_short_names_the_runs_it_lacks(tmp_path):

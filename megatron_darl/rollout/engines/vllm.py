@@ -11,7 +11,7 @@ Why this shape:
 - **Log-probs of the distribution sampled.** The engine runs with
   ``logprobs_mode="processed_logprobs"`` and each request asks ``logprobs=0``: the value per
   token is log p under temperature / top-k / top-p as applied, what the trainer recomputes with
-  logits / T (DESIGN.md section 4). Detokenization is off (the worker decodes for rewards).
+  logits / T (docs/algorithm.md, Densities). Detokenization is off (the worker decodes for rewards).
 - **Weights in place at a safe point.** ``pause`` then ``load_weights`` then ``resume``:
   ``finish`` mode pauses an idle engine (the worker drained it); ``interrupt`` mode aborts the
   running requests, keeping the tokens and log-probs they produced (vLLM hands back a final
