@@ -34,7 +34,6 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.variant_study import CASES  # noqa: E402 (the study's case order)
 from tools.plot_async_speedup import mean_band  # noqa: E402
 
 BEGIN, END = "<!-- variant_report:begin -->", "<!-- variant_report:end -->"
@@ -135,15 +134,20 @@ def sweep_table(record: dict, column: int = 3) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     if sync is not None:
         lines.append("| " + " | ".join(["sync (eta 0)", *(_fmt(sync) for _ in etas)]) + " |")
-    for case, finals in sorted(by_case.items(), key=lambda kv: _case_order(kv[0])):
+    order = _case_order(record)
+    for case, finals in sorted(by_case.items(), key=lambda kv: order[kv[0]]):
         lines.append("| " + " | ".join([case, *(_fmt(finals.get(e)) for e in etas)]) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _case_order(case: str) -> tuple[int, str]:
-    """The study's own order of its cases (``variant_study.CASES``); a case it no longer has last."""
-    order = list(CASES)
-    return (order.index(case) if case in order else len(order), case)
+def _case_order(record: dict) -> dict[str, int]:
+    """The study's own order of its cases: it writes its metrics by max staleness, then in its
+    case order, so each case's first appearance at the lowest staleness gives it (no import of
+    the study)."""
+    order: dict[str, int] = {}
+    for m in sorted(record["metrics"].values(), key=lambda m: m["max_staleness"]):
+        order.setdefault(m["variant"], len(order))
+    return order
 
 
 def diagnostics_table(record: dict) -> str:
@@ -232,7 +236,7 @@ def plot_sweep(record: dict, out: Path) -> Path:
     if cfg.get("metric", "greedy") == "greedy" and cfg.get("eval_samples"):
         panels.append((6, f"sampled ({cfg['eval_samples']} per prompt)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    cases = sorted({m["variant"] for m in record["metrics"].values()} - {"sync"}, key=_case_order)
+    cases = [c for c in _case_order(record) if c != "sync"]
     for ax, (column, name) in zip(axes[0], panels):
         sync = _final(record["metrics"]["sync_eta0"], column) if "sync_eta0" in record["metrics"] else None
         if sync is not None and sync["mean"] is not None:
