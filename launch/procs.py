@@ -104,10 +104,11 @@ class Launcher:
     """Run ``specs`` to completion under the policy in the module docstring."""
 
     def __init__(self, specs: Sequence[ProcSpec], grace_s: float = 30.0,
-                 rollout_failure: str = "continue", poll_s: float = 0.1) -> None:
+                 rollout_failure: str = "continue", poll_s: float = 0.1, pass_fds: Sequence[int] = ()) -> None:
         if not any(s.role == TRAINER for s in specs):
             raise ValueError("need at least one trainer process")
         self.specs, self.grace_s, self.poll_s = list(specs), grace_s, poll_s
+        self.pass_fds = tuple(pass_fds)  # inherited by every child (the run dir's lock: launch.run_lock)
         self.rollout_failure = rollout_failure
         self.children: list[_Child] = []
         self._signal: int | None = None
@@ -137,7 +138,7 @@ class Launcher:
             out = spec.log_path.open("ab")
         env = {**spec.env, LAUNCHER_PID: str(os.getpid()), LAUNCHER_GRACE: str(self.grace_s)}
         proc = subprocess.Popen(spec.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=self.pass_fds)
         log.info("started %s (pid %d): %s", spec.name, proc.pid, " ".join(spec.argv))
         return _Child(spec, proc, out)
 
