@@ -79,5 +79,7 @@ def save_run_config(cfg: RunConfig, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     node = OmegaConf.structured(cfg)
     node.transport.control.secret = ""
-    path.write_text(OmegaConf.to_yaml(node))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(OmegaConf.to_yaml(node))
+    tmp.replace(path)  # a reader never sees half a config
     return path
