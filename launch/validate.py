@@ -35,7 +35,7 @@ def check_values(cfg) -> None:
             raise ValueError(f"{key}=nan is not a number")
     lr = cfg.trainer.optimizer.lr
     if not 0 < lr < MAX_LR:
-        raise ValueError(f"trainer.optimizer.lr={lr} must be in (0, {MAX_LR:g}): Adam moves every weight by "
+        raise ValueError(f"trainer.optimizer.lr={lr:g} must be in (0, {MAX_LR:g}): Adam moves every weight by "
                          "about lr per step, so the first step would wreck the policy")
     port = cfg.cluster.master_port
     if not 0 <= port <= 65535:
