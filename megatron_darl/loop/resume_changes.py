@@ -9,12 +9,13 @@ experiment (more workers, another G, another prompt seed). ``launch.train`` and
 ``launch.slurm`` now compare the new config with the checkpoint run's ``run_config.yaml``
 before any process starts (``check_resume``), and write the new one only once it is accepted.
 
-The rules, first match wins (``RULES``; docs/reliability.md "Resuming with a changed config"):
+The rules, first match wins (``RULES``; the full key lists: docs/run_dirs.md, checked against
+``RULES`` by tests/unit/test_run_dir_rules.py):
 
 =====================================================  ==============  =====================================
 keys                                                   on resume       why
 =====================================================  ==============  =====================================
-loop.* (steps, intervals, logging, run_dir)           allowed         how long the run goes, what it writes
+loop.* (steps, intervals, logging, run_dir)            allowed         how long the run goes, what it writes
 transport.control.{host,port,secret,*timeout*,poll}    allowed         plumbing of one launch
 transport.heartbeat.*, transport.weight_sync.*         allowed         plumbing of one launch
 transport.channel.{max_unacked,send/connect/transfer   allowed         plumbing of one launch
@@ -25,7 +26,7 @@ engine.*, worker.*                                     allowed         how sampl
                                                                        get the resumed weights first
 trainer.micro_batch.*, trainer.{activation_recompute,  allowed         memory and speed only; the checkpoint
   sequence_parallel,grad_reduce_in_fp32,peak_tflops,                   replaces the initial weights and RNG
-  init_checkpoint,seed}
+  init_checkpoint,seed}, parallel.seed
 model.*, warmstart.*                                   checked at      the initial policy: the checkpoint
                                                        load            replaces it, and its loader refuses
                                                                        another model naming the fields
@@ -41,8 +42,8 @@ data.*                                                 refused         the resto
                                                                        this dataset in this order
 trainer.optimizer.*, trainer.bf16                      refused         restored from the checkpoint: a new
                                                                        value would be silently ignored
-transport.control.num_*, transport.channel.{groups_    refused         follow the keys above
-  per_step,max_staleness}
+transport.control.num_{workers,hubs,stages},           refused         follow the keys above
+  transport.channel.{groups_per_step,max_staleness}
 anything else                                          refused         not known to be safe
 =====================================================  ==============  =====================================
 """
@@ -77,7 +78,8 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
      Rule.ALLOWED, "where the processes run, not what they compute"),
     (("engine.", "worker."), Rule.ALLOWED, "how samples are generated (engines get the resumed weights first)"),
     (("trainer.micro_batch.", "trainer.activation_recompute", "trainer.sequence_parallel",
-      "trainer.grad_reduce_in_fp32", "trainer.peak_tflops", "trainer.init_checkpoint", "trainer.seed"),
+      "trainer.grad_reduce_in_fp32", "trainer.peak_tflops", "trainer.init_checkpoint", "trainer.seed",
+      "parallel.seed"),
      Rule.ALLOWED, "memory and speed only; the checkpoint replaces the initial weights and RNG"),
     (("model.", "warmstart."), Rule.AT_LOAD, "the checkpoint's loader refuses another model naming the fields"),
     (("cluster.trainer_ranks", "parallel.tp", "parallel.pp"), Rule.REFUSED,
@@ -90,7 +92,8 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
     (("data.",), Rule.REFUSED, "the restored prompt positions index this dataset in this order"),
     (("trainer.optimizer.", "trainer.bf16"), Rule.REFUSED,
      "restored from the checkpoint: a new value would be silently ignored"),
-    (("transport.control.num_", "transport.channel.groups_per_step", "transport.channel.max_staleness"),
+    (("transport.control.num_workers", "transport.control.num_hubs", "transport.control.num_stages",
+      "transport.channel.groups_per_step", "transport.channel.max_staleness"),
      Rule.REFUSED, "it follows cluster/algorithm keys of the checkpoint's run"),
 )
 LAUNCH_KEYS = ("cluster.master_port", "transport.control.port", "transport.control.secret",

@@ -10,7 +10,6 @@ not at all (a prompt past the context trained; a 1 MB one took the worker to 21.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
