@@ -5,7 +5,9 @@ TP layout in Megatron, a missing model directory in ``from_pretrained``) used to
 later as 70-85 lines of someone else's traceback, after everything had started. The checks here
 are cheap (one ``config.json`` read, no torch model, no weights) and each failure is one
 ``ValueError`` line naming the field; ``launch.train`` and ``launch.slurm`` print it and exit 2.
-Value checks that need no files live in ``launch.config.check_consistent`` instead.
+Value checks that need no files live in ``launch.config.check_consistent`` and
+``launch.validate.check_values`` (run first here); the dataset is read and its prompts measured
+by ``launch.validate.check_inputs`` once the policy is resolved.
 """
 
 from __future__ import annotations
@@ -79,8 +81,19 @@ def check_task(cfg) -> None:
                          f"the arithmetic task; fit one with python tools/task_warmstart.py --data {cfg.data.name}")
 
 
+def max_positions(cfg) -> int:
+    """The policy's context (``max_position_embeddings``), wherever its shape comes from."""
+    from megatron_darl.models.qwen3.config import spec_from_hf
+
+    hf, source = model_shape(cfg)
+    return spec_from_hf(hf, source).max_position_embeddings
+
+
 def preflight(cfg) -> None:
     """Every pre-flight check; the first failure raises a one-line ``ValueError``."""
+    from launch.validate import check_values
+
+    check_values(cfg)
     check_task(cfg)
     check_paths(cfg)
     check_model(cfg)

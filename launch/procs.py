@@ -105,10 +105,11 @@ class Launcher:
     """Run ``specs`` to completion under the policy in the module docstring."""
 
     def __init__(self, specs: Sequence[ProcSpec], grace_s: float = 30.0,
-                 rollout_failure: str = "continue", poll_s: float = 0.1) -> None:
+                 rollout_failure: str = "continue", poll_s: float = 0.1, pass_fds: Sequence[int] = ()) -> None:
         if not any(s.role == TRAINER for s in specs):
             raise ValueError("need at least one trainer process")
         self.specs, self.grace_s, self.poll_s = list(specs), grace_s, poll_s
+        self.pass_fds = tuple(pass_fds)  # inherited by every child (the run dir's lock: launch.run_lock)
         self.rollout_failure = rollout_failure
         self.children: list[_Child] = []
         self._signal: int | None = None
@@ -142,7 +143,7 @@ class Launcher:
             env[RUN_SECRET_FD] = str(secret_fd)
         try:
             proc = subprocess.Popen(spec.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                    start_new_session=True, pass_fds=() if secret_fd is None else (secret_fd,))
+                                    start_new_session=True, pass_fds=self.pass_fds + (() if secret_fd is None else (secret_fd,)))
         finally:
             if secret_fd is not None:
                 os.close(secret_fd)

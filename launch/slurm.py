@@ -169,12 +169,6 @@ def compose_overrides(knobs: Knobs, layout: Layout, user: Sequence[str], env: Ma
     return out
 
 
-def _latest_step(run_dir: Path) -> int:
-    steps = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")
-             if p.is_dir() and p.name[5:].isdigit()]
-    return max(steps, default=0)
-
-
 def write_plan(path: Path, values: Mapping[str, object]) -> Path:
     """A shell fragment: ``NAME=value`` lines, lists as bash arrays, all quoted."""
     lines = ["# written by python -m launch.slurm prepare; sourced by slurm/launch.sh"]
@@ -202,19 +196,31 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
     if knobs.convert and knobs.model_path:
         init_ckpt = str(cached_conversion(Path(knobs.model_path), knobs.tp, knobs.pp, knobs.convert_dtype,
                                           Path(knobs.convert_cache), log=log))
-    from launch.config import load_run_config, save_run_config, write_private
-    from launch.preflight import preflight
+    from launch.config import load_run_config, write_private
+    from launch.preflight import max_positions, preflight
+    from launch.run_dir import check_changes, commit_config, inspect_run_dir
+    from launch.run_lock import LOCK_FD_ENV, RunLock
     from launch.train import prepare
+    from launch.validate import check_inputs
 
     cfg = load_run_config(compose_overrides(knobs, layout, user, env, init_ckpt))
     preflight(cfg)
-    cfg = prepare(cfg, log_fn=log)
     run_dir = Path(cfg.loop.run_dir)
-    start = _latest_step(run_dir)
-    if not cfg.loop.resume and start:
-        raise ValueError(f"OUTPUT_DIR={run_dir} holds checkpoints of an earlier run: set RESUME=1 "
-                         "to continue it, or another OUTPUT_DIR")
-    config_path = save_run_config(cfg, run_dir / "run_config.yaml")
+    # slurm/launch.sh holds the lock file open for the job (LOCK_FD_ENV); locked here, it stays
+    # locked until the batch script ends. Without it (a direct call) the lock is only a check.
+    lock = RunLock.acquire(run_dir, env, say=log, name="OUTPUT_DIR")
+    try:
+        state = inspect_run_dir(cfg, say=log, knobs=("OUTPUT_DIR", "set RESUME=1"))
+        cfg = prepare(cfg, log_fn=log)
+        check_changes(cfg, state, say=log)
+        check_inputs(cfg, max_positions(cfg), say=log)
+        config_path = commit_config(cfg, state, say=log)
+    except BaseException:
+        lock.release()  # the job ends here
+        raise
+    if LOCK_FD_ENV not in env:
+        lock.release()
+    start = state.start_step
     plan = {
         "RUN_DIR": run_dir, "RUN_CONFIG": config_path, "STEPS": cfg.loop.steps, "START_STEP": start,
         "FINISHED": int(start >= cfg.loop.steps > 0),

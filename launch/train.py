@@ -1,7 +1,10 @@
 """``python -m launch.train [hydra overrides]``: the whole run on one machine, as separate processes.
 
-Composes ``configs/config.yaml`` once, fits (or reuses) the embedded default's warm-started
-policy when no model is given, writes the resolved config to ``<run_dir>/run_config.yaml``, and
+Composes ``configs/config.yaml`` once, checks it and the dataset (``launch.preflight``,
+``launch.validate``), locks the run dir (``launch.run_lock``: one run at a time), settles what an
+earlier run left there (``launch.run_dir``: the resume point, config changes), fits (or reuses)
+the embedded default's warm-started policy when no model is given, writes the resolved config to
+``<run_dir>/run_config.yaml`` once every check passed (a refusal exits 2 in one line), and
 starts the same processes Slurm job steps would: ``cluster.trainer_ranks`` x ``launch.trainer``
 (torchrun-style environment) and ``cluster.rollout_workers`` x ``launch.rollout``, which meet
 only over the transport, with free ports and a fresh per-run secret (``launch.lifeline``) that
@@ -21,11 +24,15 @@ from pathlib import Path
 from typing import Sequence
 
 from launch.cli import explain, parse_command_line
-from launch.config import ClusterConfig, RunConfig, load_run_config, save_run_config
+from launch.config import ClusterConfig, RunConfig, load_run_config
 from launch.console import setup_logging
 from launch.lifeline import new_run_secret
-from launch.preflight import preflight
+from launch.preflight import max_positions, preflight
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
+from launch.run_dir import check_changes, commit_config, inspect_run_dir
+from launch.run_lock import RunLock
+from launch.validate import check_inputs
+from megatron_darl.loop.checkpoints import latest_checkpoint
 from megatron_darl.ports import free_port
 
 log = logging.getLogger("launch.train")
@@ -58,7 +65,7 @@ def prepare(cfg: RunConfig, log_fn=print) -> RunConfig:
     if not engine.model_path and model.path:
         engine = dataclasses.replace(engine, model_path=model.path)
     worker = cfg.worker
-    if cfg.loop.resume and any((Path(cfg.loop.run_dir) / "checkpoints").glob("step_*")):
+    if cfg.loop.resume and latest_checkpoint(cfg.loop.run_dir) is not None:  # the loop's own answer
         worker = dataclasses.replace(worker, initial_version=-1)  # wait for the resumed weights
     cluster, control = cfg.cluster, cfg.transport.control
     if cluster.master_port == 0:
@@ -177,22 +184,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging("launch.train", verbose=cfg.loop.verbose)
     run_dir = Path(cfg.loop.run_dir)
     try:
-        if not cfg.loop.resume and any((run_dir / "checkpoints").glob("step_*")):
-            raise ValueError(f"loop.run_dir={run_dir} holds checkpoints of an earlier run: pass "
-                             "loop.resume=true to continue it, or another loop.run_dir")
-        preflight(cfg)
+        preflight(cfg)  # values, task, files, model shape: nothing in the run dir yet
+        lock = RunLock.acquire(run_dir)  # refused naming the holder when another run has the dir
     except ValueError as err:
         print(f"launch.train: {err}", file=sys.stderr)
         return 2
+    with lock:
+        try:
+            cfg, config_path = settle(cfg)
+        except ValueError as err:
+            print(f"launch.train: {err}", file=sys.stderr)
+            return 2
+        return _run(cfg, config_path, run_dir, lock)
+
+
+def settle(cfg: RunConfig) -> tuple[RunConfig, Path]:
+    """The run dir's checks, the resolved config and its ``run_config.yaml``, written last: a
+    launch refused here (``ValueError``, one line) leaves the run dir as it found it."""
+    state = inspect_run_dir(cfg)
     cfg = prepare(cfg)
-    config_path = save_run_config(cfg, run_dir / "run_config.yaml")
+    check_changes(cfg, state)
+    check_inputs(cfg, max_positions(cfg))
+    return cfg, commit_config(cfg, state)
+
+
+def _run(cfg: RunConfig, config_path: Path, run_dir: Path, lock: RunLock) -> int:
     secret = cfg.transport.control.secret or new_run_secret()  # per run, never written to disk
     specs = process_specs(cfg, config_path, _num_gpus(), secret=secret)
     log.info("%s, %d steps, model %s, data %s: %d trainer rank(s), %d rollout worker(s); run dir %s "
              "(worker logs in logs/)", cfg.algorithm.variant, cfg.loop.steps, cfg.model.name, cfg.data.name,
              cfg.cluster.trainer_ranks, cfg.cluster.rollout_workers, run_dir)
-    result = Launcher(specs, grace_s=cfg.cluster.grace_s,
-                      rollout_failure=cfg.cluster.rollout_failure).run()
+    result = Launcher(specs, grace_s=cfg.cluster.grace_s, rollout_failure=cfg.cluster.rollout_failure,
+                      pass_fds=(lock.fd,)).run()  # the children hold the run dir's lock too
     for failure in result.failures:
         log.error("%s", failure)
     if result.code == 0:

@@ -59,7 +59,12 @@ case "$OUTPUT_DIR" in /*) ;; *) OUTPUT_DIR=${SLURM_SUBMIT_DIR:-$PWD}/$OUTPUT_DIR
 REQUEUE=${REQUEUE:-0}
 GRACE_S=${GRACE_S:-60}
 LOG_DIR=$OUTPUT_DIR/logs/job${SLURM_JOB_ID}_${SLURM_RESTART_COUNT:-0}
-mkdir -p "$LOG_DIR" || die "cannot create $LOG_DIR"
+# One run at a time on OUTPUT_DIR (launch/run_lock.py): this script keeps the lock file open for
+# the whole job; launch.slurm prepare locks it, or names the job that holds it and exits 2 before
+# anything is written in OUTPUT_DIR.
+mkdir -p "$OUTPUT_DIR" || die "cannot create $OUTPUT_DIR"
+exec {DARL_RUN_LOCK_FD}<>"$OUTPUT_DIR/run.lock" || die "cannot open $OUTPUT_DIR/run.lock"
+export DARL_RUN_LOCK_FD
 # shellcheck source=slurm/env.sh
 source "$DARL_ROOT/slurm/env.sh"
 # Only the run's own processes may act on its control store (launch/lifeline.py, docs/reliability.md).
@@ -86,6 +91,7 @@ trap 'on_signal TERM' TERM
 
 echo "[slurm] job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST: logs in $LOG_DIR"
 "$PY" -m launch.slurm prepare --plan "$LOG_DIR/plan.sh" -- "$@" || exit $?
+mkdir -p "$LOG_DIR" || die "cannot create $LOG_DIR"
 # shellcheck disable=SC1091
 source "$LOG_DIR/plan.sh"
 if [ "$FINISHED" = 1 ]; then

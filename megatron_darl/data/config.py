@@ -15,6 +15,7 @@ from megatron_darl.data.countdown import CountdownTaskConfig
 
 
 GENERATED_TASKS = ("builtin", "countdown")  # tasks ``source: builtin`` can generate
+OVERLONG = ("refuse", "drop")  # data.overlong_prompts
 
 
 @dataclass
@@ -64,6 +65,9 @@ class DataConfig:
     skip_malformed: bool = False  # skip and count bad rows instead of raising
     max_records: int = -1  # keep the first N records; -1 = all
     tests_format: str = "list"  # "list" (cases as stored) or "livecodebench" (JSON/compressed)
+    # a prompt leaving no room for sampling.max_new_tokens in the context: "refuse" (the launcher
+    # stops naming its file and line) or "drop" (skipped, counted and logged by launcher and workers)
+    overlong_prompts: str = "refuse"
 
     def __post_init__(self) -> None:
         if self.source not in ("builtin", "file"):
@@ -73,6 +77,8 @@ class DataConfig:
                              f"are {', '.join(GENERATED_TASKS)}")
         if self.tests_format not in ("list", "livecodebench"):
             raise ValueError(f"data.tests_format={self.tests_format!r}: use 'list' or 'livecodebench'")
+        if self.overlong_prompts not in OVERLONG:
+            raise ValueError(f"data.overlong_prompts={self.overlong_prompts!r}: use one of {OVERLONG}")
 
 
 def load_data_config(preset: str | Path, overrides: dict | None = None) -> DataConfig:

@@ -3,7 +3,8 @@
 Each dataset's columns are mapped through its ``FieldMapConfig``. A malformed row (bad JSON,
 not an object, a mapped column missing or empty, undecodable tests, a math reference the
 verifier cannot use, HumanEval test or prompt code the check cannot run) raises ``ValueError``
-naming the file, the line (jsonl) or row (parquet, 1-based) and the field, unless the config
+naming the file, the line (jsonl) or row (parquet, 1-based) and the field (a line that is not
+UTF-8 included), unless the config
 says ``skip_malformed: true``, in which case it is skipped and counted in ``LoadResult``.
 """
 
@@ -42,8 +43,14 @@ class LoadResult:
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, object]]:
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with opener(path, "rb") as f:  # bytes: a line that is not UTF-8 is named, not a bare decode error
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield line_no, MalformedRowError(f"{path}:{line_no}: not UTF-8 (byte 0x{raw[exc.start]:02x} "
+                                                 f"at column {exc.start + 1}); re-encode the file as UTF-8")
+                continue
             if not line.strip():
                 continue
             try:
@@ -125,7 +132,7 @@ def row_to_record(row: object, index: int, cfg: DataConfig, where: str) -> Promp
         messages = build_messages(prompt, cfg, {k: v for k, v in row.items() if isinstance(k, str)})
     except (KeyError, IndexError) as exc:
         raise MalformedRowError(f"{where}: template field {exc} is not in the row") from exc
-    return PromptRecord(index, prompt, messages, cfg.task, reference, tests, metadata)
+    return PromptRecord(index, prompt, messages, cfg.task, reference, tests, metadata, source=where)
 
 
 def load_records(cfg: DataConfig) -> LoadResult:

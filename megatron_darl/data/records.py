@@ -21,3 +21,4 @@ class PromptRecord:
     reference: str = ""  # reference answer as stored (math/builtin) or test code (humaneval)
     tests: list[dict[str, str]] = field(default_factory=list)  # stdio cases {"input","output"}
     metadata: dict = field(default_factory=dict)  # source id, entry point, level, ...
+    source: str = field(default="", compare=False)  # "file:line" (row for parquet); "" if generated

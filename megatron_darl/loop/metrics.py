@@ -5,7 +5,9 @@ weight moments; ``stats.py``), so one all-reduce per reduction kind gives exact 
 whatever the DP size; ``step_metrics`` turns the reduced statistics into the logged means and
 ratios. ``MetricsLogger`` (trainer rank 0 only)
 writes every step to ``<run_dir>/metrics.jsonl`` (the source of truth: a resumed run reads it
-back, so cumulative counters, the plot and ``summary.json`` span restarts), TensorBoard, and
+back, so cumulative counters, the plot and ``summary.json`` span restarts; records of steps a
+resume runs again move to ``metrics.superseded.jsonl`` at its first new step, so a resume that
+fails before one changes nothing and no record is ever deleted), TensorBoard, and
 W&B when configured (imported lazily: a missing package or network never stops training), and
 drives a live tqdm bar. ``close`` writes ``progress.png`` and ``summary.json``.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -26,6 +29,7 @@ from megatron_darl.loop.stats import CACHE_SOURCES, StepStats
 
 log = logging.getLogger(__name__)
 HISTOGRAMS = ("staleness_hist", "selected_hist")
+SUPERSEDED = "metrics.superseded.jsonl"  # records of steps a resume ran again, never deleted
 
 
 def _ratio(num: float, den: float, empty: float = 0.0) -> float:
@@ -144,25 +148,35 @@ class MetricsLogger:
         self.run_dir = Path(cfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self.history = self._read_history(start_step)
+        self.start_step = start_step
+        rows = read_metrics(self.path) if self.path.exists() else None
+        self.history = [r for r in rows or [] if int(r["step"]) < start_step]  # earlier steps (a resume)
+        self._again = [r for r in rows or [] if int(r["step"]) >= start_step]  # steps run again
+        self._rewrite = rows is not None  # the file is left as it is until the first new record
         last = self.history[-1] if self.history else {}
         self._wall_offset = float(last.get("wall_seconds", 0.0))
         self._generated = float(last.get("samples_generated", 0.0))
         self._trained = float(last.get("samples_trained", 0.0))
         self._start = time.monotonic()
-        self._file = self.path.open("a")
+        self._file = None  # opened by the first record: a run that makes no step changes no history
         self._tb = self._open_tensorboard()
         self._wandb = self._open_wandb(run_config or {})
         self._bar = self._open_bar(start_step)
 
-    def _read_history(self, start_step: int) -> list[dict[str, Any]]:
-        """Records of earlier steps (a resumed run); later ones are dropped and rewritten."""
-        if not self.path.exists():
-            return []
-        rows = read_metrics(self.path)
-        rows = [r for r in rows if int(r["step"]) < start_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return rows
+    def _open(self):
+        """At the first new record: records of steps from ``start_step`` on (they are run again)
+        move to ``metrics.superseded.jsonl``, never deleted; the rewrite is atomic."""
+        again = self._again
+        if again:
+            with (self.run_dir / SUPERSEDED).open("a") as f:
+                f.writelines(json.dumps({**r, "superseded_at_step": self.start_step}) + "\n" for r in again)
+            log.warning("%d record(s) of steps %d-%d are run again from step %d: kept in %s", len(again),
+                        int(again[0]["step"]), int(again[-1]["step"]), self.start_step, SUPERSEDED)
+        if self._rewrite:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            os.replace(tmp, self.path)
+        return self.path.open("a")
 
     def _open_tensorboard(self):
         if not self.cfg.tensorboard:
@@ -197,6 +211,8 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()},
                   "samples_generated": self._generated, "samples_trained": self._trained,
                   "wall_seconds": self._wall_offset + time.monotonic() - self._start}
+        if self._file is None:
+            self._file = self._open()
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         self.history.append(record)
@@ -230,19 +246,23 @@ class MetricsLogger:
     def close(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Close writers; write ``progress.png`` (when ``cfg.plot``) and ``summary.json``."""
         self._bar.close()
-        self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+        summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
+        summary_path = self.run_dir / "summary.json"
+        if self._file is None and summary_path.exists():  # no step made here: the outputs stand
+            return summary
+        if self._file is not None:
+            self._file.close()
         if self.cfg.plot and self.history:
             from megatron_darl.loop.plots import plot_progress
 
             variant = (extra or {}).get("variant", "")
             title = f"variant {variant}, run dir {self.run_dir}" if variant else f"run dir {self.run_dir}"
             plot_progress(self.history, self.run_dir / "progress.png", title=title)
-        summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
 

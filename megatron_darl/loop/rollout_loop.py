@@ -12,7 +12,9 @@ trainer is gone) it raises ``RolloutAborted`` with the exit code and the one lin
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+from pathlib import Path
 
 from megatron_darl.loop.run_config import RunConfig
 
@@ -28,13 +30,15 @@ class RolloutAborted(RuntimeError):
         self.code = code
 
 
-def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int):
-    """This worker's shard of the dataset (tokenized prompts) and the dataset's size."""
-    from megatron_darl.data import encode_prompt, load_dataset
+def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_embeddings: int):
+    """This worker's shard of the dataset (tokenized prompts that fit the context, the launcher's
+    rule: ``prompt_fit``) and the dataset's size."""
+    from megatron_darl.data import load_dataset
+    from megatron_darl.loop.prompt_fit import fit_prompts
     from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 
-    records = load_dataset(cfg.data).records
-    prompts = [PromptRecord(r.prompt_id, tuple(encode_prompt(tokenizer, r.messages)), r) for r in records]
+    fit = fit_prompts(cfg, load_dataset(cfg.data).records, tokenizer, max_position_embeddings)
+    prompts = [PromptRecord(r.prompt_id, tuple(ids), r) for r, ids in zip(fit.records, fit.token_ids)]
     source = PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
                           seed=cfg.sampling.seed)
     return source, len(prompts)
@@ -79,7 +83,8 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
 
     engine_cfg = engine_config(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    source, num_prompts = build_prompt_source(cfg, tokenizer, worker_id)
+    hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    source, num_prompts = build_prompt_source(cfg, tokenizer, worker_id, int(hf["max_position_embeddings"]))
     engine = build_engine(engine_cfg)
     try:
         worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from megatron_darl.loop.checkpoints import complete_checkpoints
 from megatron_darl.loop.config import ModelConfig, density_temperature
 from megatron_darl.loop.endpoints import (
     Backlog, TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
@@ -136,8 +137,7 @@ class TrainerLoop:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _checkpoints(self) -> list[Path]:
-        root = self.run_dir / "checkpoints"
-        return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+        return complete_checkpoints(self.run_dir)  # the launcher's answer too (loop/checkpoints.py)
 
     def _maybe_resume(self) -> int:
         found = self._checkpoints() if self.cfg.loop.resume else []

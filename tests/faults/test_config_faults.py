@@ -24,6 +24,14 @@ CASES = {
     "model.path that does not exist": (["model.path=/nonexistent"], "model.path=/nonexistent: no such directory"),
     "dataset file that does not exist": (["data=gsm8k", "data.path=/nonexistent.jsonl"], "data.path=/nonexistent.jsonl"),
     "model of another architecture": (["model.path={llama}"], "LlamaForCausalLM is not supported"),
+    # issue 31: these used to fail inside the children (39-79 lines of traceback, or "trainer
+    # gone?") or train with no learning signal
+    "lr not a number": (["trainer.optimizer.lr=nan"], "trainer.optimizer.lr=nan is not a number"),
+    "lr far too large": (["trainer.optimizer.lr=1e9"], "trainer.optimizer.lr=1e+09 must be in (0, 1)"),
+    "no prompts generated": (["data.builtin.num_prompts=0"], "data.builtin.num_prompts=0 must be >= cluster.rollout_workers=1"),
+    "rendezvous port out of range": (["cluster.master_port=99999"], "cluster.master_port=99999 must be in [0, 65535]"),
+    "greedy sampling (no learning signal)": (["sampling.temperature=0"], "sampling.temperature=0.0: greedy decoding"),
+    "groups of one response (no learning signal)": (["algorithm.group_size=1"], "algorithm.group_size=1: a group of one"),
 }
 
 
@@ -36,7 +44,8 @@ def test_a_bad_value_stops_the_launcher_with_one_line(tmp_path, capsys, case, fa
     (llama / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     overrides, needle = CASES[case]
     run_dir = tmp_path / "run"
-    args = [f"loop.run_dir={run_dir}"] + [o.format(llama=llama) for o in overrides]
+    # a short receive timeout: a case the launcher lets through fails in seconds, not in 10 minutes
+    args = [f"loop.run_dir={run_dir}", "loop.steps=2", "loop.receive_timeout_s=30"] + [o.format(llama=llama) for o in overrides]
     try:
         code = train.main(args)
     except SystemExit as exc:  # a composition error leaves through _load

@@ -79,3 +79,27 @@ def test_layout_errors_name_the_knob():
         plan_layout(_knobs(), ["a"], cpus_on_node=1)
     with pytest.raises(ValueError, match=r"ENGINE='sglang': use hf or vllm"):
         _knobs(ENGINE="sglang")
+
+
+def test_a_second_job_on_a_busy_output_dir_is_refused_naming_the_job(slurm_cluster, warm_policy, tmp_path):
+    """Two jobs on one OUTPUT_DIR (``--oversubscribe``: they run at once): the second fails with
+    exit 2 and one line naming the first job, before it writes anything there (issue 31)."""
+    from slurm_jobs import metrics, wait_for
+
+    run = tmp_path / "run"
+    env = job_env(slurm_cluster, MODEL="tiny", OUTPUT_DIR=str(run))
+    opts = ["--nodes=1", "--oversubscribe", "--cpus-per-task=2", *CPU_OPTS]
+    first = sbatch(slurm_cluster, SCRIPT, ["experiment=smoke", "loop.steps=200"], env,
+                   [*opts, f"--output={tmp_path / 'first.out'}"])
+    wait_for(lambda: len(metrics(run)) >= 1, 150, "a logged step of the first job")
+    config = (run / "run_config.yaml").read_bytes()
+    out = tmp_path / "second.out"
+    second = sbatch(slurm_cluster, SCRIPT, ["experiment=smoke", "loop.steps=3"], env, [*opts, f"--output={out}"])
+    info = wait_state(slurm_cluster, second, timeout=90, output=out)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", out.read_text()
+    errors = [line for line in out.read_text().splitlines() if "error" in line]
+    assert len(errors) == 1 and "OUTPUT_DIR=" in errors[0] and "is in use by another run" in errors[0], errors
+    assert f"Slurm job {first}," in errors[0]
+    assert (run / "run_config.yaml").read_bytes() == config
+    assert [d.name for d in (run / "logs").iterdir() if d.name.startswith("job")] == [f"job{first}_0"]
+    slurm_cluster.run(["scancel", str(first)])
