@@ -16,7 +16,8 @@ The rules, first match wins (``RULES``; the full key lists: docs/run_dirs.md, ch
 keys                                                   on resume       why
 =====================================================  ==============  =====================================
 loop.* (steps, intervals, logging, run_dir)            allowed         how long the run goes, what it writes
-transport.control.{host,port,secret,*timeout*,poll}    allowed         plumbing of one launch
+transport.control.{host,port,bind,secret,*timeout*,   allowed         plumbing of one launch
+  poll}
 transport.heartbeat.*, transport.weight_sync.*         allowed         plumbing of one launch
 transport.channel.{max_unacked,send/connect/transfer   allowed         plumbing of one launch
   timeouts,transport,backend}
@@ -26,7 +27,7 @@ engine.*, worker.*                                     allowed         how sampl
                                                                        get the resumed weights first
 trainer.micro_batch.*, trainer.{activation_recompute,  allowed         memory and speed only; the checkpoint
   sequence_parallel,grad_reduce_in_fp32,peak_tflops,                   replaces the initial weights and RNG
-  init_checkpoint,seed}, parallel.seed
+  init_checkpoint,seed,snapshots}, parallel.seed
 model.*, warmstart.*                                   checked at      the initial policy: the checkpoint
                                                        load            replaces it, and its loader refuses
                                                                        another model naming the fields
@@ -34,6 +35,7 @@ cluster.trainer_ranks, parallel.tp, parallel.pp        refused         optimizer
                                                                        replay state hold this layout
 cluster.rollout_workers                                refused         worker positions are per worker id,
                                                                        in shards of 1/workers of the prompts
+replay.{rescore,rescore_audit}                         allowed         which groups a step re-scores
 algorithm.*, replay.*                                  refused         the buffer, cache, snapshots and
                                                                        selection state were made for them
 sampling.*                                             refused         G, the sampler's density and the
@@ -71,7 +73,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
       "transport.control.poll_interval_s", "transport.heartbeat.", "transport.weight_sync.",
       "transport.channel.max_unacked_per_hub", "transport.channel.send_timeout_s",
       "transport.channel.transport", "transport.channel.backend", "transport.channel.connect_timeout_s",
-      "transport.channel.transfer_timeout_s"), Rule.ALLOWED, _PLUMBING),
+      "transport.channel.transfer_timeout_s", "transport.control.bind"), Rule.ALLOWED, _PLUMBING),
     (("cluster.master_addr", "cluster.master_port", "cluster.threads_per_process", "cluster.grace_s",
       "cluster.rollout_failure", "cluster.trainer_devices", "cluster.rollout_devices",
       "cluster.trainer_gpus", "cluster.rollout_gpus", "parallel.backend", "parallel.timeout_s"),
@@ -79,13 +81,15 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
     (("engine.", "worker."), Rule.ALLOWED, "how samples are generated (engines get the resumed weights first)"),
     (("trainer.micro_batch.", "trainer.activation_recompute", "trainer.sequence_parallel",
       "trainer.grad_reduce_in_fp32", "trainer.peak_tflops", "trainer.init_checkpoint", "trainer.seed",
-      "parallel.seed"),
+      "trainer.snapshots", "parallel.seed"),
      Rule.ALLOWED, "memory and speed only; the checkpoint replaces the initial weights and RNG"),
     (("model.", "warmstart."), Rule.AT_LOAD, "the checkpoint's loader refuses another model naming the fields"),
     (("cluster.trainer_ranks", "parallel.tp", "parallel.pp"), Rule.REFUSED,
      "the checkpoint's optimizer format and per-DP-shard replay state hold the trainer layout"),
     (("cluster.rollout_workers",), Rule.REFUSED,
      "each worker's prompt position is restored by worker id, in shards of 1/workers of the prompts"),
+    (("replay.rescore", "replay.rescore_audit"), Rule.ALLOWED,
+     "which buffered groups are re-scored at a step; the buffer keeps every group's last score"),
     (("algorithm.", "replay."), Rule.REFUSED,
      "the replay buffer, log-prob cache, snapshots and selection state were made for it"),
     (("sampling.",), Rule.REFUSED, "the buffered samples were drawn with it (G, density, prompt order)"),

@@ -49,13 +49,13 @@ def test_the_documented_table_is_the_code_s():
 
 def test_every_config_key_has_a_rule_of_its_own():
     """A new config field must be placed in the table, not fall through to 'anything else'."""
-    cfg = load_run_config(["experiment=smoke"])
+    cfg = load_run_config(["experiment=smoke", "loop.run_dir=runs/x"])
     unplaced = [key for key, _ in leaves(cfg) if rule_of(key)[2] == len(RULES)]
     assert unplaced == []
 
 
 def _saved(**changes) -> dict:
-    cfg = load_run_config(["experiment=smoke"])
+    cfg = load_run_config(["experiment=smoke", "loop.run_dir=runs/x"])
     tree: dict = {}
     for key, value in leaves(cfg):
         node = tree
@@ -67,8 +67,8 @@ def _saved(**changes) -> dict:
 
 
 def test_allowed_changes_pass_and_the_first_refused_primary_key_is_named():
-    new = load_run_config(["experiment=smoke", "loop.steps=9", "engine.max_batch_size=4", "cluster.rollout_workers=2"])
-    allowed = check_resume(_saved(), load_run_config(["experiment=smoke", "loop.steps=9", "engine.max_batch_size=4"]),
+    new = load_run_config(["experiment=smoke", "loop.run_dir=runs/x", "loop.steps=9", "engine.max_batch_size=4", "cluster.rollout_workers=2"])
+    allowed = check_resume(_saved(), load_run_config(["experiment=smoke", "loop.run_dir=runs/x", "loop.steps=9", "engine.max_batch_size=4"]),
                            "old.yaml")
     assert sorted(str(c) for c in allowed) == ["engine.max_batch_size: 64 -> 4", "loop.steps: 4 -> 9"]
     with pytest.raises(ValueError) as err:
@@ -78,7 +78,7 @@ def test_allowed_changes_pass_and_the_first_refused_primary_key_is_named():
     assert message.startswith("loop.resume=true: cluster.rollout_workers changed from 1 to 2 since the "
                               "checkpoint's run (old.yaml): refused")
     assert message.endswith("(also changed: transport.control.num_workers)") and "\n" not in message
-    assert check_resume(_saved(**{"model.path": "/a"}), load_run_config(["experiment=smoke", "model.path=/b"]),
+    assert check_resume(_saved(**{"model.path": "/a"}), load_run_config(["experiment=smoke", "loop.run_dir=runs/x", "model.path=/b"]),
                         "old.yaml")[0].key == "model.path"  # checked at load, by the loader
 
 
