@@ -187,7 +187,7 @@ class Launcher:
                 continue
             child.reported = True
             reason = _reason(child.spec.reason_path)
-            message = _exit_line(child.spec.name, code) + (f": {reason}" if reason else "")
+            message = _exit_line(child.spec, code)
             restart = self._may_restart(child.spec, code, reason)
             if restart:
                 message += f" (restarting it: restart {restart} of {self.rollout_restarts})"
@@ -202,7 +202,7 @@ class Launcher:
                 continue
             alive = [c for c in self._role(ROLLOUT) if c.proc.poll() is None]
             if not alive and self._role(ROLLOUT):
-                gone = "; ".join(c.failure or _exit_line(c.spec.name, c.proc.poll()) for c in self._role(ROLLOUT))
+                gone = "; ".join(c.failure or _exit_line(c.spec, c.proc.poll()) for c in self._role(ROLLOUT))
                 failures.insert(0, f"no rollout worker left: {gone}")
                 log.error("no rollout worker left (%s): stopping the run", gone)
                 return code if code > 0 else 128 - code
@@ -275,15 +275,16 @@ class Launcher:
                 time.sleep(0.02)
 
 
-def _exit_line(name: str, code: int | None) -> str:
-    """``rollout 0 exited with code -9 (SIGKILL)``: a negative code names its signal."""
-    line = f"{name} exited with code {code}"
+def _exit_line(spec: ProcSpec, code: int | None) -> str:
+    """``rollout 0 exited with code -9 (SIGKILL)``, or ``... code 4: <why>`` when it said why."""
+    line = f"{spec.name} exited with code {code}"
     if code is not None and code < 0:
         try:
             line += f" ({signal.Signals(-code).name})"
         except ValueError:
             pass
-    return line
+    reason = _reason(spec.reason_path)
+    return line + (f": {reason}" if reason else "")
 
 
 def _signal_proc(proc: subprocess.Popen, signum: int) -> None:

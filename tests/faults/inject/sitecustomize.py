@@ -10,6 +10,7 @@ command line) and only when ``DARL_FAULT`` asks for it:
   member of the round and the leader is about to send (its data-plane group is built).
 - ``kill:W:generate:N``: rollout worker W SIGKILLs itself in the N-th call of the engine's
   ``generate`` (its batch reserved against the staleness bound, generating).
+  W may list several workers (``kill:0,1:generate:2``): each kills itself at its own N-th call.
 
 A kill fires in the first process of worker W only: it leaves ``fault_fired_rolloutW`` next to
 the run config (``--config``), so a worker restarted with the same id runs clean.
@@ -44,12 +45,12 @@ if _FAULT.startswith("stall_after:") and "--worker-id" in sys.argv:
 
     hf.HFEngine.generate = _stalling_generate
 
-if _FAULT.startswith("kill:") and _arg("--worker-id") == _FAULT.split(":")[1]:
+if _FAULT.startswith("kill:") and _arg("--worker-id") in _FAULT.split(":")[1].split(","):
     import signal
     from pathlib import Path
 
-    _, _worker, _where, _nth = _FAULT.split(":")
-    _mark = Path(_arg("--config")).parent / f"fault_fired_rollout{_worker}"
+    _, _, _where, _nth = _FAULT.split(":")
+    _mark = Path(_arg("--config")).parent / f"fault_fired_rollout{_arg('--worker-id')}"
     _count = {"n": 0}
 
     def _kill_on_nth(fn):
