@@ -193,8 +193,8 @@ class ProgressWatch:
             self._total, self.ep.last_group_at = total, now
         idle = now - self.ep.last_group_at
         hb, store = self.ep.heartbeat, self.ep.store
-        gone = [w for w in range(self.num_workers) if (hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)]))
-                and not self._restarting(w)]
+        gone = [w for w in range(self.num_workers)
+                if (hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)])) and not self._restarting(w)]
         where = f"trainer step {self.step}: {total}/{self.need} groups"
         if len(gone) == self.num_workers:
             return f"{where}; every rollout worker is gone: {self.states()}"

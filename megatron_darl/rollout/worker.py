@@ -53,8 +53,8 @@ from megatron_darl.transport import (
     TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
     release_reservations, stop_requested,
 )
-from megatron_darl.transport.store import Keys
 from megatron_darl.transport.cuda_ipc import device_uuid
+from megatron_darl.transport.store import Keys
 
 log = logging.getLogger(__name__)
 EXIT_OK = 0

@@ -7,12 +7,12 @@ Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pick
    stage 0's offer and posts "ready for n" once, for all stages, with the UUID of its GPU and
    its process (host, pid); it then takes the stages in order (a later stage's leader waits);
 2. the leader waits for every live worker (heartbeat) to be ready, at most ``join_timeout_s``,
-   names the missing ones, and posts a plan: the members and their processes, which of them share the leader's GPU
-   (``ipc``), the backend and a group epoch for the others. The data-plane group {leader s} +
-   broadcast members is rebuilt only when they change (a dead worker never blocks a later sync;
-   a stalled one delays a sync by at most ``join_timeout_s``). Backend ``auto`` is NCCL when the
-   leader and every broadcast member hold distinct GPUs, else gloo (NCCL refuses two ranks on
-   one device);
+   names the missing ones, and posts a plan: the members and their processes, which of them
+   share the leader's GPU (``ipc``), the backend and a group epoch for the others. The
+   data-plane group {leader s} + broadcast members is rebuilt only when they (their processes)
+   change (a dead worker never blocks a later sync; a stalled one delays a sync by at most
+   ``join_timeout_s``). Backend ``auto`` is NCCL when the leader and every broadcast member hold
+   distinct GPUs, else gloo (NCCL refuses two ranks on one device);
 3. the leader streams buckets of ~``bucket_bytes`` (``buckets.py``): a small JSON header per
    bucket in the store (names, dtypes, shapes, byte offsets, and for ``ipc`` members a CUDA IPC
    handle of the buffer, ``cuda_ipc.py``) and one flat uint8 buffer broadcast over the group;
@@ -27,7 +27,7 @@ Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pick
 A publish may send staged weights (``stage_weights``: every bucket packed ahead, so the trainer can go
 on while a thread publishes, ``weight_publisher.py``), and may send a newer staged version than it
 offered (``upgrade``): the plan names the version sent, which the workers load and ack; keys
-stay under the offered version (the round).
+stay under the offer.
 
 Failures are loud (DESIGN.md section 3): a worker whose engine cannot load the weights posts
 why and exits (``WeightLoadError``); a sync that no ready worker could take raises
