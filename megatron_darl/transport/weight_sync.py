@@ -143,6 +143,7 @@ class WeightSender:
         retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple, StagedWeights))
         done: set[tuple[int, Proc | None]] = set()  # worker processes served, or given up on
         tries: dict[tuple[int, Proc | None], int] = {}  # failed rounds per worker process
+        given_up: set[tuple[int, Proc | None]] = set()  # worker processes that failed for good
         acks = _Acks(self, offer, report) if self.stage == 0 else None
         for rnd in itertools.count():
             todo = self._todo(version, done)
@@ -162,6 +163,7 @@ class WeightSender:
                     if (not retriable or tries[key] >= self.cfg.max_attempts or self._dead(w)
                             or self._gave_up(offer, w)):
                         done.add(key)
+                        given_up.add(key)
                         report.missing.append(self._failure(offer, w))
             else:  # nobody (more) came: an empty plan, so a late walker learns it missed this offer
                 self._store.set(SyncKeys.plan(offer, self.stage, rnd), json.dumps({"members": []}))
@@ -176,7 +178,7 @@ class WeightSender:
                 break
         if acks is not None:
             acks.wait(self.cfg.ack_timeout_s)
-        self._conclude(offer, tries, report)
+        self._conclude(offer, given_up, report)
         report.seconds = time.monotonic() - start
         return report
 
@@ -223,12 +225,13 @@ class WeightSender:
                   version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
         report.missing += missing
 
-    def _conclude(self, offer: int, tries: dict, report: SyncReport) -> None:
-        """Fail loudly when workers took part, none loaded the version and one of them is still
-        there to say so (or gave up): members that died are losses, named, not the sync's failure."""
-        if not report.members and tries:
-            reasons = "; ".join(self._failure(offer, w) for w, _ in sorted(tries, key=lambda k: k[0]))
-            if any(not self._gone(w, proc) or self._cannot_load(offer, w) for w, proc in tries):
+    def _conclude(self, offer: int, given_up: set, report: SyncReport) -> None:
+        """Fail loudly when none loaded the version and a member that still runs was given up on
+        (or its engine cannot load it). Members that died are losses, named, not the sync's
+        failure; one that failed once before a newer version ended the publish takes that one."""
+        if not report.members and given_up:
+            reasons = "; ".join(self._failure(offer, w) for w, _ in sorted(given_up, key=lambda k: k[0]))
+            if any(not self._gone(w, proc) or self._cannot_load(offer, w) for w, proc in given_up):
                 raise WeightSyncFailed(f"weight sync v{report.version} stage {self.stage} failed for every "
                                        f"rollout worker: {reasons}")
             log.error("weight sync v%d stage %d: every member died mid-sync (%s); the others take the "

@@ -9,6 +9,7 @@ publisher. Threads over a real TCPStore and gloo, as in ``test_transport_weight_
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -18,6 +19,7 @@ from megatron_darl.transport import (
     TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, PeerLoss, WeightReceiver,
     WeightSender, WeightSyncConfig, connect_store, published_version, register, serve_store,
 )
+from megatron_darl.transport.weight_protocol import SyncKeys
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from tests.distributed.procs.launcher import free_port, wait_for
 from tests.unit.test_transport_weight_rounds import _close, _loader, _serve
@@ -52,11 +54,12 @@ def test_a_restarted_peer_is_reported_as_the_loss_of_its_predecessor_once():
 
 
 def test_a_member_that_dies_in_its_round_is_named_and_the_publish_does_not_fail():
-    """Worker 0 dies (stops beating, never answers) inside its round while worker 1 is still
-    generating, and a newer version is staged: the publish ends naming worker 0 as lost, without
-    WeightSyncFailed (it used to fail 'for every rollout worker'), and publishes nothing."""
+    """Workers 0 and 1 share a round; worker 0 dies in it (stops beating, never answers), which
+    fails the round for worker 1 too, and a newer version is staged: the publish ends naming
+    worker 0 as lost, without WeightSyncFailed (it used to fail 'for every rollout worker'), and
+    the next publish reaches worker 1."""
     control, store, hb, whbs = _world(2)
-    cfg = WeightSyncConfig(backend="gloo", join_timeout_s=10, collective_timeout_s=3, ack_timeout_s=5)
+    cfg = WeightSyncConfig(backend="gloo", join_timeout_s=10, collective_timeout_s=3, ack_timeout_s=5, gather_s=1.0)
     sender = WeightSender(store, control, cfg, 0, hb)
     receivers = [WeightReceiver(connect_store(control), control, cfg, w, lambda named: None) for w in range(2)]
     stop = threading.Event()
@@ -66,17 +69,22 @@ def test_a_member_that_dies_in_its_round_is_named_and_the_publish_does_not_fail(
         stop.wait(30)
 
     receivers[0]._receive_buckets = die
-    threads = [threading.Thread(target=_serve, args=(receivers[0], 1, stop), daemon=True)]
+    threads = [threading.Thread(target=_serve, args=(r, 2, stop), daemon=True) for r in receivers]
     for t in threads:
         t.start()
     start = time.monotonic()
     try:
-        report = sender.publish(1, _weights(1), newer=lambda: True)
+        first = sender.publish(1, _weights(1), newer=lambda: True)
+        seconds = time.monotonic() - start
+        second = sender.publish(2, _weights(2))
     finally:
         _close(stop, threads, [hb, *whbs])
-    assert report.members == [] and not report.published and published_version(store) == 0
-    assert len(report.missing) == 1 and report.missing[0].startswith("rollout 0 (") and "lost" in report.missing[0]
-    assert time.monotonic() - start < 15  # a killed process's sockets close at once; this one's time out
+    assert json.loads(store.get(SyncKeys.plan(1, 0, 0)))["members"] == [0, 1]  # one round, both in it
+    assert first.members == [] and not first.published and first.attempts == 1
+    assert len(first.missing) == 1 and first.missing[0].startswith("rollout 0 (") and "lost" in first.missing[0]
+    assert seconds < 15  # a killed process's sockets close at once; this one's time out
+    assert second.members == [1] and second.acked == [1] and published_version(store) == 2
+    assert receivers[1].version == 2
 
 
 def test_a_worker_too_late_for_a_publish_is_offered_the_version_again():
