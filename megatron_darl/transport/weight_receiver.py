@@ -29,7 +29,7 @@ from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, open_shared
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
-    WORKER, ControlStore, MemberInfo, TransportTimeout, get_int, published_version, wait_key,
+    WORKER, ControlStore, MemberInfo, TransportTimeout, published_version, wait_key,
 )
 from megatron_darl.transport.weight_protocol import SyncKeys, WeightLoadError, parse_offer
 
