@@ -9,7 +9,12 @@ whole tree, reward sandboxes included). The launcher:
   kills at once;
 - on a trainer rank's failure kills everything and exits non-zero naming ``trainer <rank>``;
 - on a rollout worker's failure reports it by name and, with ``rollout_failure=continue``, goes
-  on while another worker lives (the trainer continues without it, docs/architecture.md, Failures);
+  on while another worker lives (the trainer continues without it, docs/architecture.md, Failures); a worker
+  that died without saying why (killed by a signal, or a crash: no exit reason, not the lost
+  trainer's exit code) is started again with the same id, up to ``rollout_restarts`` times per
+  worker, after ``on_restart`` told the run (the trainer must not count it as gone meanwhile);
+  one that gave up on purpose would give up again and is not. With no worker left, the run ends
+  naming every one;
 - when every trainer rank exited 0, gives the workers ``grace_s`` to see the stop flag, then
   kills stragglers. Exit code: 0, the first failure's code, or 128 + signal.
 
@@ -29,9 +34,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
 from launch.lifeline import LAUNCHER_GRACE, LAUNCHER_PID, RUN_SECRET_FD, secret_pipe
+from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
 
 log = logging.getLogger(__name__)
 TRAINER, ROLLOUT = "trainer", "rollout"
@@ -60,6 +66,7 @@ class _Child:
     proc: subprocess.Popen
     log_file: IO | None = None
     reported: bool = False
+    failure: str = ""  # the one line that reported its exit
 
 
 @dataclass
@@ -105,12 +112,16 @@ class Launcher:
     """Run ``specs`` to completion under the policy in the module docstring."""
 
     def __init__(self, specs: Sequence[ProcSpec], grace_s: float = 30.0,
-                 rollout_failure: str = "continue", poll_s: float = 0.1, pass_fds: Sequence[int] = ()) -> None:
+                 rollout_failure: str = "continue", poll_s: float = 0.1, pass_fds: Sequence[int] = (),
+                 rollout_restarts: int = 0, on_restart: Callable[[ProcSpec, int], None] | None = None) -> None:
         if not any(s.role == TRAINER for s in specs):
             raise ValueError("need at least one trainer process")
         self.specs, self.grace_s, self.poll_s = list(specs), grace_s, poll_s
         self.pass_fds = tuple(pass_fds)  # inherited by every child (the run dir's lock: launch.run_lock)
         self.rollout_failure = rollout_failure
+        self.rollout_restarts = rollout_restarts  # per worker
+        self.restarts: dict[int, int] = {}  # rollout worker id -> times started again
+        self._on_restart = on_restart or (lambda spec, n: None)
         self.children: list[_Child] = []
         self._signal: int | None = None
 
@@ -172,9 +183,10 @@ class Launcher:
             time.sleep(self.poll_s)
 
     def _check_children(self, failures: list[str]) -> int | None:
-        """Report new failures; return an exit code when the whole run must stop."""
+        """Report new failures; restart a worker that may come back; return an exit code when the
+        whole run must stop."""
         trainers_done = all(c.proc.poll() == 0 for c in self._role(TRAINER))
-        for child in self.children:
+        for child in list(self.children):
             code = child.proc.poll()
             if code is None or code == 0 or child.reported:
                 continue
@@ -184,18 +196,47 @@ class Launcher:
                 continue
             child.reported = True
             reason = _reason(child.spec.reason_path)
-            message = f"{child.spec.name} exited with code {code}" + (f": {reason}" if reason else "")
+            message = _exit_line(child.spec, code)
+            restart = self._may_restart(child.spec, code, reason)
+            if restart:
+                message += f" (restarting it: restart {restart} of {self.rollout_restarts})"
+            child.failure = message
             message += _tail(child.spec.log_path)
             failures.append(message)
             log.error("%s", message)
             if child.spec.role == TRAINER or self.rollout_failure == "abort":
                 return code if code > 0 else 128 - code
+            if restart:
+                self._restart(child, restart)
+                continue
             alive = [c for c in self._role(ROLLOUT) if c.proc.poll() is None]
             if not alive and self._role(ROLLOUT):
-                failures.append("no rollout worker left")
-                log.error("no rollout worker left: stopping the run")
+                gone = "; ".join(c.failure or _exit_line(c.spec, c.proc.poll()) for c in self._role(ROLLOUT))
+                failures.insert(0, f"no rollout worker left: {gone}")
+                log.error("no rollout worker left (%s): stopping the run", gone)
                 return code if code > 0 else 128 - code
         return None
+
+    def _may_restart(self, spec: ProcSpec, code: int, reason: str) -> int:
+        """The restart number ``spec`` gets now (1, 2, ...), or 0: not a rollout worker, one that
+        said why it left or lost its trainer (a new one would leave too), or out of restarts."""
+        if spec.role != ROLLOUT or self.rollout_failure != "continue" or reason or code == EXIT_TRAINER_LOST:
+            return 0
+        n = self.restarts.get(spec.rank, 0) + 1
+        return n if n <= self.rollout_restarts else 0
+
+    def _restart(self, child: _Child, n: int) -> None:
+        """Start ``child``'s process again: its tree gone first (reward sandboxes included), the
+        run told, then the same command, environment and log (appended)."""
+        _signal_group(child.proc, signal.SIGKILL)
+        if child.log_file is not None:
+            child.log_file.close()
+        self.restarts[child.spec.rank] = n
+        try:
+            self._on_restart(child.spec, n)
+        except Exception as exc:  # noqa: BLE001 - the restart itself matters more than the notice
+            log.warning("%s: could not tell the run about its restart: %s", child.spec.name, exc)
+        self.children[self.children.index(child)] = self._start(child.spec)
 
     def _stop_on_signal(self, failures: list[str]) -> LaunchResult:
         """Trainers first (they checkpoint, then raise the stop flag so workers drain), then the
@@ -241,6 +282,18 @@ class Launcher:
             deadline = time.monotonic() + 5.0
             while time.monotonic() < deadline and _live_groups({c.proc.pid for c in self.children}):
                 time.sleep(0.02)
+
+
+def _exit_line(spec: ProcSpec, code: int | None) -> str:
+    """``rollout 0 exited with code -9 (SIGKILL)``, or ``... code 4: <why>`` when it said why."""
+    line = f"{spec.name} exited with code {code}"
+    if code is not None and code < 0:
+        try:
+            line += f" ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    reason = _reason(spec.reason_path)
+    return line + (f": {reason}" if reason else "")
 
 
 def _signal_proc(proc: subprocess.Popen, signum: int) -> None:

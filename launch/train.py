@@ -34,6 +34,8 @@ from launch.run_lock import RunLock
 from launch.validate import check_inputs
 from megatron_darl.loop.checkpoints import latest_checkpoint
 from megatron_darl.ports import free_port
+from megatron_darl.transport import WORKER, TransportTimeout, connect_store
+from megatron_darl.transport.store import Keys
 
 log = logging.getLogger("launch.train")
 
@@ -109,6 +111,32 @@ def process_specs(cfg: RunConfig, config_path: Path, num_gpus: int,
         specs.append(ProcSpec(ROLLOUT, wid, argv, env, logs / f"rollout{wid}.log",
                               exit_reason_path(cfg.loop.run_dir, ROLLOUT, wid), secret=secret))
     return specs
+
+
+class RestartNotice:
+    """Tells the trainer (``Keys.restarts`` in the run's store) that the launcher starts a rollout
+    worker again: until the new process beats, the trainer does not count the worker as gone (a
+    run whose only worker restarts must not end meanwhile). Best effort, with short deadlines: a
+    store that does not answer costs the launcher seconds, never the restart."""
+
+    def __init__(self, cfg: RunConfig, secret: str) -> None:
+        self._control = dataclasses.replace(cfg.transport.control, secret=secret, store_timeout_s=5.0,
+                                            call_timeout_s=5.0)
+        self._store = None
+
+    def __call__(self, spec: ProcSpec, restart: int) -> None:
+        if spec.role != ROLLOUT:
+            return
+        try:
+            if self._store is None:
+                self._store = connect_store(self._control, who="launch.train")
+            self._store.set(Keys.restarts(WORKER, spec.rank), str(restart))
+        except (TransportTimeout, RuntimeError, OSError, ValueError) as exc:
+            log.warning("could not tell the trainer that %s restarts: %s", spec.name, exc)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
 
 
 def _num_gpus() -> int:
@@ -214,8 +242,13 @@ def _run(cfg: RunConfig, config_path: Path, run_dir: Path, lock: RunLock) -> int
     log.info("%s, %d steps, model %s, data %s: %d trainer rank(s), %d rollout worker(s); run dir %s "
              "(worker logs in logs/)", cfg.algorithm.variant, cfg.loop.steps, cfg.model.name, cfg.data.name,
              cfg.cluster.trainer_ranks, cfg.cluster.rollout_workers, run_dir)
-    result = Launcher(specs, grace_s=cfg.cluster.grace_s, rollout_failure=cfg.cluster.rollout_failure,
-                      pass_fds=(lock.fd,)).run()  # the children hold the run dir's lock too
+    notice = RestartNotice(cfg, secret)
+    try:
+        result = Launcher(specs, grace_s=cfg.cluster.grace_s, rollout_failure=cfg.cluster.rollout_failure,
+                          pass_fds=(lock.fd,),  # the children hold the run dir's lock too
+                          rollout_restarts=cfg.cluster.rollout_restarts, on_restart=notice).run()
+    finally:
+        notice.close()
     for failure in result.failures:
         log.error("%s", failure)
     if result.code == 0:

@@ -10,7 +10,9 @@ in the model-parallel group) and get the step's batches later (``replica.py``).
 Rank 0 also watches progress while it waits (``ProgressWatch``): when no group arrived for
 ``loop.receive_timeout_s``, or every rollout worker is lost, all ranks leave the wait together
 with one line that names each worker's state, and the loop checkpoints and stops (a hang is a
-bug: docs/architecture.md, Failures).
+bug, docs/architecture.md, Failures). One lost worker is not the run: its loss is one line in the log and a
+count in the metrics (``worker_health``), and the others go on; a worker the launcher is starting
+again (``Keys.restarts``) is not gone yet, and rejoins when its new process beats.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig,
     WeightSender, connect_store, register, serve_store,
 )
+from megatron_darl.transport.staleness import groups_dropped, release_reservations
 from megatron_darl.transport.store import Keys, describe_peer, get_int, published_version, wait_key
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from megatron_darl.transport.weight_protocol import SyncKeys, SyncReport
@@ -58,17 +61,34 @@ class TrainerEndpoints:
 
 
 def _release_on_loss(transport: TransportConfig):
-    """Heartbeat callback: name the lost worker and give back its staleness reservations."""
-    from megatron_darl.transport.staleness import release_reservations
-
+    """Heartbeat callback: name the lost worker, and give back the staleness reservations of the
+    groups that died with it (a restarted process gives back its predecessor's itself, before it
+    reserves: here they could already be its own)."""
     store = connect_store(transport.control, who="trainer 0 loss handler")
 
     def on_loss(loss: PeerLoss) -> None:
-        released = release_reservations(store, loss.rank) if loss.role == WORKER else 0
-        log.error("lost %s (silent %.1f s at step %d); released %d reservations", loss.peer,
-                  loss.silent_s, loss.step, released)
+        if loss.role != WORKER:
+            log.error("lost %s (silent %.1f s at step %d)", loss.peer, loss.silent_s, loss.step)
+        elif loss.replaced_by:
+            log.error("lost %s at step %d: it died and %s beats in its place (restarted); its groups in "
+                      "flight are dropped", loss.peer, loss.step, loss.replaced_by)
+        else:
+            released = release_reservations(store, loss.rank)
+            log.error("lost %s at step %d: no heartbeat for %.1f s (killed, crashed or frozen); %d groups "
+                      "in flight dropped; training goes on with the other workers", loss.peer, loss.step,
+                      loss.silent_s, released)
 
     return on_loss
+
+
+def worker_health(ep: "TrainerEndpoints", num_workers: int) -> dict[str, float]:
+    """Rank 0's per-step rollout-side health: workers beating now, worker processes lost and
+    restarted so far, and the groups that died with them (started, never delivered)."""
+    hb = ep.heartbeat
+    return {"workers_alive": float(sum(hb.is_alive(WORKER, w) for w in range(num_workers))),
+            "workers_lost": float(hb.losses(WORKER)),
+            "worker_restarts": float(sum(max(0, hb.incarnations(WORKER, w) - 1) for w in range(num_workers))),
+            "groups_dropped": float(groups_dropped(ep.store))}
 
 
 def _exit_on_rank0_loss(loss: PeerLoss) -> None:
@@ -174,7 +194,7 @@ class ProgressWatch:
         idle = now - self.ep.last_group_at
         hb, store = self.ep.heartbeat, self.ep.store
         gone = [w for w in range(self.num_workers)
-                if hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)])]
+                if (hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)])) and not self._restarting(w)]
         where = f"trainer step {self.step}: {total}/{self.need} groups"
         if len(gone) == self.num_workers:
             return f"{where}; every rollout worker is gone: {self.states()}"
@@ -183,12 +203,19 @@ class ProgressWatch:
                     f"{self.states()}")
         return ""
 
+    def _restarting(self, worker: int) -> int:
+        """The launcher's restart number of ``worker`` when its new process has not beaten yet, else 0."""
+        restarts = get_int(self.ep.store, Keys.restarts(WORKER, worker), 0)
+        return restarts if restarts >= self.ep.heartbeat.incarnations(WORKER, worker) else 0
+
     def states(self) -> str:
         """Each worker by name with its liveness and the weights it holds."""
         store, hb, parts = self.ep.store, self.ep.heartbeat, []
         published = published_version(store)
         for w in range(self.num_workers):
-            if store.check([Keys.exited(WORKER, w)]):
+            if self._restarting(w) and not hb.is_alive(WORKER, w):
+                state = f"restarting (restart {self._restarting(w)}, not beating yet)"
+            elif store.check([Keys.exited(WORKER, w)]):
                 state = f"exited (code {store.get(Keys.exited(WORKER, w)).decode()})"
             elif hb.is_lost(WORKER, w):
                 state = "lost (no heartbeat)"

@@ -115,7 +115,8 @@ class WorkerRates:
         for w in range(self.num_workers):
             now = {k: float(v) for k, v in stats_of(w).items()}
             before = self._last.get(w, {})
-            deltas.append({k: v - before.get(k, 0.0) for k, v in now.items()})
+            # a statistic below its last value: a restarted worker process, counting from 0 again
+            deltas.append({k: v - before.get(k, 0.0) if v >= before.get(k, 0.0) else v for k, v in now.items()})
             self._last[w] = now
         get = lambda d, k: d.get(k, 0.0)  # noqa: E731
         out = {f"generation_seconds_w{w}": get(d, "engine_seconds") for w, d in enumerate(deltas)}

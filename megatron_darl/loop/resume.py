@@ -8,6 +8,10 @@ worker's prompt position follows (one prompt per group, ``PromptSource`` order).
 for ``READY_KEY``, which a fresh run sets too, so they never read a half-written state. Resumed
 workers start with ``worker.initial_version = -1`` (``launch.train``): they generate only after
 the trainer has published the resumed weights.
+
+The same per-worker key serves a rollout worker restarted inside a live run (same store): the
+worker moves it as it starts groups (``Keys.groups_made``), so its next process continues after
+every group id its predecessor started, and none is delivered twice.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ READY_KEY = "darl/loop/ready"  # set by trainer rank 0 once resume state (if any
 
 
 def worker_key(worker_id: int) -> str:
-    return f"darl/loop/resume/worker/{worker_id}"
+    return Keys.groups_made(worker_id)
 
 
 def seed_store(store, groups_received: int, worker_groups: Sequence[int]) -> None:

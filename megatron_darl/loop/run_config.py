@@ -49,6 +49,7 @@ class ClusterConfig:
     master_port: int = 0  # torch.distributed rendezvous port; 0 = a free one (the store: transport's)
     threads_per_process: int = 0  # OMP/torch threads per child; 0 = cores / processes
     rollout_failure: str = "continue"  # a dead worker: "continue" with the others, or "abort"
+    rollout_restarts: int = 1  # times launch.train starts a worker that died (a signal, a crash) again, per worker
     grace_s: float = 30.0  # after SIGTERM, seconds before children are killed
 
     def __post_init__(self) -> None:
@@ -60,6 +61,8 @@ class ClusterConfig:
                              f"{self.rollout_gpus} must be >= 0 (0: not given by GPU count)")
         if self.rollout_failure not in ROLLOUT_FAILURE:
             raise ValueError(f"cluster.rollout_failure={self.rollout_failure!r}: use one of {ROLLOUT_FAILURE}")
+        if self.rollout_restarts < 0:
+            raise ValueError(f"cluster.rollout_restarts must be >= 0 (0: never), got {self.rollout_restarts}")
         if self.grace_s < 0 or self.threads_per_process < 0:
             raise ValueError("cluster.grace_s and cluster.threads_per_process must be >= 0")
 

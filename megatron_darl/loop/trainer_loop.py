@@ -36,7 +36,7 @@ from megatron_darl.loop.checkpoints import complete_checkpoints
 from megatron_darl.loop.config import ModelConfig, density_temperature
 from megatron_darl.loop.endpoints import (
     Backlog, TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
-    wait_for_workers,
+    wait_for_workers, worker_health,
 )
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
 from megatron_darl.loop.planner import ShardPlanner
@@ -123,6 +123,7 @@ class TrainerLoop:
         self.backlog = Backlog(cfg.algorithm.groups_per_step)  # hubs: groups beyond B for the next steps
         self.base_made = torch.zeros(workers, dtype=torch.int64)  # per worker groups received
         self.made = torch.zeros(workers, dtype=torch.int64)
+        self.step_groups = torch.zeros(workers, dtype=torch.int64)  # per worker groups received this step
         self.start_step = self._maybe_resume()
         if ps.rank == 0:
             if self.start_step > 0:
@@ -299,10 +300,12 @@ class TrainerLoop:
         self.received += len(groups)
         for g in groups:
             self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.group_id // workers + 1)
+            self.step_groups[g.worker_id] += 1
 
     def _log(self, step: int, t: int, stats: StepStats, result, laps: dict[str, float],
              wall_s: float) -> None:
         reduced = stats.reduce(lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
+        per_worker, self.step_groups = dp_sum(self.step_groups, self.ps), torch.zeros_like(self.step_groups)
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
@@ -318,6 +321,8 @@ class TrainerLoop:
             "selected_version_oldest": (float(t - reduced.selected_staleness_max)
                                         if reduced.selected_staleness_max >= 0 else -1.0),
             **self.ep.heartbeat.peer_counters(),  # rollout-side events, e.g. reward_errors
+            **worker_health(self.ep, self.made.numel()),  # workers alive, lost, restarted; groups dropped
+            **{f"groups_received_w{w}": float(n) for w, n in enumerate(per_worker.tolist())},
             **{k: v for k, v in result.stats.items()},
         }
         self.logger.log(step, step_metrics(reduced, trainer))

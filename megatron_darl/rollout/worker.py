@@ -24,6 +24,12 @@ The behavior log-probs are the engine's own and are never recomputed. If the tra
 (store unreachable or trainer rank 0 silent for the heartbeat timeout) the worker exits with
 ``EXIT_TRAINER_LOST`` at once: nothing it holds is worth saving. If its engine cannot load the
 weights the trainer sends, it says why and exits with ``EXIT_LOAD_FAILED`` (``exit_reason``).
+
+A process started again with the same worker id (restarted) takes its predecessor's place: it
+gives back the staleness reservations of the groups that died with it (they are dropped and
+counted), continues its group ids after every one the predecessor started (``Keys.groups_made``,
+kept current as groups start; read by ``loop.rollout_loop``), and takes the current weights at
+its first weight sync.
 """
 
 from __future__ import annotations
@@ -45,9 +51,10 @@ from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleSender, StalenessGate, StartTicket,
     TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
-    stop_requested,
+    release_reservations, stop_requested,
 )
 from megatron_darl.transport.cuda_ipc import device_uuid
+from megatron_darl.transport.store import Keys
 
 log = logging.getLogger(__name__)
 EXIT_OK = 0
@@ -206,6 +213,10 @@ class RolloutWorker:
         os._exit(EXIT_TRAINER_LOST)
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
+        dropped = release_reservations(store, self.cfg.worker_id)  # a predecessor's, before we reserve
+        if dropped:
+            log.warning("%s: the previous process of rollout %d died with %d groups in flight: dropped, "
+                        "their staleness reservations given back", self.me.describe(), self.cfg.worker_id, dropped)
         gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
         engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
         sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id,
@@ -229,6 +240,8 @@ class RolloutWorker:
                                   lambda: stop_requested(store), wait=whole_batches)
             safe_point()
             admitted = self._admit(gate, stream, receiver)
+            if admitted:  # where a restarted process continues its group ids
+                store.set(Keys.groups_made(self.cfg.worker_id), str(self.groups_made))
             got = self._collect(stream, pool, self.cfg.idle_sleep_s if stream.inflight() else 0.0)
             if not admitted and not got and not stream.inflight():
                 time.sleep(self.cfg.idle_sleep_s)

@@ -45,6 +45,7 @@ class PeerLoss:
     rank: int  # rank of the lost peer
     silent_s: float  # seconds since its last observed beat
     step: int  # the owner's step (Heartbeat.step) when the loss was noticed
+    replaced_by: str = ""  # a new process of the same role and rank beats in its place (restarted)
 
 
 class Heartbeat:
@@ -76,7 +77,9 @@ class Heartbeat:
         self._watch = list(watch)
         self._on_loss = on_loss or (lambda loss: None)
         self._store_peer = store_is_peer
-        self._seen: dict[tuple[str, int], tuple[str, float, str]] = {}  # value, when, describe
+        self._seen: dict[tuple[str, int], tuple[str, float, MemberInfo]] = {}  # value, when, who
+        self._incarnations: dict[tuple[str, int], int] = {}  # processes seen beating per peer
+        self._losses: dict[str, int] = {}  # per role: peer processes reported lost (silent, or replaced)
         self._lost: dict[tuple[str, int], PeerLoss] = {}
         self._counters: dict[tuple[str, int], dict[str, int]] = {}  # latest counters per peer
         self._stats_fn = stats
@@ -133,6 +136,22 @@ class Heartbeat:
         with self._lock:
             return (role, rank) in self._seen and (role, rank) not in self._lost
 
+    def member(self, role: str, rank: int) -> MemberInfo | None:
+        """The process last seen beating as ``role`` ``rank`` (None before its first beat)."""
+        with self._lock:
+            seen = self._seen.get((role, rank))
+            return seen[2] if seen is not None else None
+
+    def losses(self, role: str) -> int:
+        """Processes of ``role`` reported lost so far (silent, or replaced by a restarted one)."""
+        with self._lock:
+            return self._losses.get(role, 0)
+
+    def incarnations(self, role: str, rank: int) -> int:
+        """How many processes have beaten as ``role`` ``rank`` (a restart makes one more)."""
+        with self._lock:
+            return self._incarnations.get((role, rank), 0)
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
@@ -185,24 +204,40 @@ class Heartbeat:
                 beat = json.loads(raw)
                 member = MemberInfo.from_json(beat["member"])
                 with self._lock:
-                    self._seen[(role, rank)] = (raw, now, member.describe())
+                    if self._seen.get((role, rank)) is not prev:  # another thread took this beat
+                        continue
+                    replaced = prev is not None and prev[2] != member
+                    if prev is None or replaced:
+                        self._incarnations[(role, rank)] = self._incarnations.get((role, rank), 0) + 1
+                    self._seen[(role, rank)] = (raw, now, member)
                     self._counters[(role, rank)] = dict(beat.get("counters", {}))
                     self._stats[(role, rank)] = dict(beat.get("stats", {}))
                     back = self._lost.pop((role, rank), None)
+                if replaced and back is None:  # a new process beats in the place of a live one
+                    self._report(PeerLoss(prev[2].describe(), role, rank, now - prev[1], self.step,
+                                          replaced_by=member.describe()), None)
                 if back is not None:
                     log.warning("%s is beating again (step %d)", member.describe(), self.step)
                 continue
             silent = now - prev[1]
             if silent > self.cfg.timeout_s and (role, rank) not in self._lost:
-                self._report(PeerLoss(prev[2], role, rank, silent, self.step), (role, rank))
+                self._report(PeerLoss(prev[2].describe(), role, rank, silent, self.step), (role, rank))
 
-    def _report(self, loss: PeerLoss, key: tuple[str, int]) -> None:
+    def _report(self, loss: PeerLoss, key: tuple[str, int] | None) -> None:
+        """Log and hand on one loss, once; ``key`` stays lost until it beats again (None: it
+        already does, as a new process)."""
         with self._lock:
-            self._lost[key] = loss
-        log.error(
-            "%s lost: no heartbeat for %.1f s (timeout %.1f s) at step %d",
-            loss.peer, loss.silent_s, self.cfg.timeout_s, loss.step,
-        )
+            if key is not None:
+                if key in self._lost:  # another thread reported it first
+                    return
+                self._lost[key] = loss
+            self._losses[loss.role] = self._losses.get(loss.role, 0) + 1
+        if loss.replaced_by:
+            log.error("%s lost: %s beats in its place (restarted) at step %d", loss.peer,
+                      loss.replaced_by, loss.step)
+        else:
+            log.error("%s lost: no heartbeat for %.1f s (timeout %.1f s) at step %d",
+                      loss.peer, loss.silent_s, self.cfg.timeout_s, loss.step)
         self._on_loss(loss)
 
 

@@ -37,14 +37,28 @@ def _outstanding_key(worker_id: int) -> str:
 def release_reservations(store: ControlStore, worker_id: int) -> int:
     """Give back the group starts a dead worker reserved but never posted; returns how many.
 
-    The trainer calls this when a worker is reported lost: otherwise its in-flight reservations
-    would shrink the window for good (and with eta = 0 starve the next step).
+    Called when a worker is reported lost (by the trainer) and by a restarted worker for its
+    predecessor, before it reserves anything: otherwise a dead worker's in-flight reservations
+    would shrink the window for good (and with eta = 0 starve the next step). Two callers at once
+    give back each reservation once (each keeps only what its own decrement took). The groups
+    given back are dropped: counted in ``Keys.DROPPED``.
     """
     n = store.add(_outstanding_key(worker_id), 0)
+    if n <= 0:
+        return 0
+    left = store.add(_outstanding_key(worker_id), -n)
+    if left < 0:  # another caller took some of them first: keep only ours
+        store.add(_outstanding_key(worker_id), min(n, -left))
+        n -= min(n, -left)
     if n > 0:
-        store.add(_outstanding_key(worker_id), -n)
         store.add(Keys.STARTED, -n)
-    return max(n, 0)
+        store.add(Keys.DROPPED, n)
+    return n
+
+
+def groups_dropped(store: ControlStore) -> int:
+    """Groups started by workers that died before delivering them, over the run so far."""
+    return store.add(Keys.DROPPED, 0)
 
 
 def mark_delivered(store: ControlStore, worker_id: int, count: int = 1) -> None:

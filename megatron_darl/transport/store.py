@@ -62,6 +62,7 @@ class Keys:
     STOP = "ctl/stop"  # set once: workers drain and exit 0
     PUBLISHED = "ctl/published_version"  # int: last version every live worker acked
     STARTED = "stale/groups_started"  # counter for the staleness bound
+    DROPPED = "stale/groups_dropped"  # counter: groups a dead worker started and never delivered
 
     @staticmethod
     def member(role: str, rank: int) -> str:
@@ -70,6 +71,18 @@ class Keys:
     @staticmethod
     def exited(role: str, rank: int) -> str:
         return f"rdzv/{role}/{rank}/exited"
+
+    @staticmethod
+    def restarts(role: str, rank: int) -> str:
+        """How many times the launcher started this member again (it may still be starting)."""
+        return f"rdzv/{role}/{rank}/restarts"
+
+    @staticmethod
+    def groups_made(worker: int) -> str:
+        """Where the worker's next group starts (groups made so far): the worker moves it as it
+        starts groups, so a restarted process continues after its predecessor's ids; a resumed
+        run's trainer seeds it with the groups it checkpointed as received (``loop/resume.py``)."""
+        return f"darl/loop/resume/worker/{worker}"
 
     @staticmethod
     def heartbeat(role: str, rank: int) -> str:
@@ -177,7 +190,9 @@ def connect_store(cfg: ControlPlaneConfig, who: str = "client") -> ControlStore:
 
 
 def register(store: ControlStore, me: MemberInfo) -> None:
-    """Post this process's rendezvous record."""
+    """Post this process's rendezvous record; a predecessor's exit record (a process of the same
+    role and rank that left before this one started) no longer speaks for the member."""
+    store.delete_key(Keys.exited(me.role, me.rank))
     store.set(Keys.member(me.role, me.rank), me.to_json())
 
 

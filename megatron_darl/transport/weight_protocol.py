@@ -2,10 +2,16 @@
 and the two failures. The protocol itself is described in ``weight_sync.py`` (the sender) and
 ``weight_receiver.py`` (a worker's end); this module keeps the vocabulary in one place so that
 neither end imports the other's machinery.
+
+Keys are per *offer*: one ``WeightSender.publish`` call, numbered from 1 by each stage leader
+(every stage leader publishes the same sequence, so their numbers agree). An offer names the
+weights version it brings at least; the same version may be offered again to a worker that
+came (or restarted) after its rounds ended (``weight_publisher.py``), under a new offer.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -16,50 +22,65 @@ PackedBucket = tuple[list[BucketEntry], torch.Tensor]  # entries and their flat 
 
 
 class SyncKeys:
-    """Store keys of the weight-sync handshake."""
+    """Store keys of the weight-sync handshake (``offer``: the publish they belong to)."""
 
     @staticmethod
     def offer(stage: int) -> str:
+        """JSON: the stage's current offer number and the version it brings (``offer_value``)."""
         return f"ws/offer/{stage}"
 
     @staticmethod
-    def ready(version: int, worker: int) -> str:
-        return f"ws/{version}/ready/{worker}"
+    def ready(offer: int, worker: int) -> str:
+        return f"ws/{offer}/ready/{worker}"
 
     @staticmethod
-    def failed(version: int, worker: int) -> str:
-        return f"ws/{version}/failed/{worker}"
+    def failed(offer: int, worker: int) -> str:
+        return f"ws/{offer}/failed/{worker}"
 
     @staticmethod
-    def retry_ready(version: int, stage: int, attempt: int, worker: int) -> str:
-        return f"ws/{version}/{stage}/{attempt}/ready/{worker}"
+    def retry_ready(offer: int, stage: int, attempt: int, worker: int) -> str:
+        return f"ws/{offer}/{stage}/{attempt}/ready/{worker}"
 
     @staticmethod
-    def result(version: int, stage: int, attempt: int, worker: int) -> str:
+    def result(offer: int, stage: int, attempt: int, worker: int) -> str:
         """"1": the worker loaded every bucket of this attempt; "0": it did not."""
-        return f"ws/{version}/{stage}/{attempt}/result/{worker}"
+        return f"ws/{offer}/{stage}/{attempt}/result/{worker}"
 
     @staticmethod
-    def plan(version: int, stage: int, attempt: int) -> str:
-        return f"ws/{version}/{stage}/{attempt}/plan"
+    def plan(offer: int, stage: int, attempt: int) -> str:
+        return f"ws/{offer}/{stage}/{attempt}/plan"
 
     @staticmethod
-    def verdict(version: int, stage: int, attempt: int) -> str:
+    def verdict(offer: int, stage: int, attempt: int) -> str:
         """"1": the leader retries with attempt + 1; "0": this attempt was the last."""
-        return f"ws/{version}/{stage}/{attempt}/verdict"
+        return f"ws/{offer}/{stage}/{attempt}/verdict"
 
     @staticmethod
-    def bucket(version: int, stage: int, attempt: int, index: int) -> str:
-        return f"ws/{version}/{stage}/{attempt}/bucket/{index}"
+    def bucket(offer: int, stage: int, attempt: int, index: int) -> str:
+        return f"ws/{offer}/{stage}/{attempt}/bucket/{index}"
 
     @staticmethod
-    def done(version: int, stage: int, attempt: int, index: int, worker: int) -> str:
+    def done(offer: int, stage: int, attempt: int, index: int, worker: int) -> str:
         """A worker on the leader's GPU finished reading bucket ``index`` through its IPC handle."""
-        return f"ws/{version}/{stage}/{attempt}/done/{index}/{worker}"
+        return f"ws/{offer}/{stage}/{attempt}/done/{index}/{worker}"
 
     @staticmethod
     def ack(worker: int) -> str:
+        """The weights version the worker's engine holds (a new process posts its own at start)."""
         return f"ws/ack/{worker}"
+
+
+def offer_value(offer: int, version: int) -> str:
+    """What ``SyncKeys.offer`` holds."""
+    return json.dumps({"offer": offer, "version": version})
+
+
+def parse_offer(raw: bytes | None) -> tuple[int, int] | None:
+    """(offer, version) of a ``SyncKeys.offer`` value, or None when there is none."""
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    return int(value["offer"]), int(value["version"])
 
 
 @dataclass

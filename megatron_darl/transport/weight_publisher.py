@@ -18,6 +18,13 @@ would pick its newest on its own and a worker could load stages of different ver
 
 A failed sync is raised by the next ``submit`` (or ``wait``), which the loop treats as it treats a
 blocking publish that failed; ``wait`` bounds its wait by the sync's own timeouts.
+
+Between publishes the thread keeps the last version it sent and offers it again to a worker
+that reached its safe point after the rounds ended and holds older weights
+(``WeightSender.waiting_for``): a restarted worker, or one too late for its rounds. Without
+that, a worker that is the only one left could wait for weights that only the next trainer step
+would bring, while that step waits for its groups. The kept copy is one of the two staged at
+most. (A blocking publish has no copy to offer again: such a worker waits for the next step's.)
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ log = logging.getLogger(__name__)
 class BackgroundPublisher:
     """Publishes a ``WeightSender``'s staged versions from a thread; see the module docstring."""
 
-    def __init__(self, sender: WeightSender, device: torch.device | None = None) -> None:
-        self._sender = sender
+    def __init__(self, sender: WeightSender, device: torch.device | None = None, linger_s: float = 0.5) -> None:
+        self._sender, self.linger_s = sender, linger_s  # how often an idle thread looks for late workers
         cfg = sender.cfg
         # the longest one publish may take: join, group and broadcasts, acks (and some slack)
         self.timeout_s = cfg.max_attempts * (cfg.join_timeout_s + cfg.collective_timeout_s) + cfg.ack_timeout_s + 60
@@ -48,6 +55,8 @@ class BackgroundPublisher:
         self._cv = threading.Condition()
         self._newest: StagedWeights | None = None  # staged, not yet taken by a publish
         self._current: StagedWeights | None = None  # taken by the publish in flight
+        self._last: StagedWeights | None = None  # the last version sent, offered again to late workers
+        self._draining = False  # ``wait`` was called: no more offers of the last version
         self._report: SyncReport | None = None  # the last finished publish, not yet handed out
         self._error: BaseException | None = None  # why the last publish failed (the thread stops)
         self._closed = False
@@ -71,6 +80,7 @@ class BackgroundPublisher:
         and ``TransportTimeout`` past the longest a publish may take."""
         deadline = time.monotonic() + self.timeout_s
         with self._cv:
+            self._draining = True
             while (self._newest is not None or self._current is not None) and self._error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -93,7 +103,7 @@ class BackgroundPublisher:
         """Stop the thread once the publish in flight (if any) is over; staged versions are dropped."""
         with self._cv:
             self._closed = True
-            self._newest = None
+            self._newest = self._last = None
             self._cv.notify_all()
         self._thread.join(timeout=self.timeout_s)
 
@@ -113,26 +123,46 @@ class BackgroundPublisher:
     def _run(self) -> None:
         stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
         with stream:
-            while True:
-                with self._cv:
-                    while self._newest is None and not self._closed:
-                        self._cv.wait()
-                    if self._closed:
-                        return
-                    self._current, self._newest = self._newest, None
+            while (staged := self._next()) is not None:
                 try:
-                    report = self._sender.publish(self._current.version, self._current, upgrade=self._latest,
+                    report = self._sender.publish(staged.version, staged, upgrade=self._latest,
                                                   newer=self._has_newer)
                 except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
                     with self._cv:
-                        self._error, self._current = exc, None
+                        self._error, self._current, self._last = exc, None, None
                         self._cv.notify_all()
                     return
                 if self._stream is not None:
                     self._stream.synchronize()  # the buffers are free only once the sends are done
                 with self._cv:
-                    self._report, self._current = report, None
+                    self._report, self._last, self._current = report, self._current, None
                     self._cv.notify_all()
+
+    def _next(self) -> StagedWeights | None:
+        """What to publish next: the newest staged version, else (once some worker waits for it)
+        the last one sent again; None once closed."""
+        while True:
+            with self._cv:
+                if self._closed:
+                    return None
+                if self._newest is not None:
+                    self._current, self._newest, self._last = self._newest, None, None
+                    return self._current
+                last = None if self._draining else self._last
+                if last is None:
+                    self._cv.wait()
+                    continue
+            if self._sender.waiting_for(last.version):  # store reads: not under the lock
+                with self._cv:
+                    if self._newest is None and not self._closed and self._last is last and not self._draining:
+                        log.info("weight sync: offering v%d again to a worker that came after its rounds",
+                                 last.version)
+                        self._current = last
+                        return last
+                continue
+            with self._cv:
+                if self._newest is None and not self._closed:
+                    self._cv.wait(self.linger_s)
 
     def _take_report(self) -> SyncReport | None:
         report, self._report = self._report, None

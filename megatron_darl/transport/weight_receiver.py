@@ -7,6 +7,11 @@ Transport failures (a leader died, a broadcast timed out) cost this one version:
 keeps its old weights, waits for the next offer, and generates nothing meanwhile if those are
 stale. An engine that cannot load the weights is different: nothing later can fix it, so the
 worker posts why (the trainer's error names it) and raises ``WeightLoadError``.
+
+A new process (a restarted worker of the same id) posts the version its engine holds as its ack
+(its predecessor's no longer speaks for it), takes the current offer if that brings a newer
+version, and follows only plans that name its own process: a round planned for its predecessor
+is, for it, another worker's round.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, open_shared
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
-    WORKER, ControlStore, MemberInfo, TransportTimeout, get_int, published_version, wait_key,
+    WORKER, ControlStore, MemberInfo, TransportTimeout, published_version, wait_key,
 )
-from megatron_darl.transport.weight_protocol import SyncKeys, WeightLoadError
+from megatron_darl.transport.weight_protocol import SyncKeys, WeightLoadError, parse_offer
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +56,27 @@ class WeightReceiver:
         self._load, self._device = load, device
         self._gpu = device_uuid() if gpu is None else gpu
         self.version = initial_version  # weights the engine holds now; -1 = none valid
-        self._attempted = max(initial_version, get_int(store, SyncKeys.ack(worker_id), -1))
+        self._attempted = 0  # the last offer taken part in (offers count from 1)
+        self._offered = initial_version  # the version the offer in progress brings
+        store.set(SyncKeys.ack(worker_id), str(initial_version))  # this process's, not a predecessor's
         self._groups: dict[tuple[int, int], DataPlaneGroup] = {}  # (stage, epoch) -> group
         self._loaded_any = False  # a bucket of the sync in progress reached the engine
         self._sent: dict[int, int] = {}  # stage -> version its leader's plan says it sends
         self._late = False  # the sync in progress ended without a plan for this worker
-        self._me = MemberInfo.here(WORKER, worker_id).describe()
+        me = MemberInfo.here(WORKER, worker_id)
+        self._me, self._proc = me.describe(), [me.host, me.pid]
 
     def pending(self) -> int | None:
-        """Version offered by stage 0 and not yet attempted, or None."""
-        v = get_int(self._store, SyncKeys.offer(0), -1)
-        return v if v > self._attempted else None
+        """The offer of stage 0 not yet attempted that brings a newer version than the engine's,
+        or None (an offer of what the engine holds is for others: marked attempted)."""
+        offer = parse_offer(self._store.read(SyncKeys.offer(0)))
+        if offer is None or offer[0] <= self._attempted:
+            return None
+        if offer[1] <= self.version:
+            self._attempted = offer[0]
+            return None
+        self._offered = offer[1]
+        return offer[0]
 
     def can_generate(self) -> bool:
         """True while the engine holds at least the published version (docs/architecture.md)."""
@@ -73,22 +88,22 @@ class WeightReceiver:
         Raises ``WeightLoadError`` (after posting it for the trainer) when the engine could not
         load the weights.
         """
-        version = self.pending()
-        if version is None:
+        offer = self.pending()
+        if offer is None:
             return None
-        self._attempted = version
-        ready = json.dumps({"gpu": self._gpu, "host": socket.gethostname()})
-        self._store.set(SyncKeys.ready(version, self.worker_id), ready)  # for every stage at once
+        self._attempted, version = offer, self._offered
+        ready = json.dumps({"gpu": self._gpu, "host": socket.gethostname(), "pid": self._proc[1]})
+        self._store.set(SyncKeys.ready(offer, self.worker_id), ready)  # for every stage at once
         self._loaded_any = False
         self._late = False  # left out of every plan of the stage (no transport fault)
         self._sent = {}
         ok = True
         try:
             for stage in range(self._control.num_stages):
-                ok = self._receive_stage(version, stage, ready) and ok
+                ok = self._receive_stage(offer, stage, ready) and ok
         except WeightLoadError as exc:
             self.version = -1 if self._loaded_any else self.version
-            self._store.set(SyncKeys.failed(version, self.worker_id), str(exc))
+            self._store.set(SyncKeys.failed(offer, self.worker_id), str(exc))
             raise
         if not ok and self._late and not self._loaded_any:  # served the others, and ended before us
             log.info("rollout %d: v%d went out before this safe point; the next offer brings a newer one",
@@ -97,7 +112,7 @@ class WeightReceiver:
         if not ok:
             if self._loaded_any:  # weights of two versions mixed: none is valid until the next sync
                 self.version = -1
-            self._store.set(SyncKeys.failed(version, self.worker_id), "1")
+            self._store.set(SyncKeys.failed(offer, self.worker_id), "1")
             log.error("rollout %d: missed sync of v%d (engine keeps v%d); waiting for the next",
                       self.worker_id, version, self.version)
             return None
@@ -110,35 +125,36 @@ class WeightReceiver:
         self._store.set(SyncKeys.ack(self.worker_id), str(self.version))
         return self.version
 
-    def _receive_stage(self, version: int, stage: int, ready: str) -> bool:
+    def _receive_stage(self, offer: int, stage: int, ready: str) -> bool:
         """Receive one stage, following the leader's retries after a failed attempt."""
         attempt = 0
         while True:
-            ok = self._receive_attempt(version, stage, attempt)
-            self._store.set(SyncKeys.result(version, stage, attempt, self.worker_id), "1" if ok else "0")
+            ok = self._receive_attempt(offer, stage, attempt)
+            self._store.set(SyncKeys.result(offer, stage, attempt, self.worker_id), "1" if ok else "0")
             if ok:
                 return True
-            key = SyncKeys.verdict(version, stage, attempt)
+            key = SyncKeys.verdict(offer, stage, attempt)
             try:
                 wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
-                         f"rollout {self.worker_id}, sync v{version} stage {stage}: verdict on attempt {attempt}")
+                         f"rollout {self.worker_id}, sync offer {offer} stage {stage}: verdict on attempt {attempt}")
             except TransportTimeout as exc:
                 log.error("%s", exc)
                 return False
             if self._store.get(key) != b"1":
                 return False
             attempt += 1
-            self._store.set(SyncKeys.retry_ready(version, stage, attempt, self.worker_id), ready)
+            self._store.set(SyncKeys.retry_ready(offer, stage, attempt, self.worker_id), ready)
 
-    def _receive_attempt(self, version: int, stage: int, attempt: int) -> bool:
-        what = f"rollout {self.worker_id}, sync v{version} stage {stage} attempt {attempt}"
+    def _receive_attempt(self, offer: int, stage: int, attempt: int) -> bool:
+        what = f"rollout {self.worker_id}, sync offer {offer} stage {stage} attempt {attempt}"
         try:
-            key = SyncKeys.plan(version, stage, attempt)
+            key = SyncKeys.plan(offer, stage, attempt)
             wait_key(self._store, key, self.cfg.join_timeout_s + self.cfg.collective_timeout_s,
                      f"{what}: plan of the stage leader")
             plan = json.loads(self._store.get(key))
-            self._sent[stage] = int(plan.get("version", version))
-            if self.worker_id not in plan["members"]:  # served later, in a round of its own
+            self._sent[stage] = int(plan.get("version", self._offered))
+            mine = plan.get("procs", {}).get(str(self.worker_id), self._proc) == self._proc
+            if self.worker_id not in plan["members"] or not mine:  # served later, in a round of its own
                 log.debug("%s: another round's plan; following the leader to the next", what)
                 self._late = True
                 return False
@@ -147,7 +163,7 @@ class WeightReceiver:
             if self.worker_id not in plan.get("ipc", []):
                 bcast = [w for w in plan["members"] if w not in plan.get("ipc", [])]
                 group = self._group(stage, plan["epoch"], bcast, plan.get("backend", self.cfg.backend))
-            self._receive_buckets(version, stage, attempt, group, what)
+            self._receive_buckets(offer, stage, attempt, group, what)
             return True
         except TransportTimeout as exc:
             log.error("%s failed: %s", what, exc)
@@ -164,7 +180,7 @@ class WeightReceiver:
             self._groups[(stage, epoch)] = group
         return group
 
-    def _receive_buckets(self, version: int, stage: int, attempt: int, group: DataPlaneGroup | None,
+    def _receive_buckets(self, offer: int, stage: int, attempt: int, group: DataPlaneGroup | None,
                          what: str) -> None:
         """Every bucket of one attempt: broadcast over ``group``, or mapped by CUDA IPC (None).
 
@@ -174,7 +190,7 @@ class WeightReceiver:
         """
         index, failure = 0, None
         while True:
-            key = SyncKeys.bucket(version, stage, attempt, index)
+            key = SyncKeys.bucket(offer, stage, attempt, index)
             wait_key(self._store, key, self.cfg.collective_timeout_s, f"{what}: bucket {index} header")
             header = json.loads(self._store.get(key))
             if header.get("aborted"):
@@ -188,7 +204,7 @@ class WeightReceiver:
             entries = [BucketEntry(**e) for e in header["entries"]]
             if group is None:
                 self._load_ipc_bucket(header, entries, f"{what} bucket {index}")
-                self._store.set(SyncKeys.done(version, stage, attempt, index, self.worker_id), "1")
+                self._store.set(SyncKeys.done(offer, stage, attempt, index, self.worker_id), "1")
             else:
                 buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
                 group.broadcast(buf, 0, f"{what} bucket {index}")

@@ -2,16 +2,17 @@
 
 Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pickles:
 
-1. the stage-s leader offers v; each live worker, at its next safe point (between generation
-   steps), sees stage 0's offer and posts "ready for v" once, for all stages, with the UUID of
-   its GPU; it then takes the stages in order (a later stage's leader waits meanwhile);
+1. the stage-s leader offers v (offer n: keys live under n, ``weight_protocol.py``); each live
+   worker that holds an older version, at its next safe point (between generation steps), sees
+   stage 0's offer and posts "ready for n" once, for all stages, with the UUID of its GPU and
+   its process (host, pid); it then takes the stages in order (a later stage's leader waits);
 2. the leader waits for every live worker (heartbeat) to be ready, at most ``join_timeout_s``,
-   names the missing ones, and posts a plan: the members, which of them share the leader's GPU
-   (``ipc``), the backend and a group epoch for the others. The data-plane group {leader s} +
-   broadcast members is rebuilt only when they change (a dead worker never blocks a later sync;
-   a stalled one delays a sync by at most ``join_timeout_s``). Backend ``auto`` is NCCL when the
-   leader and every broadcast member hold distinct GPUs, else gloo (NCCL refuses two ranks on
-   one device);
+   names the missing ones, and posts a plan: the members and their processes, which of them
+   share the leader's GPU (``ipc``), the backend and a group epoch for the others. The
+   data-plane group {leader s} + broadcast members is rebuilt only when they (their processes)
+   change (a dead worker never blocks a later sync; a stalled one delays a sync by at most
+   ``join_timeout_s``). Backend ``auto`` is NCCL when the leader and every broadcast member hold
+   distinct GPUs, else gloo (NCCL refuses two ranks on one device);
 3. the leader streams buckets of ~``bucket_bytes`` (``buckets.py``): a small JSON header per
    bucket in the store (names, dtypes, shapes, byte offsets, and for ``ipc`` members a CUDA IPC
    handle of the buffer, ``cuda_ipc.py``) and one flat uint8 buffer broadcast over the group;
@@ -26,12 +27,17 @@ Protocol for version v (store keys under ``ws/``), per stage s, no disk, no pick
 A publish may send staged weights (``stage_weights``: every bucket packed ahead, so the trainer can go
 on while a thread publishes, ``weight_publisher.py``), and may send a newer staged version than it
 offered (``upgrade``): the plan names the version sent, which the workers load and ack; keys
-stay under the offered version (the round).
+stay under the offer.
 
 Failures are loud (docs/architecture.md, Failures): a worker whose engine cannot load the weights posts
 why and exits (``WeightLoadError``); a sync that no ready worker could take raises
 ``WeightSyncFailed`` on the leader with each worker's reason, so the trainer checkpoints and
 stops instead of training on while every worker waits for weights that never come.
+
+A member that dies in a round (lost by heartbeat, or another process of its id beats in its
+place: restarted) is that worker's loss, not the sync's: it is named, the round's other members
+are served again, and the publish goes on without it; a restarted process is a new member (its
+own tries) that the leader serves like any late worker.
 """
 
 from __future__ import annotations
@@ -55,10 +61,11 @@ from megatron_darl.transport.store import (
     WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
 )
 from megatron_darl.transport.weight_protocol import (  # noqa: F401 (re-exported: the sender's vocabulary)
-    PackedBucket, StagedWeights, SyncKeys, SyncReport, WeightLoadError, WeightSyncFailed,
+    PackedBucket, StagedWeights, SyncKeys, SyncReport, WeightLoadError, WeightSyncFailed, offer_value,
 )
 
 log = logging.getLogger(__name__)
+Proc = tuple[str, int]  # a worker's process: (host, pid)
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
 
@@ -83,14 +90,16 @@ class WeightSender:
         for w in range(control.num_workers):
             heartbeat.watch(WORKER, w)
         heartbeat.refresh(store)
-        # data-plane groups by (backend, broadcast members), built once each: rounds to different
-        # subsets of workers reuse them; a member that fails takes its groups with it
-        self._groups: dict[tuple[str, tuple[int, ...]], tuple[int, DataPlaneGroup]] = {}
+        # data-plane groups by (backend, broadcast members, their processes), built once each:
+        # rounds to different subsets of workers reuse them; a member that fails takes its groups with it
+        self._groups: dict[tuple, tuple[int, DataPlaneGroup]] = {}
         self._epoch = 0  # store prefix counter of this stage's groups
         self._device = device
         self._gpu = device_uuid(device)  # "" on CPU: no worker can share it
         self._host = socket.gethostname()
         self._path = ""  # how the last sync reached its members (logged when it changes)
+        self.offers = 0  # publishes so far: the number of the current offer
+        self._planned: dict[int, Proc | None] = {}  # worker -> the process its last plan named
 
     def stage_weights(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> StagedWeights:
         """Pack every bucket of ``named_tensors`` now, on this sender's device, in the caller's
@@ -120,42 +129,48 @@ class WeightSender:
         ``version``) for each round: the plan and the report name the version sent. Once a round
         went out, ``newer()`` true ends the publish: the workers still to come get the newer version
         from the next one, offered as soon as this one returns.
-        Raises ``WeightSyncFailed`` when every worker that took part failed, or (stage 0) none
-        loaded the version; with no worker ready within ``join_timeout_s`` the version is not
-        published and the report names the ones left out.
+        Raises ``WeightSyncFailed`` when every worker that took part failed and one of them
+        still runs (or its engine could not load the weights), or (stage 0) none of the living
+        loaded the version; members that died are named in the report, and with no worker ready
+        within ``join_timeout_s`` the version is not published and the report names the ones left out.
         """
         start = time.monotonic()
         deadline = start + self.cfg.join_timeout_s
-        self._store.set(SyncKeys.offer(self.stage), str(version))
+        self.offers += 1
+        offer = self.offers
+        self._store.set(SyncKeys.offer(self.stage), offer_value(offer, version))
         report = SyncReport(version=version, stage=self.stage, members=[])
         retriable = callable(named_tensors) or isinstance(named_tensors, (list, tuple, StagedWeights))
-        done: set[int] = set()  # served, or given up on
-        tries: dict[int, int] = {}  # failed rounds per worker
-        acks = _Acks(self, version, report) if self.stage == 0 else None
+        done: set[tuple[int, Proc | None]] = set()  # worker processes served, or given up on
+        tries: dict[tuple[int, Proc | None], int] = {}  # failed rounds per worker process
+        given_up: set[tuple[int, Proc | None]] = set()  # worker processes that failed for good
+        acks = _Acks(self, offer, report) if self.stage == 0 else None
         for rnd in itertools.count():
-            todo = [w for w in self._live_workers() if w not in done]
+            todo = self._todo(version, done)
             waited = time.monotonic()
-            if any(w in tries for w in todo):  # a member that failed gets a fresh window to come back
+            if any((w, self._proc(w)) in tries for w in todo):  # failed: a fresh window to come back
                 deadline = max(deadline, waited + self.cfg.join_timeout_s)
-            members, waiting = self._gather_ready(version, rnd, todo, deadline, acks)
+            members, waiting = self._gather_ready(offer, rnd, todo, deadline, acks)
             report.wait_seconds += time.monotonic() - waited
             ok, sent = [], version
             if members:
                 source = upgrade() if upgrade is not None else named_tensors
-                ok, sent = self._round(version, rnd, members, source, report)
-                done |= set(ok)
+                ok, sent = self._round(offer, version, rnd, members, source, report)
+                done |= {(w, self._planned.get(w)) for w in ok}
                 for w in set(members) - set(ok):
-                    tries[w] = tries.get(w, 0) + 1
-                    if (not retriable or tries[w] >= self.cfg.max_attempts or self._hb.is_lost(WORKER, w)
-                            or self._gave_up(version, w)):
-                        done.add(w)
-                        report.missing.append(self._failure(version, w))
-            else:  # nobody (more) came: an empty plan, so a late walker learns it missed this version
-                self._store.set(SyncKeys.plan(version, self.stage, rnd), json.dumps({"members": []}))
+                    key = (w, self._planned.get(w))
+                    tries[key] = tries.get(key, 0) + 1
+                    if (not retriable or tries[key] >= self.cfg.max_attempts or self._dead(w)
+                            or self._gave_up(offer, w)):
+                        done.add(key)
+                        given_up.add(key)
+                        report.missing.append(self._failure(offer, w))
+            else:  # nobody (more) came: an empty plan, so a late walker learns it missed this offer
+                self._store.set(SyncKeys.plan(offer, self.stage, rnd), json.dumps({"members": []}))
                 if waiting:
                     self._left_out(version, waiting, report)
-            more = members and not newer() and any(w not in done for w in self._live_workers())
-            self._store.set(SyncKeys.verdict(version, self.stage, rnd), "1" if more else "0")
+            more = members and not newer() and bool(self._todo(version, done))
+            self._store.set(SyncKeys.verdict(offer, self.stage, rnd), "1" if more else "0")
             if acks is not None:  # polled, not awaited: a member may still be in another stage's round
                 acks.expect(ok, sent)
             if not more:
@@ -163,16 +178,39 @@ class WeightSender:
                 break
         if acks is not None:
             acks.wait(self.cfg.ack_timeout_s)
-        self._conclude(version, tries, report)
+        self._conclude(offer, given_up, report)
         report.seconds = time.monotonic() - start
         return report
 
-    def _round(self, version: int, rnd: int, members: list[int], source: NamedTensors | StagedWeights,
-               report: SyncReport) -> tuple[list[int], int]:
+    def waiting_for(self, version: int) -> list[int]:
+        """Live workers that reached a safe point for the current offer after its rounds ended
+        (a restarted process, or one too late for them) and hold weights older than ``version``:
+        whom offering ``version`` again would serve at once."""
+        if not self.offers:
+            return []
+        return [w for w in self._todo(version, set())
+                if _proc(self._ready_info(self.offers, w)) == self._proc(w)]
+
+    def _todo(self, version: int, done: set) -> list[int]:
+        """Live workers whose process is not served or given up on, and that hold an older version."""
+        return [w for w in self._live_workers() if (w, self._proc(w)) not in done
+                and get_int(self._store, SyncKeys.ack(w), -1) < version]
+
+    def _proc(self, worker: int) -> Proc | None:
+        """The worker's process beating now (None before its first beat)."""
+        member = self._hb.member(WORKER, worker)
+        return None if member is None else (member.host, member.pid)
+
+    def _dead(self, worker: int) -> bool:
+        """The process the last plan named for ``worker`` is gone."""
+        return self._gone(worker, self._planned.get(worker))
+
+    def _round(self, offer: int, version: int, rnd: int, members: list[int],
+               source: NamedTensors | StagedWeights, report: SyncReport) -> tuple[list[int], int]:
         """Send ``source`` to ``members``: (those that loaded it, the version sent)."""
         sent = source.version if isinstance(source, StagedWeights) else version
         began = time.monotonic()
-        failed = self._attempt(version, rnd, members, source() if callable(source) else source, report, sent)
+        failed = self._attempt(offer, rnd, members, source() if callable(source) else source, report, sent)
         report.transfer_seconds += time.monotonic() - began
         report.rounds_sent += 1
         ok = [w for w in members if w not in failed]
@@ -187,32 +225,51 @@ class WeightSender:
                   version, self.stage, self.cfg.join_timeout_s, "; ".join(missing))
         report.missing += missing
 
-    def _conclude(self, version: int, tries: dict[int, int], report: SyncReport) -> None:
-        """Fail loudly when workers took part and none of them loaded the version."""
-        if not report.members and tries:
-            reasons = "; ".join(self._failure(version, w) for w in sorted(tries))
-            raise WeightSyncFailed(f"weight sync v{version} stage {self.stage} failed for every rollout "
-                                   f"worker: {reasons}")
+    def _conclude(self, offer: int, given_up: set, report: SyncReport) -> None:
+        """Fail loudly when none loaded the version and a member that still runs was given up on
+        (or its engine cannot load it). Members that died are losses, named, not the sync's
+        failure; one that failed once before a newer version ended the publish takes that one."""
+        if not report.members and given_up:
+            reasons = "; ".join(self._failure(offer, w) for w, _ in sorted(given_up, key=lambda k: k[0]))
+            if any(not self._gone(w, proc) or self._cannot_load(offer, w) for w, proc in given_up):
+                raise WeightSyncFailed(f"weight sync v{report.version} stage {self.stage} failed for every "
+                                       f"rollout worker: {reasons}")
+            log.error("weight sync v%d stage %d: every member died mid-sync (%s); the others take the "
+                      "next sync", report.version, self.stage, reasons)
         if self.stage == 0 and not report.members:
-            log.error("weight sync v%d: no live rollout worker took part; published version stays", version)
-        elif self.stage == 0 and not report.acked:
+            log.error("weight sync v%d: no live rollout worker took part; published version stays", report.version)
+        elif self.stage == 0 and not report.acked and any(not self._dead(w) for w in report.members):
             raise WeightSyncFailed(f"weight sync v{report.version}: no rollout worker loaded it: "
                                    f"{'; '.join(report.missing)}")
 
+    def _cannot_load(self, offer: int, worker: int) -> bool:
+        """The worker's engine could not load the weights (it posted why, and exits)."""
+        key = SyncKeys.failed(offer, worker)
+        return self._store.check([key]) and self._store.get(key) != b"1"
+
+    def _gone(self, worker: int, proc: Proc | None) -> bool:
+        """Worker process ``proc`` is gone (silent, or another process beats as ``worker``)."""
+        now = self._proc(worker)
+        return self._hb.is_lost(WORKER, worker) or (proc is not None and now is not None and now != proc)
+
     # ---- one attempt --------------------------------------------------------------------------
-    def _attempt(self, version: int, attempt: int, members: list[int],
+    def _attempt(self, offer: int, attempt: int, members: list[int],
                  source: Iterable[tuple[str, torch.Tensor]] | StagedWeights, report: SyncReport,
                  sent: int) -> list[int]:
         """One round of the stage to ``members``; returns the members it failed for."""
-        ipc = [w for w in members if self._shares_gpu(version, w)]
+        ipc = [w for w in members if self._shares_gpu(offer, w)]
         bcast = [w for w in members if w not in ipc]
-        backend = self._backend(version, bcast)
-        cached = self._groups.get((backend, tuple(bcast))) if bcast else None
+        backend = self._backend(offer, bcast)
+        self._planned.update({w: _proc(self._ready_info(offer, w, attempt)) for w in members})
+        # a group is of member processes: a restarted worker never inherits its predecessor's
+        group_key = (backend, tuple(bcast), tuple(self._planned[w] for w in bcast))
+        cached = self._groups.get(group_key) if bcast else None
         if bcast and cached is None:
             self._epoch += 1
         epoch = cached[0] if cached is not None else self._epoch
-        plan = {"epoch": epoch, "members": members, "ipc": ipc, "backend": backend, "version": sent}
-        self._store.set(SyncKeys.plan(version, self.stage, attempt), json.dumps(plan))
+        procs = {str(w): self._planned[w] for w in members}  # whom the plan serves
+        plan = {"epoch": epoch, "members": members, "procs": procs, "ipc": ipc, "backend": backend, "version": sent}
+        self._store.set(SyncKeys.plan(offer, self.stage, attempt), json.dumps(plan))
         report.ipc = sorted(set(report.ipc) | set(ipc))
         path = f"CUDA IPC to {ipc}, {backend} broadcast to {bcast}" if ipc and bcast else (
             f"CUDA IPC to {ipc}" if ipc else f"{backend} broadcast to {bcast}")
@@ -224,67 +281,72 @@ class WeightSender:
             if bcast and cached is None:
                 group = build_group(self._store, f"ws/{self.stage}/{epoch}", 0, len(bcast) + 1,
                                     backend, self.cfg.collective_timeout_s)
-                self._groups[(backend, tuple(bcast))] = (epoch, group)
+                self._groups[group_key] = (epoch, group)
             elif cached is not None:
                 group = cached[1]
-            report.buckets, report.bytes = self._stream(version, attempt, source, ipc, group)
+            report.buckets, report.bytes = self._stream(offer, sent, attempt, source, ipc, group)
         except TransportTimeout as exc:
             log.error("weight sync v%d stage %d round %d failed, members %s: %s",
-                      version, self.stage, attempt, members, exc)
-        failed = self._member_results(version, attempt, members)
+                      sent, self.stage, attempt, members, exc)
+        failed = self._member_results(offer, attempt, members)
         if failed:  # a member died or failed: its end of every group it is in is gone
             self._groups = {k: v for k, v in self._groups.items() if not set(k[1]) & set(failed)}
         return failed
 
-    def _ready_info(self, version: int, worker: int) -> dict:
-        """What a worker posted with "ready": its GPU UUID and host."""
+    def _ready_info(self, offer: int, worker: int, rnd: int = 0) -> dict:
+        """What a worker posted with "ready" (for round ``rnd``): its GPU UUID, host and pid."""
+        key = SyncKeys.ready(offer, worker) if rnd == 0 else SyncKeys.retry_ready(offer, self.stage, rnd, worker)
         try:
-            info = json.loads(self._store.get(SyncKeys.ready(version, worker)))
+            info = json.loads(self._store.read(key) or b"{}")
         except (ValueError, RuntimeError, dist.DistError):
             return {}
         return info if isinstance(info, dict) else {}
 
-    def _shares_gpu(self, version: int, worker: int) -> bool:
+    def _shares_gpu(self, offer: int, worker: int) -> bool:
         """The worker sits on this leader's GPU (same host, same device UUID) and IPC is on."""
         if self.cfg.colocated != "ipc" or not self._gpu:
             return False
-        info = self._ready_info(version, worker)
+        info = self._ready_info(offer, worker)
         return info.get("gpu") == self._gpu and info.get("host") == self._host
 
-    def _backend(self, version: int, bcast: list[int]) -> str:
+    def _backend(self, offer: int, bcast: list[int]) -> str:
         """The configured backend, or for ``auto`` NCCL when every member holds its own GPU."""
         if self.cfg.backend != "auto":
             return self.cfg.backend
-        gpus = [self._ready_info(version, w).get("gpu", "") for w in bcast]
+        gpus = [self._ready_info(offer, w).get("gpu", "") for w in bcast]
         distinct = len(set(gpus) | {self._gpu}) == len(gpus) + 1
         return "nccl" if self._gpu and all(gpus) and distinct else "gloo"
 
-    def _member_results(self, version: int, attempt: int, members: list[int]) -> list[int]:
-        """Members that did not load this attempt (reported failure, lost, or silent past the timeout)."""
+    def _member_results(self, offer: int, attempt: int, members: list[int]) -> list[int]:
+        """Members that did not load this attempt (reported failure, died, or silent past the timeout)."""
         deadline = time.monotonic() + self.cfg.collective_timeout_s
         results: dict[int, bool] = {}
         while len(results) < len(members) and time.monotonic() < deadline:
             self._hb.refresh(self._store)
             for w in members:
-                key = SyncKeys.result(version, self.stage, attempt, w)
+                key = SyncKeys.result(offer, self.stage, attempt, w)
                 if w not in results and self._store.check([key]):
                     results[w] = self._store.get(key) == b"1"
-                elif w not in results and (self._hb.is_lost(WORKER, w) or self._gave_up(version, w)):
+                elif w not in results and (self._dead(w) or self._gave_up(offer, w)):
                     results[w] = False
             time.sleep(self._control.poll_interval_s)
         return [w for w in members if not results.get(w, False)]
 
-    def _gave_up(self, version: int, worker: int) -> bool:
-        """The worker posted that it failed this version (e.g. its engine could not load it)."""
-        return bool(self._store.check([SyncKeys.failed(version, worker)]))
+    def _gave_up(self, offer: int, worker: int) -> bool:
+        """The worker posted that it failed this offer (e.g. its engine could not load it)."""
+        return bool(self._store.check([SyncKeys.failed(offer, worker)]))
 
-    def _failure(self, version: int, worker: int) -> str:
-        """Why ``worker`` did not take ``version``, naming it (role, rank, host, pid)."""
-        key = SyncKeys.failed(version, worker)
+    def _failure(self, offer: int, worker: int) -> str:
+        """Why ``worker`` did not take ``offer``, naming it (role, rank, host, pid)."""
+        key = SyncKeys.failed(offer, worker)
         if self._store.check([key]):
             reason = self._store.get(key).decode(errors="replace")
             if reason != "1":
                 return reason
+        planned, now = self._planned.get(worker), self._proc(worker)
+        if planned is not None and now is not None and now != planned:
+            return (f"{WORKER} {worker} ({planned[0]}, pid {planned[1]}): died (pid {now[1]} now beats "
+                    f"as rollout {worker}: restarted)")
         peer = describe_peer(self._store, WORKER, worker)
         if self._hb.is_lost(WORKER, worker):
             return f"{peer}: lost (no heartbeat)"
@@ -294,7 +356,7 @@ class WeightSender:
         self._hb.refresh(self._store)
         return [w for w in range(self._control.num_workers) if self._hb.is_alive(WORKER, w)]
 
-    def _gather_ready(self, version: int, rnd: int, todo: list[int], deadline: float,
+    def _gather_ready(self, offer: int, rnd: int, todo: list[int], deadline: float,
                       acks: "_Acks | None" = None) -> tuple[list[int], list[int]]:
         """(ready, waiting) among ``todo``: returns once all are at a safe point, ``gather_s``
         after the first one was, or at ``deadline`` (with whoever is ready). A worker stuck before
@@ -303,7 +365,7 @@ class WeightSender:
         first = None
         while True:
             ready = [w for w in todo if self._store.check([
-                SyncKeys.ready(version, w) if rnd == 0 else SyncKeys.retry_ready(version, self.stage, rnd, w)])]
+                SyncKeys.ready(offer, w) if rnd == 0 else SyncKeys.retry_ready(offer, self.stage, rnd, w)])]
             waiting = [w for w in todo if w not in ready]
             now = time.monotonic()
             first = first if first is not None or not ready else now
@@ -316,13 +378,14 @@ class WeightSender:
                 acks.poll()
 
     # ---- streaming ----------------------------------------------------------------------------
-    def _stream(self, version: int, attempt: int, source: Iterable[tuple[str, torch.Tensor]] | StagedWeights,
-                ipc: list[int], group: DataPlaneGroup | None) -> tuple[int, int]:
-        state = {"n": 0, "attempt": attempt}
+    def _stream(self, offer: int, version: int, attempt: int,
+                source: Iterable[tuple[str, torch.Tensor]] | StagedWeights, ipc: list[int],
+                group: DataPlaneGroup | None) -> tuple[int, int]:
+        state = {"n": 0, "attempt": attempt, "offer": offer, "version": version}
         try:
-            return self._stream_buckets(version, self._packed(source, ipc, group), state, ipc, group)
+            return self._stream_buckets(self._packed(source, ipc, group), state, ipc, group)
         except TransportTimeout:
-            key = SyncKeys.bucket(version, self.stage, attempt, state["n"])
+            key = SyncKeys.bucket(offer, self.stage, attempt, state["n"])
             self._store.set(key, json.dumps({"last": True, "aborted": True}))
             raise
 
@@ -344,51 +407,57 @@ class WeightSender:
         device = self._bucket_device(ipc, group)
         return (pack(bucket, device) for bucket in buckets(source, self.cfg.bucket_bytes))
 
-    def _stream_buckets(self, version: int, packed: Iterator[PackedBucket], state: dict,
-                        ipc: list[int], group: DataPlaneGroup | None) -> tuple[int, int]:
-        n, total, pending = 0, 0, None
+    def _stream_buckets(self, packed: Iterator[PackedBucket], state: dict, ipc: list[int],
+                        group: DataPlaneGroup | None) -> tuple[int, int]:
+        offer, attempt, n, total, pending = state["offer"], state["attempt"], 0, 0, None
         for entries, buf in packed:
             handle = share(buf) if ipc else None  # after the packing copies are enqueued
             if pending is not None:
                 pending()
             header = {"last": False, "size": buf.numel(), "entries": [e.__dict__ for e in entries], "ipc": handle}
-            self._store.set(SyncKeys.bucket(version, self.stage, state["attempt"], n), json.dumps(header))
+            self._store.set(SyncKeys.bucket(offer, self.stage, attempt, n), json.dumps(header))
             n, total = n + 1, total + sum(e.nbytes for e in entries)
             state["n"] = n
             waits = []
             if group is not None:
-                waits.append(group.broadcast_async(buf, 0, f"v{version} stage {self.stage} bucket {n - 1}"))
+                waits.append(group.broadcast_async(buf, 0, f"v{state['version']} stage {self.stage} bucket {n - 1}"))
             if ipc:
-                index = n - 1
-                waits.append(lambda index=index: self._await_done(version, state["attempt"], index, ipc))
+                waits.append(lambda index=n - 1: self._await_done(offer, attempt, index, ipc))
             pending = lambda waits=waits, keep=buf: [w() for w in waits]  # noqa: E731 - buf lives until done
         if pending is not None:
             pending()
-        self._store.set(SyncKeys.bucket(version, self.stage, state["attempt"], n), json.dumps({"last": True}))
+        self._store.set(SyncKeys.bucket(offer, self.stage, attempt, n), json.dumps({"last": True}))
         return n, total
 
-    def _await_done(self, version: int, attempt: int, index: int, ipc: list[int]) -> None:
+    def _await_done(self, offer: int, attempt: int, index: int, ipc: list[int]) -> None:
         """Wait until every IPC member read bucket ``index``; a lost or failed one ends the attempt."""
         deadline = time.monotonic() + self.cfg.collective_timeout_s
         for w in ipc:
-            key = SyncKeys.done(version, self.stage, attempt, index, w)
+            key = SyncKeys.done(offer, self.stage, attempt, index, w)
             while True:
                 try:
                     wait_key(self._store, key, 1.0, "IPC done")
                     break
                 except TransportTimeout:
                     self._hb.refresh(self._store)
-                    if self._hb.is_lost(WORKER, w) or self._gave_up(version, w) or time.monotonic() > deadline:
-                        raise TransportTimeout(f"weight sync v{version} stage {self.stage} bucket {index}: "
-                                               f"{self._failure(version, w)}") from None
+                    if self._dead(w) or self._gave_up(offer, w) or time.monotonic() > deadline:
+                        raise TransportTimeout(f"weight sync offer {offer} stage {self.stage} bucket {index}: "
+                                               f"{self._failure(offer, w)}") from None
+
+
+def _proc(ready_info: dict) -> Proc | None:
+    """The process (host, pid) a "ready" record names (None for a record without one)."""
+    if "pid" not in ready_info:
+        return None
+    return str(ready_info.get("host", "")), int(ready_info["pid"])
 
 
 class _Acks:
     """Stage 0's acks of one publish: polled between rounds (the published version moves to a
     version as soon as one worker acked it), awaited for everyone at the end."""
 
-    def __init__(self, sender: WeightSender, version: int, report: SyncReport) -> None:
-        self._sender, self._version, self._report = sender, version, report
+    def __init__(self, sender: WeightSender, offer: int, report: SyncReport) -> None:
+        self._sender, self._offer, self._report = sender, offer, report
         self._pending: dict[int, int] = {}  # worker -> version sent to it, not acked yet
 
     def expect(self, workers: list[int], sent: int) -> None:
@@ -404,9 +473,9 @@ class _Acks:
                 if sent > published_version(store) or not store.check([Keys.PUBLISHED]):
                     store.set(Keys.PUBLISHED, str(sent))
                 report.published = True
-            elif self._sender._hb.is_lost(WORKER, w) or self._sender._gave_up(self._version, w):
+            elif self._sender._dead(w) or self._sender._gave_up(self._offer, w):
                 del self._pending[w]
-                report.missing.append(self._sender._failure(self._version, w))
+                report.missing.append(self._sender._failure(self._offer, w))
 
     def wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

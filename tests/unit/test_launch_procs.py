@@ -83,7 +83,7 @@ def test_dead_rollout_worker_reported_and_run_goes_on(tmp_path):
     assert not any(alive(p) for p in all_pids(tmp_path))
     abort = Launcher([child(tmp_path / "b", TRAINER, 0, "time.sleep(300)\n"),
                       child(tmp_path / "b", ROLLOUT, 0, "sys.exit(7)\n")], grace_s=1.0).run()
-    assert abort.code == 7 and "no rollout worker left" in abort.failures
+    assert abort.code == 7 and abort.failures[0] == "no rollout worker left: rollout 0 exited with code 7"
     assert not any(alive(p) for p in all_pids(tmp_path / "b"))
 
 
@@ -101,4 +101,28 @@ def test_sigterm_is_forwarded_and_children_can_clean_up(tmp_path):
     timer.join()
     assert result.code == 128 + signal.SIGTERM and result.signal == signal.SIGTERM
     assert flag.exists()  # the trainer saw SIGTERM (it would checkpoint here)
+    assert not any(alive(p) for p in all_pids(tmp_path))
+
+
+def test_a_worker_killed_by_a_signal_is_restarted_within_its_budget_and_one_that_said_why_is_not(tmp_path):
+    """Rollout 0 SIGKILLs itself twice (restarts 1: started again once, then gone); rollout 1 exits
+    4 after writing why (not restarted). The run is told of the restart first, and the second
+    process's log follows the first's."""
+    runs = tmp_path / "rollout0.runs"
+    reason = tmp_path / "rollout1.exit"
+    kill_self = (f"open({str(runs)!r}, 'a').write('run\\n')\n"
+                 "os.kill(os.getpid(), signal.SIGKILL)\n")
+    say_why = f"open({str(reason)!r}, 'w').write('rollout 1: the engine could not load the weights\\n')\nsys.exit(4)\n"
+    specs = [child(tmp_path, TRAINER, 0, "time.sleep(300)\n"),
+             child(tmp_path, ROLLOUT, 0, kill_self), child(tmp_path, ROLLOUT, 1, say_why)]
+    specs[2].reason_path = reason
+    told: list[tuple[str, int]] = []
+    launcher = Launcher(specs, grace_s=1.0, rollout_restarts=1, on_restart=lambda spec, n: told.append((spec.name, n)))
+    result = launcher.run()
+    assert runs.read_text().count("run") == 2 and told == [("rollout 0", 1)] and launcher.restarts == {0: 1}
+    assert result.failures[0] == ("no rollout worker left: rollout 0 exited with code -9 (SIGKILL); "
+                                  "rollout 1 exited with code 4: rollout 1: the engine could not load the weights")
+    assert any(f.startswith("rollout 0 exited with code -9 (SIGKILL) (restarting it: restart 1 of 1)")
+               for f in result.failures)
+    assert result.code in (128 + signal.SIGKILL, 4)  # the code of whichever left last
     assert not any(alive(p) for p in all_pids(tmp_path))

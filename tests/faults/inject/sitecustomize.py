@@ -6,6 +6,14 @@ command line) and only when ``DARL_FAULT`` asks for it:
 
 - ``stall_after:N``: the engine's ``generate`` hangs forever from its (N+1)-th call on, while the
   worker's heartbeat thread keeps beating (a worker alive but producing nothing).
+- ``kill:W:sync:N``: rollout worker W SIGKILLs itself in its N-th weight sync, once it is a
+  member of the round and the leader is about to send (its data-plane group is built).
+- ``kill:W:generate:N``: rollout worker W SIGKILLs itself in the N-th call of the engine's
+  ``generate`` (its batch reserved against the staleness bound, generating).
+  W may list several workers (``kill:0,1:generate:2``): each kills itself at its own N-th call.
+
+A kill fires in the first process of worker W only: it leaves ``fault_fired_rolloutW`` next to
+the run config (``--config``), so a worker restarted with the same id runs clean.
 
 Nothing of the product reads ``DARL_FAULT``; the code under test is unchanged.
 """
@@ -14,6 +22,11 @@ import os
 import sys
 
 _FAULT = os.environ.get("DARL_FAULT", "")
+
+
+def _arg(name: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv[:-1] else ""
+
 
 if _FAULT.startswith("stall_after:") and "--worker-id" in sys.argv:
     import threading
@@ -31,3 +44,32 @@ if _FAULT.startswith("stall_after:") and "--worker-id" in sys.argv:
         return _generate(self, *args, **kwargs)
 
     hf.HFEngine.generate = _stalling_generate
+
+if _FAULT.startswith("kill:") and _arg("--worker-id") in _FAULT.split(":")[1].split(","):
+    import signal
+    from pathlib import Path
+
+    _, _, _where, _nth = _FAULT.split(":")
+    _mark = Path(_arg("--config")).parent / f"fault_fired_rollout{_arg('--worker-id')}"
+    _count = {"n": 0}
+
+    def _kill_on_nth(fn):
+        def wrapped(*args, **kwargs):
+            _count["n"] += 1
+            if _count["n"] == int(_nth) and not _mark.exists():
+                _mark.write_text(f"{os.getpid()}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    if _where == "sync":
+        from megatron_darl.transport import weight_receiver
+
+        weight_receiver.WeightReceiver._receive_buckets = _kill_on_nth(
+            weight_receiver.WeightReceiver._receive_buckets)
+    elif _where == "generate":
+        from megatron_darl.rollout.engines import hf
+
+        hf.HFEngine.generate = _kill_on_nth(hf.HFEngine.generate)
+    else:
+        raise ValueError(f"DARL_FAULT={_FAULT!r}: where must be sync or generate")
