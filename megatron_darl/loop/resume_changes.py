@@ -22,7 +22,7 @@ transport.heartbeat.*, transport.weight_sync.*         allowed         plumbing 
 transport.channel.{max_unacked,send/connect/transfer   allowed         plumbing of one launch
   timeouts,transport,backend}
 cluster.{master_*,devices,gpus,threads,grace,          allowed         where processes run, not what
-  rollout_failure}, parallel.{backend,timeout_s}
+  rollout_failure,rollout_restarts}, parallel.{backend,timeout_s}
 engine.*, worker.*                                     allowed         how samples are generated; engines
                                                                        get the resumed weights first
 trainer.micro_batch.*, trainer.{activation_recompute,  allowed         memory and speed only; the checkpoint
@@ -75,7 +75,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
       "transport.channel.transport", "transport.channel.backend", "transport.channel.connect_timeout_s",
       "transport.channel.transfer_timeout_s", "transport.control.bind"), Rule.ALLOWED, _PLUMBING),
     (("cluster.master_addr", "cluster.master_port", "cluster.threads_per_process", "cluster.grace_s",
-      "cluster.rollout_failure", "cluster.trainer_devices", "cluster.rollout_devices",
+      "cluster.rollout_failure", "cluster.rollout_restarts", "cluster.trainer_devices", "cluster.rollout_devices",
       "cluster.trainer_gpus", "cluster.rollout_gpus", "parallel.backend", "parallel.timeout_s"),
      Rule.ALLOWED, "where the processes run, not what they compute"),
     (("engine.", "worker."), Rule.ALLOWED, "how samples are generated (engines get the resumed weights first)"),
