@@ -63,7 +63,12 @@ def write_result(
     directory = Path(out_dir) if out_dir is not None else RESULTS_DIR
     directory.mkdir(parents=True, exist_ok=True)
     tag = record["device"].replace(" ", "_").replace("/", "_")
-    path = directory / f"{benchmark}_{tag}_{now.strftime('%Y%m%dT%H%M%S')}.json"
+    stem = f"{benchmark}_{tag}_{now.strftime('%Y%m%dT%H%M%S')}"
+    path = directory / f"{stem}.json"
+    for n in range(2, 1000):  # several records in one second (a script writing one per case)
+        if not path.exists():
+            break
+        path = directory / f"{stem}_{n}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
 
