@@ -6,7 +6,7 @@ step plus ``--idle-groups`` groups whose rewards are all equal (buffered until e
 selected: the bulk of a real buffer's bytes at low cost), ``--group-size`` x ``--tokens`` each.
 
 - ``--state hub`` (the loop now): the planner, buffer and cache live on the hub rank (TP 0, PP 0);
-  its peers get each step's batches by broadcast (``loop/replica.py``).
+  its peers get each step's batches by broadcast (``step/replica.py``).
 - ``--state replicated`` (the loop before issue 16): the groups are pickled to every rank of the
   replica (``broadcast_object_list``) and each rank runs its own planner on them.
 
@@ -74,9 +74,9 @@ def _replay_bytes(planner) -> int:
 def worker(rank: int, world_size: int, a, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
-    from megatron_darl.loop.planner import ShardPlanner
-    from megatron_darl.loop.step import StepRunner, loss_fn_for
+    from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+    from megatron_darl.step.planner import ShardPlanner
+    from megatron_darl.step.runner import StepRunner, loss_fn_for
     from megatron_darl.trainer.config import MicroBatchConfig, TrainerConfig
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
     from megatron_darl.trainer.policy_trainer import PolicyTrainer

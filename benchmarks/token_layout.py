@@ -1,6 +1,6 @@
 """Benchmark ``token_layout``: the loop's per-token math in the packed layout vs padded rows.
 
-The planner keeps one token layout from the log-prob pass to the loss (``loop/sequences.py``).
+The planner keeps one token layout from the log-prob pass to the loss (``step/sequences.py``).
 This measures the two candidates on the same step: N responses with long-tailed lengths (RL
 responses: most short, a few at the limit; log-normal, clipped to ``--max-len``), K = 4 window
 versions, and the work a D-ARL step does per token: the chi2 score, the mixture behavior

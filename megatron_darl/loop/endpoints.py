@@ -104,14 +104,13 @@ def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0) -> Trai
     """Serve or join the store, start the heartbeat, and open this rank's hub/sender (with its
     background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy)."""
     control = transport.control
-    is_hub = ps.tp_rank == 0 and ps.pp_rank == 0
     store = serve_store(control) if ps.rank == 0 else connect_store(control, who=f"trainer {ps.rank}")
     me = MemberInfo.here(TRAINER, ps.rank)
     register(store, me)
     on_loss = _release_on_loss(transport) if ps.rank == 0 else _exit_on_rank0_loss
     hb = Heartbeat(control, transport.heartbeat, me, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
-    hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if is_hub else None
+    hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if ps.is_hub else None
     leader = ps.tp_rank == 0 and ps.dp_rank == 0
     if not leader:
         return TrainerEndpoints(store, hb, hub, None, me)
@@ -127,19 +126,6 @@ def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0) -> Trai
     sender = WeightSender(sender_store, control, ws, ps.pp_rank, hb, device=ps.device)
     publisher = BackgroundPublisher(sender, ps.device) if background else None
     return TrainerEndpoints(store, hb, hub, sender, me, publisher)
-
-
-def dp_sum(tensor: torch.Tensor, ps) -> torch.Tensor:
-    """Sum a CPU tensor over this rank's DP group (gloo); identity at DP 1."""
-    if ps.dp_size > 1:
-        dist.all_reduce(tensor, group=ps.dp_group_gloo)
-    return tensor
-
-
-def dp_max(tensor: torch.Tensor, ps) -> torch.Tensor:
-    if ps.dp_size > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=ps.dp_group_gloo)
-    return tensor
 
 
 @dataclass
@@ -244,7 +230,7 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
         verdict = ""
         while True:
             out.groups += [r.group for r in ep.hub.poll()]
-            counts = dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict))], dtype=torch.int64), ps)
+            counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict))], dtype=torch.int64))
             total = int(counts[0])
             if watch is not None:
                 verdict = verdict or watch.check(total)  # sent with the next sum: hubs leave together

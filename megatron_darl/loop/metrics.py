@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from megatron_darl.loop.config import LoopConfig
-from megatron_darl.loop.stats import CACHE_SOURCES, StepStats
+from megatron_darl.step.stats import CACHE_SOURCES, StepStats
 
 log = logging.getLogger(__name__)
 HISTOGRAMS = ("staleness_hist", "selected_hist")

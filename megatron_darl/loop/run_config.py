@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from megatron_darl.data.config import DataConfig
-from megatron_darl.loop.config import (
-    AlgorithmConfig, LoopConfig, ModelConfig, ReplayConfig, density_temperature,
-)
+from megatron_darl.loop.config import LoopConfig, ModelConfig, density_temperature
+from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.warmstart import WarmStartConfig
 from megatron_darl.rollout.engines.base import EngineConfig, SamplingConfig
 from megatron_darl.rollout.worker import RolloutWorkerConfig

@@ -35,15 +35,15 @@ import torch
 from megatron_darl.loop.checkpoints import complete_checkpoints
 from megatron_darl.loop.config import ModelConfig, density_temperature
 from megatron_darl.loop.endpoints import (
-    Backlog, TrainerEndpoints, dp_max, dp_sum, open_endpoints, publish_weights, receive_groups,
+    Backlog, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
     wait_for_workers, worker_health,
 )
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
-from megatron_darl.loop.planner import ShardPlanner
+from megatron_darl.step.planner import ShardPlanner
 from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
-from megatron_darl.loop.stats import StepStats
-from megatron_darl.loop.step import StepClock, StepRunner, uses_snapshots
+from megatron_darl.step.stats import StepStats
+from megatron_darl.step.runner import StepClock, StepRunner, uses_snapshots
 from megatron_darl.transport import WORKER, TransportTimeout, WeightSyncFailed
 from megatron_darl.transport.weight_protocol import SyncReport
 
@@ -112,9 +112,8 @@ class TrainerLoop:
     def __init__(self, cfg: RunConfig, trainer, ps, endpoints: TrainerEndpoints,
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
-        self.is_hub = ps.tp_rank == 0 and ps.pp_rank == 0  # holds the replica's replay state
         self.planner = (ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
-                        if self.is_hub else None)
+                        if self.ps.is_hub else None)
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)
         self.run_dir = Path(cfg.loop.run_dir)
@@ -146,11 +145,11 @@ class TrainerLoop:
             return 0
         from megatron_darl.trainer.checkpoint import load_checkpoint
 
-        mine = [self.ps.dp_rank] if self.is_hub else []  # the peers hold no replay state
+        mine = [self.ps.dp_rank] if self.ps.is_hub else []  # the peers hold no replay state
         resumed = load_checkpoint(self.trainer, found[-1], with_snapshots=self.use_snapshots,
                                   extra_ranks=mine)
         step = -1
-        if self.is_hub:
+        if self.ps.is_hub:
             extra = resumed.extra_states[self.ps.dp_rank]
             self.planner.load_state_dict(extra["planner"])
             self.base_received = int(extra["groups_received"])
@@ -167,8 +166,8 @@ class TrainerLoop:
         path = self.run_dir / "checkpoints" / f"step_{next_step:06d}"
         if path.exists():  # resumed from it and stopped before another step
             return path
-        received = self.base_received + int(dp_sum(torch.tensor([self.received]), self.ps))
-        made = torch.maximum(self.base_made, dp_max(self.made.clone(), self.ps))
+        received = self.base_received + int(self.ps.dp_sum(torch.tensor([self.received])))
+        made = torch.maximum(self.base_made, self.ps.dp_max(self.made.clone()))
         extra = None if self.planner is None else {
             "planner": self.planner.state_dict(), "step": next_step,
             "groups_received": received, "worker_groups": made.tolist()}
@@ -304,8 +303,8 @@ class TrainerLoop:
 
     def _log(self, step: int, t: int, stats: StepStats, result, laps: dict[str, float],
              wall_s: float) -> None:
-        reduced = stats.reduce(lambda x: dp_sum(x, self.ps), lambda x: dp_max(x, self.ps))
-        per_worker, self.step_groups = dp_sum(self.step_groups, self.ps), torch.zeros_like(self.step_groups)
+        reduced = stats.reduce(self.ps.dp_sum, self.ps.dp_max)
+        per_worker, self.step_groups = self.ps.dp_sum(self.step_groups), torch.zeros_like(self.step_groups)
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state

@@ -80,6 +80,23 @@ class ParallelState:
     def on_cpu(self) -> bool:
         return self.device.type == "cpu"
 
+    @property
+    def is_hub(self) -> bool:
+        """The replica's first rank (TP 0, PP 0): it holds the replica's replay state and hub."""
+        return self.tp_rank == 0 and self.pp_rank == 0
+
+    def dp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a CPU tensor over this rank's DP group in place (gloo); identity at DP 1."""
+        if self.dp_size > 1:
+            dist.all_reduce(tensor, group=self.dp_group_gloo)
+        return tensor
+
+    def dp_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Elementwise max of a CPU tensor over this rank's DP group in place; identity at DP 1."""
+        if self.dp_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.dp_group_gloo)
+        return tensor
+
 
 def validate_layout(cfg: ParallelConfig, world_size: int) -> int:
     """Return the DP size, or raise ``ValueError`` if TP x PP does not divide the world."""

@@ -6,7 +6,8 @@ import pytest
 
 from launch.config import RunConfig, load_run_config, save_run_config
 from megatron_darl.algorithms import VARIANTS, RatioBase, Variant, WeightRule
-from megatron_darl.loop.config import AlgorithmConfig, density_temperature
+from megatron_darl.loop.config import density_temperature
+from megatron_darl.step.config import AlgorithmConfig
 
 
 @pytest.mark.parametrize("variant", [v.value for v in Variant])

@@ -1,4 +1,4 @@
-"""The bounded candidate pass (``loop/candidates.py``): it scores fewer groups than the buffer and,
+"""The bounded candidate pass (``step/candidates.py``): it scores fewer groups than the buffer and,
 where a group's score never falls below its previous one, selects exactly what scoring every
 candidate selects; where that fails, ``audit`` measures the difference.
 """
@@ -7,9 +7,9 @@ import random
 
 import torch
 
-from megatron_darl.loop.candidates import audit_rule, bounded_rounds, extrapolate, quota_threshold, selected_rounds
-from megatron_darl.loop.config import ReplayConfig
-from megatron_darl.loop.planner import ShardPlanner
+from megatron_darl.step.candidates import audit_rule, bounded_rounds, extrapolate, quota_threshold, selected_rounds
+from megatron_darl.step.config import ReplayConfig
+from megatron_darl.step.planner import ShardPlanner
 from tests.unit.test_loop_planner import algo, fake_logprobs, make_group
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from megatron_darl.algorithms import Variant, batch_behavior_weights
-from megatron_darl.loop.config import AlgorithmConfig, MisConfig, ReplayConfig
+from megatron_darl.step.config import AlgorithmConfig, MisConfig, ReplayConfig
 from megatron_darl.loop.metrics import step_metrics
-from megatron_darl.loop.planner import ShardPlanner
-from megatron_darl.loop.sequences import sequence_batch
-from megatron_darl.loop.step import loss_fn_for
+from megatron_darl.step.planner import ShardPlanner
+from megatron_darl.step.sequences import sequence_batch
+from megatron_darl.step.runner import loss_fn_for
 from megatron_darl.replay import RowSource
 from megatron_darl.samples import Sample, SampleGroup, shard_of
 from megatron_darl.trainer.batch import TrainBatch

@@ -10,7 +10,7 @@ import torch
 
 from megatron_darl.loop.config import LoopConfig, WandbConfig
 from megatron_darl.loop.metrics import MetricsLogger, step_metrics
-from megatron_darl.loop.stats import Reduction, StepStats
+from megatron_darl.step.stats import Reduction, StepStats
 
 
 def shard_sums(seed):

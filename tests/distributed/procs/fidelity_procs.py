@@ -67,8 +67,8 @@ def build_trainer(hf_dir: str, temperature: float):
 
 
 def _density(trainer, groups) -> dict:
-    from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
-    from megatron_darl.loop.planner import ShardPlanner
+    from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+    from megatron_darl.step.planner import ShardPlanner
 
     result = {}
     for label, temp in (("matched", TEMPERATURE), ("temperature_1", 1.0)):
@@ -83,9 +83,9 @@ def _density(trainer, groups) -> dict:
 
 
 def _ppo_step(trainer, ps, groups) -> dict:
-    from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
-    from megatron_darl.loop.planner import ShardPlanner
-    from megatron_darl.loop.step import StepRunner
+    from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+    from megatron_darl.step.planner import ShardPlanner
+    from megatron_darl.step.runner import StepRunner
 
     algo = AlgorithmConfig(variant="sync", groups_per_step=len(groups), group_size=len(groups[0].samples),
                            max_staleness=0, ppo_minibatches=2, eps_low=0.2, eps_high=0.2)

@@ -17,9 +17,9 @@ GROUPS, GROUP_SIZE, K, ETA, STEPS = 4, 4, 4, 2, 4
 
 
 def replica_worker(rank: int, world_size: int, tp: int, pp: int, hf_dir: str, out_path: str) -> None:
-    from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
-    from megatron_darl.loop.planner import ShardPlanner
-    from megatron_darl.loop.step import StepRunner
+    from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+    from megatron_darl.step.planner import ShardPlanner
+    from megatron_darl.step.runner import StepRunner
     from resume_procs import generate, tiny_trainer
     from trainer_procs import gather_hf_params
 

@@ -24,7 +24,7 @@ RESUME_AT, STEPS = 4, 7  # the K - 1 = 3 steps after the resume are compared
 
 
 def _configs():
-    from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
+    from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 
     algo = AlgorithmConfig(variant="darl", groups_per_step=GROUPS, group_size=GROUP_SIZE,
                            max_staleness=ETA, ppo_minibatches=2)
@@ -52,7 +52,7 @@ def tiny_trainer(hf_dir: str, tp: int = 1, pp: int = 1):
 def generate(trainer, step: int, logprobs=None) -> list:
     """GROUPS groups of version ``step``: random tokens, behavior rows = trainer rows + noise
     (``logprobs``: the pass to take them from; default the trainer's own)."""
-    from megatron_darl.loop.sequences import response_lengths, sequence_batch
+    from megatron_darl.step.sequences import response_lengths, sequence_batch
     from megatron_darl.samples import Sample, SampleGroup
 
     g = torch.Generator().manual_seed(1000 + step)
@@ -91,9 +91,8 @@ def _recording(trainer, rows: list):
 
 def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str, groups_path: str,
                   out_path: str) -> None:
-    from megatron_darl.loop.endpoints import dp_sum
-    from megatron_darl.loop.planner import ShardPlanner
-    from megatron_darl.loop.step import StepRunner
+    from megatron_darl.step.planner import ShardPlanner
+    from megatron_darl.step.runner import StepRunner
     from megatron_darl.samples import shard_of
     from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
     from trainer_procs import gather_hf_params
@@ -118,7 +117,7 @@ def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str,
         mine = [grp for grp in arrivals if shard_of(grp.group_id, ps.dp_size) == ps.dp_rank]
         plan, _ = runner.run(mine, step)
         planner.evict(trainer.version, plan.stats)
-        counts = dp_sum(torch.tensor([plan.stats.backfill_snapshot, plan.stats.backfill_nearest]), ps)
+        counts = ps.dp_sum(torch.tensor([plan.stats.backfill_snapshot, plan.stats.backfill_nearest]))
         out["backfill"][step] = counts.tolist()
         out["params"][step] = gather_hf_params(trainer, ps)
         if mode == "straight" and step + 1 == RESUME_AT:

@@ -39,7 +39,7 @@ class ReplicaLink:
 
     def __init__(self, ps) -> None:
         self.ps = ps
-        self.is_hub = ps.tp_rank == 0 and ps.pp_rank == 0
+        self.is_hub = ps.is_hub
         self.has_peers = ps.tp_size * ps.pp_size > 1
         self._src = dist.get_global_rank(ps.model_parallel_group, 0) if self.has_peers else ps.rank
 

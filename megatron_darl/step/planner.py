@@ -47,10 +47,10 @@ from megatron_darl.algorithms import (
     RATIO_SCORES, PolicyLossInputs, WeightRule, batch_behavior_weights, group_scores,
     needs_logprob_pass, score_tokens,
 )
-from megatron_darl.loop.candidates import audit_rule, extrapolate, rescore
-from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
-from megatron_darl.loop.sequences import pack, response_lengths, sample_index, sequence_batch
-from megatron_darl.loop.stats import StepStats
+from megatron_darl.step.candidates import audit_rule, extrapolate, rescore
+from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+from megatron_darl.step.sequences import pack, response_lengths, sample_index, sequence_batch
+from megatron_darl.step.stats import StepStats
 from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSource
 from megatron_darl.samples import Sample, SampleGroup, shard_of
 from megatron_darl.trainer.batch import TrainBatch

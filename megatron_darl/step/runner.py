@@ -26,10 +26,9 @@ from typing import Sequence
 import torch
 
 from megatron_darl.algorithms import PolicyLossInputs, WeightRule, policy_loss
-from megatron_darl.loop.config import AlgorithmConfig, ReplayConfig
-from megatron_darl.loop.endpoints import dp_sum
-from megatron_darl.loop.planner import ShardPlanner, StepPlan
-from megatron_darl.loop.replica import Op, ReplicaLink
+from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+from megatron_darl.step.planner import ShardPlanner, StepPlan
+from megatron_darl.step.replica import Op, ReplicaLink
 from megatron_darl.samples import SampleGroup
 from megatron_darl.trainer.batch import TrainBatch
 
@@ -94,7 +93,7 @@ class StepRunner:
         trainer = self.trainer
         exact = trainer.snapshots.versions if self.use_snapshots else ()
         return self.planner.step(groups, step, trainer.version, self.replica_logprobs, exact,
-                                 dp_sum=lambda t: dp_sum(t, self.ps),
+                                 dp_sum=self.ps.dp_sum,
                                  lap=(clock or StepClock()).lap)
 
     def replica_logprobs(self, batch: TrainBatch, version: int) -> torch.Tensor:
