@@ -34,7 +34,8 @@ from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from megatron_darl.transport.weight_protocol import SyncKeys, SyncReport
 
 log = logging.getLogger(__name__)
-EXIT_RANK0_LOST = 3  # a trainer rank whose rank 0 (the store host) is frozen or gone
+EXIT_TRAINER_LOST = 3  # a trainer rank that lost another trainer rank (frozen or gone)
+EXIT_RANK0_LOST = EXIT_TRAINER_LOST  # the lost one was rank 0, the store host
 
 
 @dataclass
@@ -57,39 +58,56 @@ class TrainerEndpoints:
         self.heartbeat.close()
 
 
-def _release_on_loss(transport: TransportConfig):
-    """Heartbeat callback: name the lost worker and give back its staleness reservations."""
+def _release_on_loss(transport: TransportConfig, leave: Callable[[PeerLoss], None]):
+    """Rank 0's heartbeat callback: a lost worker is named and its staleness reservations given
+    back (training goes on); a lost trainer rank ends this one (``leave``)."""
     from megatron_darl.transport.staleness import release_reservations
 
     store = connect_store(transport.control, who="trainer 0 loss handler")
 
     def on_loss(loss: PeerLoss) -> None:
-        released = release_reservations(store, loss.rank) if loss.role == WORKER else 0
+        if loss.role == TRAINER:
+            leave(loss)
+            return
+        released = release_reservations(store, loss.rank)
         log.error("lost %s (silent %.1f s at step %d); released %d reservations", loss.peer,
                   loss.silent_s, loss.step, released)
 
     return on_loss
 
 
-def _exit_on_rank0_loss(loss: PeerLoss) -> None:
-    """Heartbeat callback of ranks > 0: rank 0 frozen or gone means the job cannot go on."""
-    if (loss.role, loss.rank) == (TRAINER, 0):
-        log.error("lost %s (silent %.1f s at step %d); exiting %d", loss.peer, loss.silent_s,
-                  loss.step, EXIT_RANK0_LOST)
+def _leave_on_trainer_loss(rank: int, say_why: Callable[[str], None]) -> Callable[[PeerLoss], None]:
+    """Heartbeat callback for a lost trainer rank: this rank's next collective with it would wait
+    ``parallel.timeout_s`` (600 s) and end in a raw gloo/NCCL timeout, and no checkpoint can be
+    written without it (saving is collective), so the rank says why (``say_why``: the loop adds the
+    newest checkpoint and writes the line for the launcher) and exits ``EXIT_TRAINER_LOST`` now."""
+    def leave(loss: PeerLoss) -> None:
+        say_why(f"trainer rank {rank}: lost {loss.peer}: no heartbeat for {loss.silent_s:.1f} s "
+                f"(transport.heartbeat.timeout_s) at step {loss.step}; the run cannot go on without it "
+                f"and cannot checkpoint without it (a checkpoint is collective)")
         logging.shutdown()
-        os._exit(EXIT_RANK0_LOST)
+        os._exit(EXIT_TRAINER_LOST)
+
+    return leave
 
 
-def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0) -> TrainerEndpoints:
+def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0,
+                   say_why: Callable[[str], None] | None = None) -> TrainerEndpoints:
     """Serve or join the store, start the heartbeat, and open this rank's hub/sender (with its
-    background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy)."""
+    background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy).
+
+    Every trainer rank is watched: rank 0 watches the others' beats, they watch rank 0 through
+    the store it serves; a lost one ends the run within ``heartbeat.timeout_s``, with
+    ``say_why`` (default: the log) given the one line naming it."""
     control = transport.control
     is_hub = ps.tp_rank == 0 and ps.pp_rank == 0
     store = serve_store(control) if ps.rank == 0 else connect_store(control, who=f"trainer {ps.rank}")
     me = MemberInfo.here(TRAINER, ps.rank)
     register(store, me)
-    on_loss = _release_on_loss(transport) if ps.rank == 0 else _exit_on_rank0_loss
-    hb = Heartbeat(control, transport.heartbeat, me, on_loss=on_loss,
+    leave = _leave_on_trainer_loss(ps.rank, say_why or (lambda line: log.error("%s", line)))
+    on_loss = _release_on_loss(transport, leave) if ps.rank == 0 else leave
+    peers = [(TRAINER, r) for r in range(1, ps.world_size)] if ps.rank == 0 else []
+    hb = Heartbeat(control, transport.heartbeat, me, watch=peers, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
     hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if is_hub else None
     leader = ps.tp_rank == 0 and ps.dp_rank == 0

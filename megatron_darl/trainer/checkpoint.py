@@ -22,9 +22,11 @@ state holds tensors and plain types only (checked at save) and is read with
 ``torch.load(weights_only=True)``: a checkpoint is data, and a crafted pickle there must not run
 code on resume. ``megatron_darl.json``
 (``checkpoint_io.CheckpointMetadata``, the same file the converters write, with the trainer's
-step/version/layout under ``extra["trainer"]``) is written last; a directory without it is
-incomplete. Everything is written under ``<dir>.tmp`` and renamed to ``<dir>`` only when all
-ranks are done. A checkpoint the disk cannot hold is refused before the write, and a write that
+step/version/layout under ``extra["trainer"]``) is written once all ranks are done, then
+``checksums.json`` (the size and SHA-256 of every file, ``checksums.py``), which a load verifies
+before it parses anything; the loaded weights are checked for NaN/Inf too. Either failure is one
+``CheckpointDamaged`` line naming the file (or weight) and the checkpoint. Everything is written
+under ``<dir>.tmp`` and renamed to ``<dir>`` only when all ranks are done. A checkpoint the disk cannot hold is refused before the write, and a write that
 fails is reported with the disk's state and its ``.tmp`` removed (``disk.py``: both raise
 ``disk.CheckpointFailed`` on every rank; earlier checkpoints are untouched). Because the model
 keys and metadata are the converters' own, a trainer checkpoint converts straight to HF with
@@ -50,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_darl.trainer import disk
+from megatron_darl.trainer import checksums, disk
 from megatron_darl.trainer.checkpoint_io import (
     check_shards, chunked_model_state_dict, damaged, save_sharded,
 )
@@ -164,6 +166,9 @@ def save_checkpoint(
         raise failure from error
     if ps.rank == 0:
         _write_metadata(trainer, tmp, optim_sharding)
+    dist.barrier()
+    checksums.write_manifest(tmp)  # every file is written: hash them (collective)
+    if ps.rank == 0:
         tmp.rename(final)
     dist.barrier()
     return final
@@ -221,6 +226,10 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
     from megatron_darl.trainer.checkpoint_io import read_metadata
 
     path = Path(ckpt_dir)
+    if path.is_dir():  # every file as it was written, before any of them is parsed
+        problem = checksums.verify_checkpoint(path)
+        if problem:
+            raise damaged(path, problem)
     saved = read_metadata(path)
     meta = saved.extra.get("trainer")
     if meta is None:
@@ -244,6 +253,10 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
         raise damaged(path, f"loading failed ({type(exc).__name__}: {last})") from exc
     for i, chunk in enumerate(trainer.model_chunks):
         chunk.load_state_dict(state[f"model{i}"])
+    bad = checksums.first_problem(checksums.nonfinite_parameter(
+        (f"model{i}.{name}", p) for i, chunk in enumerate(trainer.model_chunks) for name, p in chunk.named_parameters()))
+    if bad:
+        raise damaged(path, f"weight {bad} after loading")
     # no_grad: in fp32 runs the main params are views of the (grad-requiring) params
     with torch.no_grad(), _tolerate_missing_adam_step(trainer.optimizer):
         trainer.optimizer.load_state_dict(state["optimizer"])

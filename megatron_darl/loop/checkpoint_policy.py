@@ -1,0 +1,73 @@
+"""When the trainer loop checkpoints between steps, and which checkpoint a failure leaves behind.
+
+Why: a run used to checkpoint only at its end or on a signal, so a kill -9, an OOM kill or a lost
+node of any trainer rank lost every step since the start. Now a checkpoint is due at a step
+boundary by one of two rules (``loop.checkpoint_interval``):
+
+* ``null`` (the default), by time: once the time since the last checkpoint ended reaches
+  ``last save's seconds / loop.checkpoint_overhead`` (50 x at 0.02). Periodic saves then take at
+  most that fraction of the run's wall time, whatever the model, the disk or the step time, and
+  the work a crash loses is bounded by the same interval (plus the step in flight). A save's
+  duration is unknown until one ran, so the first is due after the first step (and after the
+  first step of a resumed run): one save's cost, once.
+* ``N > 0``: every N steps; ``0``: only at the end and on a signal.
+
+Every rank must save together (the save is collective), so only rank 0's clock decides and the
+loop spreads its answer with the per-step stop agreement (no extra collective).
+
+``newest_checkpoint`` is the one a failure that cannot checkpoint (a frozen or dead trainer rank,
+weights gone NaN) names for the resume.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from megatron_darl.trainer.checkpoint_io import METADATA_NAME
+from megatron_darl.trainer.checksums import MANIFEST_NAME
+
+
+@dataclass
+class CheckpointSchedule:
+    """Rank 0's rule for a checkpoint between steps (see the module docstring)."""
+
+    interval: Optional[int]  # loop.checkpoint_interval: None = by time, 0 = never between steps
+    overhead: float  # loop.checkpoint_overhead: fraction of wall time periodic saves may take
+    last_end: float = field(default_factory=time.monotonic)  # when the last save (or the run) began
+    last_seconds: Optional[float] = None  # the last save's duration; None before the first
+
+    def due(self, step: int, start_step: int, steps: int, now: float | None = None) -> bool:
+        """Whether to checkpoint before ``step`` (steps ``start_step`` .. ``step - 1`` are done)."""
+        if step <= start_step or step >= steps:  # nothing new, or the final checkpoint comes anyway
+            return False
+        if self.interval is not None:
+            return self.interval > 0 and step % self.interval == 0
+        if self.overhead <= 0:
+            return False
+        if self.last_seconds is None:
+            return True
+        now = time.monotonic() if now is None else now
+        return now - self.last_end >= self.last_seconds / self.overhead
+
+    def saved(self, seconds: float, now: float | None = None) -> None:
+        """A checkpoint between steps took ``seconds`` and ended ``now``."""
+        self.last_seconds = seconds
+        self.last_end = time.monotonic() if now is None else now
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The finished ``step_*`` checkpoints under ``root`` (renamed from ``.tmp``, with their
+    metadata and checksums), oldest first."""
+    return sorted(p for p in Path(root).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+                  and (p / METADATA_NAME).is_file() and (p / MANIFEST_NAME).is_file())
+
+
+def newest_checkpoint(run_dir: str | Path) -> str:
+    """One clause for a failure message: the checkpoint to resume from, or that there is none."""
+    found = complete_checkpoints(Path(run_dir) / "checkpoints")
+    if not found:
+        return f"no checkpoint was written in {Path(run_dir) / 'checkpoints'} before it"
+    return f"the newest checkpoint is {found[-1]} (resume from it with loop.resume=true)"
