@@ -172,7 +172,7 @@ class LoopConfig:
     log_interval: int = 1  # steps between console log lines (metrics are written every step)
     # steps between checkpoints; null = by time (checkpoint_overhead); 0 = only at the end and on SIGTERM
     checkpoint_interval: Optional[int] = None
-    checkpoint_overhead: float = 0.02  # null interval: a save is due after its last duration / this (50x)
+    checkpoint_overhead: float = 0.015  # null interval: periodic saves' share of wall time (~67x a save apart)
     keep_checkpoints: int = 2  # newest complete checkpoints kept once a new one is; 0 = keep all
     resume: bool = False  # continue from the latest checkpoint in run_dir when there is one
     receive_timeout_s: float = 600.0  # longest wait for a step's groups before naming the workers

@@ -204,16 +204,23 @@ class TrainerLoop:
         on: the run's state is in memory, and the next checkpoint tries again. At the end it raises."""
         from megatron_darl.trainer.disk import CheckpointFailed
 
-        start = time.monotonic()
+        start, nbytes = time.monotonic(), self._checkpoint_bytes()
         try:
             path = self.save(step)
         except CheckpointFailed as exc:
             log.error("%s; training goes on, the next checkpoint (at the end at the latest) tries again", exc)
             return
         finally:
-            self.schedule.saved(time.monotonic() - start)
+            self.schedule.saved(time.monotonic() - start, nbytes)
         if self.ps.rank == 0:
-            log.info("checkpoint %s in %.2f s", path, self.schedule.last_seconds)
+            log.info("checkpoint %s in %.2f s (%.1f MB on this rank)", path, self.schedule.last_seconds, nbytes / 1e6)
+
+    def _checkpoint_bytes(self) -> int:
+        """This rank's share of the next checkpoint's tensor bytes (the schedule scales by it)."""
+        from megatron_darl.trainer.disk import checkpoint_bytes
+
+        old = [v for v in self.trainer.snapshots.versions if v != self.trainer.version] if self.use_snapshots else []
+        return checkpoint_bytes(self.trainer, len(old))
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -249,7 +256,8 @@ class TrainerLoop:
         others' collectives). One tiny gloo all-reduce per step; on a failure every rank takes
         the first rank's reason (one more collective, once). The same all-reduce carries rank 0's
         verdict on a checkpoint before ``step`` (``_save_due``: every rank saves, or none)."""
-        due = self.ps.rank == 0 and self.schedule.due(step, self.start_step, self.cfg.loop.steps)
+        due = self.ps.rank == 0 and self.schedule.due(step, self.start_step, self.cfg.loop.steps,
+                                                      self._checkpoint_bytes())
         flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal)), int(due)],
                             dtype=torch.int64)
         if self.ps.world_size > 1:

@@ -110,7 +110,7 @@ def test_a_killed_trainer_leaves_a_periodic_checkpoint_to_resume_from(tmp_path, 
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(step + 2))
     fault_record["observed"] = (f"killed after {trained} steps: the checkpoint of step {step} (kept by the "
-                                f"default policy: after step 1, then when 50x its save time has passed) was "
+                                f"default policy: after step 1, then about 67 save times apart) was "
                                 f"complete and the run resumed from it to step {step + 2}")
     fault_record["lost"] = f"the {trained - step} step(s) after the checkpoint"
 

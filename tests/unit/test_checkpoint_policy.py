@@ -16,12 +16,23 @@ from megatron_darl.trainer.checksums import (
 def test_by_time_the_first_save_follows_the_first_step_then_50x_its_duration():
     s = CheckpointSchedule(interval=None, overhead=0.02, last_end=100.0)
     assert not s.due(0, 0, 40, now=100.0)  # nothing trained yet
-    assert s.due(1, 0, 40, now=100.5)  # its duration is unknown: save once to learn it
-    s.saved(0.4, now=101.0)
-    assert not s.due(2, 0, 40, now=101.0 + 19.9)  # 0.4 s / 0.02 = 20 s
-    assert s.due(2, 0, 40, now=101.0 + 20.0)
+    assert s.due(1, 0, 40, now=100.5)  # its speed is unknown: save once to learn it
+    s.saved(0.4, nbytes=1000, now=101.0)
+    assert not s.due(2, 0, 40, 1000, now=101.0 + 19.9)  # 0.4 s / 0.02 = 20 s
+    assert s.due(2, 0, 40, 1000, now=101.0 + 20.0)
+    assert not s.due(2, 0, 40, 2000, now=101.0 + 39.9)  # twice the bytes (the snapshots filled): 40 s
+    assert s.due(2, 0, 40, 2000, now=101.0 + 40.0)
     assert not s.due(40, 0, 40, now=1e6)  # the final checkpoint comes anyway
     assert not s.due(5, 5, 40, now=1e6)  # resumed at 5: that checkpoint exists
+
+
+def test_the_slowest_of_the_last_four_saves_sets_the_pace():
+    s = CheckpointSchedule(interval=None, overhead=0.02, last_end=0.0)
+    for seconds in (3.0, 1.0, 1.0, 1.0):
+        s.saved(seconds, nbytes=100, now=0.0)
+    assert s.expected_seconds(100) == 3.0
+    s.saved(1.0, nbytes=100, now=0.0)  # the slow one leaves the window
+    assert s.expected_seconds(100) == 1.0
 
 
 def test_a_fixed_interval_and_off():
@@ -33,7 +44,7 @@ def test_a_fixed_interval_and_off():
 
 def test_loop_config_defaults_and_checks():
     cfg = LoopConfig()
-    assert (cfg.checkpoint_interval, cfg.checkpoint_overhead, cfg.keep_checkpoints) == (None, 0.02, 2)
+    assert (cfg.checkpoint_interval, cfg.checkpoint_overhead, cfg.keep_checkpoints) == (None, 0.015, 2)
     with pytest.raises(ValueError, match="loop.checkpoint_overhead"):
         LoopConfig(checkpoint_overhead=1.0)
     with pytest.raises(ValueError, match="loop.checkpoint_interval"):
