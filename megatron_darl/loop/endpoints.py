@@ -1,6 +1,9 @@
 """A trainer rank's ends of the transport, and the few collectives the loop adds on top.
 
-Rank 0 serves the control-plane store; every rank registers and beats. The replica's hub
+Rank 0 serves the control-plane store; every rank registers and beats. Rank 0 watches the other
+trainer ranks' beats and they watch rank 0 through the store: a trainer rank frozen or gone for
+``heartbeat.timeout_s`` ends the run with one line naming it (its peers' collectives would
+otherwise wait ``parallel.timeout_s`` and end in a raw gloo/NCCL timeout). The replica's hub
 (TP 0, first PP stage) owns a ``SampleHub`` (its DP shard of the groups); the leader of each PP
 stage in DP replica 0 (TP 0) owns a ``WeightSender``. Hubs agree on "enough groups arrived" with
 a sum over the hubs' gloo DP group. The groups stay on the hub (the replay state lives there

@@ -158,20 +158,33 @@ def save_checkpoint(
             torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
     except (Exception, CheckpointException) as exc:  # a full disk, a lost mount (that one is a BaseException)
         error = exc
-    if disk.any_rank(error is not None):  # also the barrier before the rename
+    failed = disk.any_rank(error is not None)  # also the barrier before the metadata
+    if not failed:
+        error = _seal(trainer, tmp, optim_sharding)  # the same verdict on every rank
+        failed = error is not None
+    if failed:
         failure = disk.write_failed(final, need, error)  # the disk as the write left it, on every rank
         dist.barrier()  # ... before rank 0 frees the partial write
         if ps.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise failure from error
     if ps.rank == 0:
-        _write_metadata(trainer, tmp, optim_sharding)
-    dist.barrier()
-    checksums.write_manifest(tmp)  # every file is written: hash them (collective)
-    if ps.rank == 0:
         tmp.rename(final)
     dist.barrier()
     return final
+
+
+def _seal(trainer, tmp: Path, optim_sharding: str) -> OSError | None:
+    """Collective, once every file is written: rank 0 writes ``megatron_darl.json``, every rank
+    hashes its share and rank 0 writes ``checksums.json``. The first failure, on every rank."""
+    problem = ""
+    if trainer.ps.rank == 0:
+        try:
+            _write_metadata(trainer, tmp, optim_sharding)
+        except OSError as exc:
+            problem = f"writing the metadata: {exc}"
+    problem = checksums.first_problem(problem) or checksums.write_manifest(tmp)
+    return OSError(problem) if problem else None
 
 
 def _write_metadata(trainer, ckpt_dir: Path, optim_sharding: str) -> None:

@@ -79,23 +79,32 @@ def first_problem(problem: str) -> str:
     return next((p for p in _gather(problem) if p), "")
 
 
-def write_manifest(ckpt_dir: Path) -> Path:
-    """Collective: hash the finished checkpoint's files, rank 0 writes ``checksums.json``."""
+def write_manifest(ckpt_dir: Path) -> str:
+    """Collective: hash the finished checkpoint's files, rank 0 writes ``checksums.json``.
+
+    Returns "" when it is written, else why not (the same line on every rank)."""
     root = Path(ckpt_dir)
     rank, world = _rank_world()
-    sizes = {name: (root / name).stat().st_size for name in checkpoint_files(root)}
-    mine = {name: sha256_file(root / name) for name in share(sizes, rank, world)}
+    sizes: dict[str, int] = {}
+    try:
+        sizes = {name: (root / name).stat().st_size for name in checkpoint_files(root)}
+        mine, problem = {name: sha256_file(root / name) for name in share(sizes, rank, world)}, ""
+    except OSError as exc:
+        mine, problem = {}, f"hashing the checkpoint's files: {exc}"
     digests: dict[str, str] = {}
-    for part in _gather(mine):
+    for part, why in _gather((mine, problem)):
         digests.update(part)
-    path = root / MANIFEST_NAME
-    if rank == 0:
+        problem = problem or why
+    if rank == 0 and not problem:
         files = {name: {"bytes": sizes[name], "sha256": digests[name]} for name in sorted(sizes)}
         payload = {"format_version": FORMAT_VERSION, "algorithm": "sha256", "files": files}
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
-        tmp.rename(path)
-    return path
+        path, tmp = root / MANIFEST_NAME, root / f"{MANIFEST_NAME}.tmp"
+        try:
+            tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+            tmp.rename(path)
+        except OSError as exc:
+            problem = f"writing {path}: {exc}"
+    return first_problem(problem)
 
 
 def read_manifest(ckpt_dir: Path) -> dict[str, dict] | None:

@@ -69,7 +69,7 @@ def _fake_checkpoint(root):
 
 def test_manifest_round_trip_and_each_damage_named(tmp_path):
     ckpt = _fake_checkpoint(tmp_path / "step_000003")
-    write_manifest(ckpt)
+    assert write_manifest(ckpt) == ""
     files = read_manifest(ckpt)
     assert sorted(files) == ["__0_0.distcp", "common.pt", "extra/dp00000.pt", "megatron_darl.json"]
     assert files["__0_0.distcp"]["bytes"] == 10240
@@ -91,7 +91,7 @@ def test_without_a_manifest_a_checkpoint_passes_and_is_not_complete(tmp_path):
     assert verify_checkpoint(ckpt) == ""  # older checkpoints load (their weights are still checked)
     assert complete_checkpoints(tmp_path / "checkpoints") == []
     assert newest_checkpoint(tmp_path).startswith("no checkpoint was written in ")
-    write_manifest(ckpt)
+    assert write_manifest(ckpt) == ""
     assert complete_checkpoints(tmp_path / "checkpoints") == [ckpt]
     assert newest_checkpoint(tmp_path) == f"the newest checkpoint is {ckpt} (resume from it with loop.resume=true)"
     assert json.loads((ckpt / MANIFEST_NAME).read_text())["algorithm"] == "sha256"
