@@ -119,10 +119,13 @@ def read_manifest(ckpt_dir: Path) -> dict[str, dict] | None:
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
         files = data["files"]
-        if data.get("format_version", 0) > FORMAT_VERSION or not isinstance(files, dict):
-            raise ValueError(f"format_version {data.get('format_version')!r}")
-        for entry in files.values():
-            int(entry["bytes"]), str(entry["sha256"])
+        if data.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(f"format_version {data.get('format_version')!r} is newer than this code's")
+        if not isinstance(files, dict):
+            raise ValueError("'files' is not a mapping")
+        for name, entry in files.items():
+            if not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+                raise ValueError(f"entry {name!r} lacks bytes or sha256")
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a checksum manifest ({type(exc).__name__}: {exc})") from None
     return files

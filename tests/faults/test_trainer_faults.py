@@ -26,18 +26,19 @@ from tests.distributed.procs.launcher import wait_for
 REPO = Path(__file__).resolve().parents[2]
 INJECT = Path(__file__).resolve().parent / "inject"
 HB_TIMEOUT_S = 5.0  # experiment=smoke's transport.heartbeat.timeout_s
-GRACE_S = 10.0
+GRACE_S = 10.0  # cluster.grace_s: the launcher's wait for children after SIGTERM
+FROZEN_GRACE_S = 3.0  # a stopped process never leaves on SIGTERM: the launcher waits this long for nothing
 
 
-def _cmd(run_dir: Path, *overrides: str) -> list[str]:
+def _cmd(run_dir: Path, *overrides: str, grace_s: float = GRACE_S) -> list[str]:
     return [sys.executable, "-m", "launch.train", "experiment=smoke", f"loop.run_dir={run_dir}",
-            "transport.control.port=0", "cluster.master_port=0", f"cluster.grace_s={GRACE_S}", *overrides]
+            "transport.control.port=0", "cluster.master_port=0", f"cluster.grace_s={grace_s}", *overrides]
 
 
-def _start(run_dir: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+def _start(run_dir: Path, *overrides: str, grace_s: float = GRACE_S) -> tuple[subprocess.Popen, Path]:
     log = run_dir.parent / f"{run_dir.name}.launcher.log"
     out = open(log, "w")
-    proc = subprocess.Popen(_cmd(run_dir, *overrides), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = subprocess.Popen(_cmd(run_dir, *overrides, grace_s=grace_s), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     out.close()
     return proc, log
@@ -120,7 +121,7 @@ def test_a_frozen_trainer_rank_is_named_within_the_heartbeat_timeout(tmp_path, f
     """Rank 0 names the frozen rank within the heartbeat timeout and the run ends non-zero naming the newest checkpoint (complete); nothing is left running."""
     run = tmp_path / "run"
     proc, log = _start(run, "cluster.trainer_ranks=2", "loop.steps=300",
-                       f"transport.heartbeat.timeout_s={HB_TIMEOUT_S}")
+                       f"transport.heartbeat.timeout_s={HB_TIMEOUT_S}", grace_s=FROZEN_GRACE_S)
     frozen = None
     try:
         wait_for(lambda: _steps(run) >= 3 or proc.poll() is not None, 300, "three steps", poll=0.2)
@@ -131,7 +132,7 @@ def test_a_frozen_trainer_rank_is_named_within_the_heartbeat_timeout(tmp_path, f
         reason = run / "logs" / "trainer0.exit"
         wait_for(reason.exists, HB_TIMEOUT_S + 60, "trainer 0 to say why it stopped", poll=0.1)
         named_s = reason.stat().st_mtime - t_stop
-        code = proc.wait(GRACE_S + 60)
+        code = proc.wait(FROZEN_GRACE_S + 60)
     finally:
         _stop(proc)
     text = log.read_text()
