@@ -413,4 +413,9 @@ def run_trainer(cfg: RunConfig, env: DistEnv, say_why: Callable[[str], None] | N
             say_why(line)
 
     endpoints = open_endpoints(cfg.transport, ps, stage_bytes=trainer.hf_stage_bytes(), say_why=leaving)
-    return TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg)).run()
+    try:
+        loop = TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg))
+    except BaseException:  # e.g. a damaged checkpoint: stop the heartbeat before the interpreter
+        endpoints.close()  # exits (a beat into a store being torn down aborted the process: exit -6)
+        raise
+    return loop.run()
