@@ -10,11 +10,12 @@ boundary by one of two rules (``loop.checkpoint_interval``):
   time, and the work a crash loses is bounded by the same interval (plus the step in flight).
   The default leaves room under 2 % for saves of one size that vary by 1.5 x on a busy machine
   (measured on CPU, default main job, 120 steps of ~0.7 s: saves at steps 1, 36 and 118 of
-  0.3-1.0 s took 2.1 % of the wall time, 1.8 % without the first). The expected seconds are the next checkpoint's bytes (``disk.checkpoint_bytes``: it
-  grows while the window's parameter snapshots fill) at the slowest seconds per byte of the last
-  few saves (a save slower than all of them is what can push the share over the target). A
-  save's speed is unknown until one ran, so the first is due after the first step (and after the
-  first step of a resumed run): one save's cost, once.
+  0.3-1.0 s took 2.1 % of the wall time, 1.8 % without the first). The expected seconds are the
+  next checkpoint's bytes (``disk.checkpoint_bytes``: it grows while the window's parameter
+  snapshots fill) at the slowest seconds per byte of the last four saves (a save slower than all
+  of them is what can push the share over the target). A save's speed is unknown until one ran,
+  so the first is due after the first step (and after the first step of a resumed run): one
+  save's cost, once.
 * ``N > 0``: every N steps; ``0``: only at the end and on a signal.
 
 Every rank must save together (the save is collective), so only rank 0's clock decides and the

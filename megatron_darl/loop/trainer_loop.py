@@ -20,10 +20,10 @@ agrees on it at the next step boundary, the run checkpoints the same way and ``r
 ``RunAborted`` with that one line: the run's work is kept and the exit is non-zero.
 
 Failures that leave no chance to checkpoint are covered by checkpoints between steps
-(``checkpoint_policy``: by default whenever the time since the last one reaches 50 times its
-duration): a killed or frozen trainer rank (every rank is watched, ``endpoints``), or a loss or
-gradient norm gone NaN/Inf, whose weights are neither published nor checkpointed. Either way
-the line names the newest checkpoint to resume from.
+(``checkpoint_policy``: by default once the time since the last one reaches about 67 times a
+save's duration, ``loop.checkpoint_overhead``): a killed or frozen trainer rank (every rank is
+watched, ``endpoints``), or a loss or gradient norm gone NaN/Inf, whose weights are neither
+published nor checkpointed. Either way the line names the newest checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -415,7 +415,7 @@ def run_trainer(cfg: RunConfig, env: DistEnv, say_why: Callable[[str], None] | N
     endpoints = open_endpoints(cfg.transport, ps, stage_bytes=trainer.hf_stage_bytes(), say_why=leaving)
     try:
         loop = TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg))
-    except BaseException:  # e.g. a damaged checkpoint: stop the heartbeat before the interpreter
-        endpoints.close()  # exits (a beat into a store being torn down aborted the process: exit -6)
+    except BaseException:  # e.g. a damaged checkpoint to resume from: the endpoints' threads
+        endpoints.close()  # (heartbeat, publisher) left running at exit aborted the process (-6)
         raise
     return loop.run()

@@ -26,9 +26,10 @@ step/version/layout under ``extra["trainer"]``) is written once all ranks are do
 ``checksums.json`` (the size and SHA-256 of every file, ``checksums.py``), which a load verifies
 before it parses anything; the loaded weights are checked for NaN/Inf too. Either failure is one
 ``CheckpointDamaged`` line naming the file (or weight) and the checkpoint. Everything is written
-under ``<dir>.tmp`` and renamed to ``<dir>`` only when all ranks are done. A checkpoint the disk cannot hold is refused before the write, and a write that
-fails is reported with the disk's state and its ``.tmp`` removed (``disk.py``: both raise
-``disk.CheckpointFailed`` on every rank; earlier checkpoints are untouched). Because the model
+under ``<dir>.tmp`` and renamed to ``<dir>`` only when all ranks are done. A checkpoint the disk
+cannot hold is refused before the write, and a write (or its sealing) that fails is reported
+with the disk's state and its ``.tmp`` removed (``disk.py``: both raise ``disk.CheckpointFailed``
+on every rank; earlier checkpoints are untouched). Because the model
 keys and metadata are the converters' own, a trainer checkpoint converts straight to HF with
 ``tools/convert_megatron_to_hf.py``.
 
@@ -266,8 +267,9 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
         raise damaged(path, f"loading failed ({type(exc).__name__}: {last})") from exc
     for i, chunk in enumerate(trainer.model_chunks):
         chunk.load_state_dict(state[f"model{i}"])
-    bad = checksums.first_problem(checksums.nonfinite_parameter(
-        (f"model{i}.{name}", p) for i, chunk in enumerate(trainer.model_chunks) for name, p in chunk.named_parameters()))
+    named = ((f"model{i}.{name}", p) for i, chunk in enumerate(trainer.model_chunks)
+             for name, p in chunk.named_parameters())
+    bad = checksums.first_problem(checksums.nonfinite_parameter(named))  # every rank, the same line
     if bad:
         raise damaged(path, f"weight {bad} after loading")
     # no_grad: in fp32 runs the main params are views of the (grad-requiring) params

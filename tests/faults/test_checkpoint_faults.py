@@ -45,7 +45,7 @@ def _tensor_bytes(ckpt: Path, prefix: str) -> tuple[Path, int, int]:
     from torch.distributed.checkpoint import FileSystemReader
 
     storage = FileSystemReader(str(ckpt)).read_metadata().storage_data
-    index, info = min(((k, v) for k, v in storage.items() if k.fqn == prefix), key=lambda kv: kv[1].offset)
+    _, info = min(((k, v) for k, v in storage.items() if k.fqn == prefix), key=lambda kv: kv[1].offset)
     return ckpt / info.relative_path, info.offset, info.length
 
 
@@ -95,7 +95,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(trained_run, tmp_path, 
     assert "Traceback" not in out, out[-3000:]
     rows = (run / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2  # nothing trained from the damaged state
-    fault_record["observed"] = line.split("run failed (exit 1): ")[-1][:300]
+    fault_record["observed"] = line.split("run failed (exit 1): ")[-1].split("; the previous checkpoint")[0][:300]
     fault_record["lost"] = "the steps after the previous checkpoint (the damaged one is kept for inspection)"
 
 

@@ -38,7 +38,8 @@ def _cmd(run_dir: Path, *overrides: str, grace_s: float = GRACE_S) -> list[str]:
 def _start(run_dir: Path, *overrides: str, grace_s: float = GRACE_S) -> tuple[subprocess.Popen, Path]:
     log = run_dir.parent / f"{run_dir.name}.launcher.log"
     out = open(log, "w")
-    proc = subprocess.Popen(_cmd(run_dir, *overrides, grace_s=grace_s), cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(_cmd(run_dir, *overrides, grace_s=grace_s), cwd=REPO, env=env,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     out.close()
     return proc, log
