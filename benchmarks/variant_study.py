@@ -122,7 +122,8 @@ def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
            f"algorithm.ppo_minibatches={args.minibatches}", f"algorithm.group_size={args.group_size}",
            f"worker.groups_per_batch={per_call}", f"sampling.max_new_tokens={args.max_new_tokens}",
            f"data={args.data}", *args.data_overrides_prefixed, f"model.path={args.model_path}",
-           f"loop.checkpoint_interval={args.eval_every}", "loop.receive_timeout_s=1200",
+           f"loop.checkpoint_interval={args.eval_every}", "loop.keep_checkpoints=0",  # each is scored
+           "loop.receive_timeout_s=1200",
            "replay.drop_degenerate=false",  # else the backlog is dead groups: no staleness (docstring)
            *args.overrides]
     return preset, out

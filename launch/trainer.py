@@ -3,8 +3,10 @@
 Started by ``launch.train`` with torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), or by ``srun`` with SLURM_PROCID/SLURM_NTASKS; only this entry point reads them.
 It loads the run's resolved config with its secret (``launch.lifeline.start_child``) and runs
-``megatron_darl.loop.trainer_loop.run_trainer``. When the loop gives up (``RunAborted``, after its
-checkpoint) the rank logs the one line, writes it where the launcher reads it, and exits 1.
+``megatron_darl.loop.trainer_loop.run_trainer``. When the loop gives up (``RunAborted``: its line
+names the checkpoint kept), a checkpoint cannot be written or the one to resume from is damaged,
+the rank logs the one line, writes it where the launcher reads it, and exits 1; a rank that lost
+another trainer rank writes its line there and exits 3 at once.
 """
 
 from __future__ import annotations
@@ -49,19 +51,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
     args, overrides = parser.parse_known_args(argv)
     from megatron_darl.loop.trainer_loop import RunAborted, run_trainer
+    from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
     from megatron_darl.trainer.disk import CheckpointFailed
 
     env = dist_env(os.environ)
     cfg = start_child(f"trainer{env.rank}", args.config, overrides)
+    reason = exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank)
     try:
-        return run_trainer(cfg, env)
-    except RunAborted as exc:
-        logging.getLogger("launch.trainer").error("run aborted (checkpoint written): %s", exc)
-        write_exit_reason(exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank), str(exc))
+        return run_trainer(cfg, env, say_why=lambda line: write_exit_reason(reason, line))
+    except RunAborted as exc:  # its line says which checkpoint was kept
+        logging.getLogger("launch.trainer").error("run aborted: %s", exc)
+        write_exit_reason(reason, str(exc))
         return 1
-    except CheckpointFailed as exc:  # the final checkpoint (a full disk): every rank says so, no traceback
+    except (CheckpointFailed, CheckpointDamaged) as exc:  # a full disk at the end, a damaged resume: no traceback
         logging.getLogger("launch.trainer").error("%s", exc)
-        write_exit_reason(exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank), str(exc))
+        write_exit_reason(reason, str(exc))
         return 1
 
 

@@ -54,8 +54,10 @@ class LoopConfig:
     steps: int = 100  # optimizer steps to run
     run_dir: str = "runs/default"  # metrics.jsonl, tensorboard/, plot, summary, checkpoints
     log_interval: int = 1  # steps between console log lines (metrics are written every step)
-    checkpoint_interval: int = 0  # steps between checkpoints; 0 = only at the end and on SIGTERM
-    keep_checkpoints: int = 0  # newest checkpoints kept once a new one is complete; 0 = keep all
+    # steps between checkpoints; null = by time (checkpoint_overhead); 0 = only at the end and on SIGTERM
+    checkpoint_interval: Optional[int] = None
+    checkpoint_overhead: float = 0.015  # null interval: periodic saves' share of wall time (~67x a save apart)
+    keep_checkpoints: int = 2  # newest complete checkpoints kept once a new one is; 0 = keep all
     resume: bool = False  # continue from the latest checkpoint in run_dir when there is one
     receive_timeout_s: float = 600.0  # longest wait for a step's groups before naming the workers
     progress_bar: bool = True  # live tqdm bar (step, reward, staleness, tokens/s)
@@ -70,8 +72,10 @@ class LoopConfig:
             raise ValueError(f"loop.steps must be >= 0, got {self.steps}")
         if self.log_interval < 1:
             raise ValueError(f"loop.log_interval must be >= 1, got {self.log_interval}")
-        if self.checkpoint_interval < 0:
-            raise ValueError(f"loop.checkpoint_interval must be >= 0, got {self.checkpoint_interval}")
+        if self.checkpoint_interval is not None and self.checkpoint_interval < 0:
+            raise ValueError(f"loop.checkpoint_interval must be >= 0 or null, got {self.checkpoint_interval}")
+        if not 0 <= self.checkpoint_overhead < 1:
+            raise ValueError(f"loop.checkpoint_overhead must be in [0, 1), got {self.checkpoint_overhead}")
         if self.keep_checkpoints < 0:
             raise ValueError(f"loop.keep_checkpoints must be >= 0 (0 keeps all), got {self.keep_checkpoints}")
         if self.receive_timeout_s <= 0:

@@ -1,6 +1,9 @@
 """A trainer rank's ends of the transport, and the few collectives the loop adds on top.
 
-Rank 0 serves the control-plane store; every rank registers and beats. The replica's hub
+Rank 0 serves the control-plane store; every rank registers and beats. Rank 0 watches the other
+trainer ranks' beats and they watch rank 0 through the store: a trainer rank frozen or gone for
+``heartbeat.timeout_s`` ends the run with one line naming it (its peers' collectives would
+otherwise wait ``parallel.timeout_s`` and end in a raw gloo/NCCL timeout). The replica's hub
 (TP 0, first PP stage) owns a ``SampleHub`` (its DP shard of the groups); the leader of each PP
 stage in DP replica 0 (TP 0) owns a ``WeightSender``. Hubs agree on "enough groups arrived" with
 a sum over the hubs' gloo DP group. The groups stay on the hub (the replay state lives there
@@ -37,7 +40,8 @@ from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from megatron_darl.transport.weight_protocol import SyncKeys, SyncReport
 
 log = logging.getLogger(__name__)
-EXIT_RANK0_LOST = 3  # a trainer rank whose rank 0 (the store host) is frozen or gone
+EXIT_TRAINER_LOST = 3  # a trainer rank that lost another trainer rank (frozen or gone)
+EXIT_RANK0_LOST = EXIT_TRAINER_LOST  # the lost one was rank 0, the store host
 
 
 @dataclass
@@ -60,15 +64,16 @@ class TrainerEndpoints:
         self.heartbeat.close()
 
 
-def _release_on_loss(transport: TransportConfig):
-    """Heartbeat callback: name the lost worker, and give back the staleness reservations of the
-    groups that died with it (a restarted process gives back its predecessor's itself, before it
-    reserves: here they could already be its own)."""
+def _release_on_loss(transport: TransportConfig, leave: Callable[[PeerLoss], None]):
+    """Rank 0's heartbeat callback: a lost worker is named and the staleness reservations of the
+    groups that died with it given back (training goes on; a restarted process gives back its
+    predecessor's itself, before it reserves: here they could already be its own); a lost
+    trainer rank ends this one (``leave``)."""
     store = connect_store(transport.control, who="trainer 0 loss handler")
 
     def on_loss(loss: PeerLoss) -> None:
-        if loss.role != WORKER:
-            log.error("lost %s (silent %.1f s at step %d)", loss.peer, loss.silent_s, loss.step)
+        if loss.role == TRAINER:
+            leave(loss)
         elif loss.replaced_by:
             log.error("lost %s at step %d: it died and %s beats in its place (restarted); its groups in "
                       "flight are dropped", loss.peer, loss.step, loss.replaced_by)
@@ -91,24 +96,37 @@ def worker_health(ep: "TrainerEndpoints", num_workers: int) -> dict[str, float]:
             "groups_dropped": float(groups_dropped(ep.store))}
 
 
-def _exit_on_rank0_loss(loss: PeerLoss) -> None:
-    """Heartbeat callback of ranks > 0: rank 0 frozen or gone means the job cannot go on."""
-    if (loss.role, loss.rank) == (TRAINER, 0):
-        log.error("lost %s (silent %.1f s at step %d); exiting %d", loss.peer, loss.silent_s,
-                  loss.step, EXIT_RANK0_LOST)
+def _leave_on_trainer_loss(rank: int, say_why: Callable[[str], None]) -> Callable[[PeerLoss], None]:
+    """Heartbeat callback for a lost trainer rank: this rank's next collective with it would wait
+    ``parallel.timeout_s`` (600 s) and end in a raw gloo/NCCL timeout, and no checkpoint can be
+    written without it (saving is collective), so the rank says why (``say_why``: the loop adds the
+    newest checkpoint and writes the line for the launcher) and exits ``EXIT_TRAINER_LOST`` now."""
+    def leave(loss: PeerLoss) -> None:
+        say_why(f"trainer rank {rank}: lost {loss.peer}: no heartbeat for {loss.silent_s:.1f} s "
+                f"(transport.heartbeat.timeout_s) at step {loss.step}; the run cannot go on without it "
+                f"and cannot checkpoint without it (a checkpoint is collective)")
         logging.shutdown()
-        os._exit(EXIT_RANK0_LOST)
+        os._exit(EXIT_TRAINER_LOST)
+
+    return leave
 
 
-def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0) -> TrainerEndpoints:
+def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0,
+                   say_why: Callable[[str], None] | None = None) -> TrainerEndpoints:
     """Serve or join the store, start the heartbeat, and open this rank's hub/sender (with its
-    background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy)."""
+    background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy).
+
+    Every trainer rank is watched: rank 0 watches the others' beats, they watch rank 0 through
+    the store it serves; a lost one ends the run within ``heartbeat.timeout_s``, with
+    ``say_why`` (default: the log) given the one line naming it."""
     control = transport.control
     store = serve_store(control) if ps.rank == 0 else connect_store(control, who=f"trainer {ps.rank}")
     me = MemberInfo.here(TRAINER, ps.rank)
     register(store, me)
-    on_loss = _release_on_loss(transport) if ps.rank == 0 else _exit_on_rank0_loss
-    hb = Heartbeat(control, transport.heartbeat, me, on_loss=on_loss,
+    leave = _leave_on_trainer_loss(ps.rank, say_why or (lambda line: log.error("%s", line)))
+    on_loss = _release_on_loss(transport, leave) if ps.rank == 0 else leave
+    peers = [(TRAINER, r) for r in range(1, ps.world_size)] if ps.rank == 0 else []
+    hb = Heartbeat(control, transport.heartbeat, me, watch=peers, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
     hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if ps.is_hub else None
     leader = ps.tp_rank == 0 and ps.dp_rank == 0

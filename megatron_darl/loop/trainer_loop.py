@@ -18,20 +18,28 @@ When the rollout side fails for good (no group for ``loop.receive_timeout_s``, e
 lost, or a weight sync that no worker could take) the rank that saw it says why, every rank
 agrees on it at the next step boundary, the run checkpoints the same way and ``run`` raises
 ``RunAborted`` with that one line: the run's work is kept and the exit is non-zero.
+
+Failures that leave no chance to checkpoint are covered by checkpoints between steps
+(``checkpoint_policy``: by default once the time since the last one reaches about 67 times a
+save's duration, ``loop.checkpoint_overhead``): a killed or frozen trainer rank (every rank is
+watched, ``endpoints``), or a loss or gradient norm gone NaN/Inf, whose weights are neither
+published nor checkpointed. Either way the line names the newest checkpoint to resume from.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from megatron_darl.loop.checkpoint_policy import CheckpointSchedule, newest_checkpoint
 from megatron_darl.loop.checkpoints import complete_checkpoints
 from megatron_darl.loop.config import ModelConfig, density_temperature
 from megatron_darl.loop.endpoints import (
@@ -44,7 +52,7 @@ from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
 from megatron_darl.step.stats import StepStats
 from megatron_darl.step.runner import StepClock, StepRunner, uses_snapshots
-from megatron_darl.transport import WORKER, TransportTimeout, WeightSyncFailed
+from megatron_darl.transport import TRAINER, WORKER, TransportTimeout, WeightSyncFailed
 from megatron_darl.transport.weight_protocol import SyncReport
 
 log = logging.getLogger(__name__)
@@ -133,6 +141,9 @@ class TrainerLoop:
         self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
         self.sync: SyncReport | None = None  # the last weight sync that finished (stage leaders)
         self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
+        self.diverged = False  # the weights went NaN/Inf: no checkpoint may be written of them
+        self.schedule = CheckpointSchedule(cfg.loop.checkpoint_interval, cfg.loop.checkpoint_overhead)
+        self._save_due = False  # agreed at the last step boundary: checkpoint before the next step
         self._rates = WorkerRates(workers)  # rank 0: per-worker rollout metrics
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -193,51 +204,70 @@ class TrainerLoop:
         on: the run's state is in memory, and the next checkpoint tries again. At the end it raises."""
         from megatron_darl.trainer.disk import CheckpointFailed
 
+        start, nbytes = time.monotonic(), self._checkpoint_bytes()
         try:
-            self.save(step)
+            path = self.save(step)
         except CheckpointFailed as exc:
             log.error("%s; training goes on, the next checkpoint (at the end at the latest) tries again", exc)
+            return
+        finally:
+            self.schedule.saved(time.monotonic() - start, nbytes)
+        if self.ps.rank == 0:
+            log.info("checkpoint %s in %.2f s (%.1f MB on this rank)", path, self.schedule.last_seconds, nbytes / 1e6)
+
+    def _checkpoint_bytes(self) -> int:
+        """This rank's share of the next checkpoint's tensor bytes (the schedule scales by it)."""
+        from megatron_darl.trainer.disk import checkpoint_bytes
+
+        old = [v for v in self.trainer.snapshots.versions if v != self.trainer.version] if self.use_snapshots else []
+        return checkpoint_bytes(self.trainer, len(old))
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
         """Train to ``loop.steps`` (0); raises ``RunAborted`` after the checkpoint when it gave up."""
         if self.use_snapshots:
             self.trainer.snapshot(keep=self.runner.window.versions(self.trainer.version))
-        step, interval = self.start_step, self.cfg.loop.checkpoint_interval
+        step, saved = self.start_step, None
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
                 wait_for_workers(self.ep, self.ps, self.cfg.transport.control.num_workers,
                                  self.cfg.loop.receive_timeout_s, tag=step)
                 self._publish()
-            while step < self.cfg.loop.steps and not self._stop_agreed():
+            while step < self.cfg.loop.steps and not self._stop_agreed(step):
+                if self._save_due:
+                    self._save_between(step)
                 self.ep.heartbeat.step = step
                 if not self.step(step):
                     break
                 step += 1
-                if interval and step % interval == 0 and step < self.cfg.loop.steps:
-                    self._save_between(step)
             self._finish_publish()
-            self._stop_agreed()  # a failure in the last step's publish: every rank learns it
-            self.save(step)
+            self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
+            if not self.diverged:  # NaN weights are never checkpointed: the newest one stays the last good
+                saved = self.save(step)
         finally:
             self._shutdown(step)
         if self.fatal:
-            raise RunAborted(self.fatal)
+            raise RunAborted(self.fatal if self.diverged else f"{self.fatal}; checkpoint {saved} written")
         return 0
 
-    def _stop_agreed(self) -> bool:
+    def _stop_agreed(self, step: int) -> bool:
         """True on every trainer rank when any rank got the signal or gave up: ranks that saw it
         a moment apart must still leave the loop at the same step (a rank alone would hang the
         others' collectives). One tiny gloo all-reduce per step; on a failure every rank takes
-        the first rank's reason (one more collective, once)."""
-        flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal))], dtype=torch.int64)
+        the first rank's reason (one more collective, once). The same all-reduce carries rank 0's
+        verdict on a checkpoint before ``step`` (``_save_due``: every rank saves, or none)."""
+        due = self.ps.rank == 0 and self.schedule.due(step, self.start_step, self.cfg.loop.steps,
+                                                      self._checkpoint_bytes())
+        flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal)), int(due)],
+                            dtype=torch.int64)
         if self.ps.world_size > 1:
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._world_gloo)
         if int(flag[1]) and self.ps.world_size > 1:
             reasons: list[str] = [""] * self.ps.world_size
             torch.distributed.all_gather_object(reasons, self.fatal, group=self._world_gloo)
             self.fatal = next(r for r in reasons if r)
-        return bool(flag.any())
+        self._save_due = bool(flag[2])
+        return bool(flag[:2].any())
 
     def _publish(self) -> None:
         """Send the current version to the rollout workers; a sync no worker could take is fatal."""
@@ -267,11 +297,29 @@ class TrainerLoop:
         clock = StepClock(receive_wait_seconds=time.monotonic() - start)
         plan = self.runner.plan(groups, step, clock)  # TP/PP peers: the hub's mini-batches
         result = self.runner.train(plan, clock)
+        if self._diverged(step, result):
+            return False
         self._publish()
         clock.lap("publish_seconds")
         if self.planner is not None:  # the hub: end the step, log it
             self.planner.evict(self.trainer.version, plan.stats)
             self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
+        return True
+
+    def _diverged(self, step: int, result) -> bool:
+        """A loss or gradient norm that is NaN/Inf stops the run before the weights it produced
+        are published or checkpointed (the same numbers on every rank: all ranks stop here)."""
+        clipped = self.cfg.trainer.optimizer.clip_grad > 0  # else Megatron computes no norm (NaN stands in)
+        bad = [f"{name} {value}" for name, value, on in (("loss", result.loss, True),
+                                                          ("gradient norm", result.grad_norm, clipped))
+               if on and not math.isfinite(value)]
+        if not bad:
+            return False
+        self.diverged = True
+        self.fatal = (f"trainer step {step}: {' and '.join(bad)}: the weights of version {self.trainer.version} "
+                      f"are not trustworthy, so they were neither published nor checkpointed; "
+                      f"{newest_checkpoint(self.run_dir)}")
+        log.error("%s", self.fatal)
         return True
 
     def _receive(self, step: int) -> list | None:
@@ -340,6 +388,9 @@ class TrainerLoop:
     def _shutdown(self, step: int) -> None:
         from megatron_darl.transport import request_stop, wait_for_exits
 
+        if self.ps.rank == 0:  # past the last collective: the other ranks may leave before rank 0
+            for r in range(1, self.ps.world_size):
+                self.ep.heartbeat.unwatch(TRAINER, r)
         if self.logger is not None:
             self.logger.close({"variant": self.cfg.algorithm.variant, "final_version": self.trainer.version})
         if self.ps.rank == 0:
@@ -353,8 +404,22 @@ class TrainerLoop:
         log.info("trainer rank %d stopped after step %d", self.ps.rank, step)
 
 
-def run_trainer(cfg: RunConfig, env: DistEnv) -> int:
-    """Entry of one trainer rank (called by ``launch.trainer``)."""
+def run_trainer(cfg: RunConfig, env: DistEnv, say_why: Callable[[str], None] | None = None) -> int:
+    """Entry of one trainer rank (called by ``launch.trainer``). When another trainer rank is
+    lost this rank exits at once (``endpoints``): the one line why, with the newest checkpoint to
+    resume from, goes to the log and to ``say_why`` (the launcher's reason file)."""
     trainer, ps = build_trainer(cfg, env)
-    endpoints = open_endpoints(cfg.transport, ps, stage_bytes=trainer.hf_stage_bytes())
-    return TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg)).run()
+
+    def leaving(line: str) -> None:
+        line = f"{line}; {newest_checkpoint(cfg.loop.run_dir)}"
+        log.error("%s", line)
+        if say_why is not None:
+            say_why(line)
+
+    endpoints = open_endpoints(cfg.transport, ps, stage_bytes=trainer.hf_stage_bytes(), say_why=leaving)
+    try:
+        loop = TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg))
+    except BaseException:  # e.g. a damaged checkpoint to resume from: the endpoints' threads
+        endpoints.close()  # (heartbeat, publisher) left running at exit aborted the process (-6)
+        raise
+    return loop.run()

@@ -18,4 +18,5 @@ heavy is imported here; the public API lives in the submodules:
       .step, .version
   checkpoint.save_checkpoint(trainer, dir, extra_state=None, with_snapshots=False),
       load_checkpoint(trainer, dir, with_snapshots=False)   (snapshots: exact backfill on resume)
+  checksums.write_manifest(dir), verify_checkpoint(dir)     sha256 of every file (collective)
 """

@@ -22,11 +22,14 @@ state holds tensors and plain types only (checked at save) and is read with
 ``torch.load(weights_only=True)``: a checkpoint is data, and a crafted pickle there must not run
 code on resume. ``megatron_darl.json``
 (``checkpoint_io.CheckpointMetadata``, the same file the converters write, with the trainer's
-step/version/layout under ``extra["trainer"]``) is written last; a directory without it is
-incomplete. Everything is written under ``<dir>.tmp`` and renamed to ``<dir>`` only when all
-ranks are done. A checkpoint the disk cannot hold is refused before the write, and a write that
-fails is reported with the disk's state and its ``.tmp`` removed (``disk.py``: both raise
-``disk.CheckpointFailed`` on every rank; earlier checkpoints are untouched). Because the model
+step/version/layout under ``extra["trainer"]``) is written once all ranks are done, then
+``checksums.json`` (the size and SHA-256 of every file, ``checksums.py``), which a load verifies
+before it parses anything; the loaded weights are checked for NaN/Inf too. Either failure is one
+``CheckpointDamaged`` line naming the file (or weight) and the checkpoint. Everything is written
+under ``<dir>.tmp`` and renamed to ``<dir>`` only when all ranks are done. A checkpoint the disk
+cannot hold is refused before the write, and a write (or its sealing) that fails is reported
+with the disk's state and its ``.tmp`` removed (``disk.py``: both raise ``disk.CheckpointFailed``
+on every rank; earlier checkpoints are untouched). Because the model
 keys and metadata are the converters' own, a trainer checkpoint converts straight to HF with
 ``tools/convert_megatron_to_hf.py``.
 
@@ -50,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_darl.trainer import disk
+from megatron_darl.trainer import checksums, disk
 from megatron_darl.trainer.checkpoint_io import (
     check_shards, chunked_model_state_dict, damaged, save_sharded,
 )
@@ -156,17 +159,33 @@ def save_checkpoint(
             torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
     except (Exception, CheckpointException) as exc:  # a full disk, a lost mount (that one is a BaseException)
         error = exc
-    if disk.any_rank(error is not None):  # also the barrier before the rename
+    failed = disk.any_rank(error is not None)  # also the barrier before the metadata
+    if not failed:
+        error = _seal(trainer, tmp, optim_sharding)  # the same verdict on every rank
+        failed = error is not None
+    if failed:
         failure = disk.write_failed(final, need, error)  # the disk as the write left it, on every rank
         dist.barrier()  # ... before rank 0 frees the partial write
         if ps.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise failure from error
     if ps.rank == 0:
-        _write_metadata(trainer, tmp, optim_sharding)
         tmp.rename(final)
     dist.barrier()
     return final
+
+
+def _seal(trainer, tmp: Path, optim_sharding: str) -> OSError | None:
+    """Collective, once every file is written: rank 0 writes ``megatron_darl.json``, every rank
+    hashes its share and rank 0 writes ``checksums.json``. The first failure, on every rank."""
+    problem = ""
+    if trainer.ps.rank == 0:
+        try:
+            _write_metadata(trainer, tmp, optim_sharding)
+        except OSError as exc:
+            problem = f"writing the metadata: {exc}"
+    problem = checksums.first_problem(problem) or checksums.write_manifest(tmp)
+    return OSError(problem) if problem else None
 
 
 def _write_metadata(trainer, ckpt_dir: Path, optim_sharding: str) -> None:
@@ -221,6 +240,10 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
     from megatron_darl.trainer.checkpoint_io import read_metadata
 
     path = Path(ckpt_dir)
+    if path.is_dir():  # every file as it was written, before any of them is parsed
+        problem = checksums.verify_checkpoint(path)
+        if problem:
+            raise damaged(path, problem)
     saved = read_metadata(path)
     meta = saved.extra.get("trainer")
     if meta is None:
@@ -244,6 +267,11 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
         raise damaged(path, f"loading failed ({type(exc).__name__}: {last})") from exc
     for i, chunk in enumerate(trainer.model_chunks):
         chunk.load_state_dict(state[f"model{i}"])
+    named = ((f"model{i}.{name}", p) for i, chunk in enumerate(trainer.model_chunks)
+             for name, p in chunk.named_parameters())
+    bad = checksums.first_problem(checksums.nonfinite_parameter(named))  # every rank, the same line
+    if bad:
+        raise damaged(path, f"weight {bad} after loading")
     # no_grad: in fp32 runs the main params are views of the (grad-requiring) params
     with torch.no_grad(), _tolerate_missing_adam_step(trainer.optimizer):
         trainer.optimizer.load_state_dict(state["optimizer"])

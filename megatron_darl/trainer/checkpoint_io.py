@@ -104,7 +104,11 @@ def previous_checkpoint(ckpt_dir: str | Path) -> Path | None:
     return max(older, default=None)
 
 
-def damaged(ckpt_dir: str | Path, problem: str) -> ValueError:
+class CheckpointDamaged(ValueError):
+    """A checkpoint that must not be loaded: the message is one line naming it and the problem."""
+
+
+def damaged(ckpt_dir: str | Path, problem: str) -> CheckpointDamaged:
     """A one-line error for a checkpoint that cannot be loaded, offering the previous one."""
     path = Path(ckpt_dir)
     prev = previous_checkpoint(path)
@@ -112,7 +116,7 @@ def damaged(ckpt_dir: str | Path, problem: str) -> ValueError:
     offer = (f"the previous checkpoint is {prev}: move the damaged one aside (mv {path} {aside}) "
              "and resume again (loop.resume=true takes the newest step_*)" if prev is not None
              else f"there is no earlier checkpoint in {path.parent}")
-    return ValueError(f"checkpoint {path} is damaged: {problem}; {offer}")
+    return CheckpointDamaged(f"checkpoint {path} is damaged: {problem}; {offer}")
 
 
 def sharded_model_state_dict(model_chunks) -> dict:

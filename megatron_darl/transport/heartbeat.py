@@ -101,6 +101,13 @@ class Heartbeat:
             if (role, rank) not in self._watch:
                 self._watch.append((role, rank))
 
+    def unwatch(self, role: str, rank: int) -> None:
+        """Stop watching a peer: from now on it may leave without being reported (a run's end)."""
+        with self._lock:
+            if (role, rank) in self._watch:
+                self._watch.remove((role, rank))
+            self._lost.pop((role, rank), None)
+
     def lost(self) -> list[PeerLoss]:
         """Peers reported lost and not back since."""
         with self._lock:
@@ -220,7 +227,9 @@ class Heartbeat:
                     log.warning("%s is beating again (step %d)", member.describe(), self.step)
                 continue
             silent = now - prev[1]
-            if silent > self.cfg.timeout_s and (role, rank) not in self._lost:
+            with self._lock:
+                watched = (role, rank) in self._watch
+            if silent > self.cfg.timeout_s and (role, rank) not in self._lost and watched:
                 self._report(PeerLoss(prev[2].describe(), role, rank, silent, self.step), (role, rank))
 
     def _report(self, loss: PeerLoss, key: tuple[str, int] | None) -> None:

@@ -1,8 +1,8 @@
-"""Fault injection into a real rollout worker started by ``python -m launch.train``.
+"""Fault injection into a real rollout worker or trainer rank started by ``python -m launch.train``.
 
 Loaded by every Python process whose PYTHONPATH lists this folder (a test sets it for the
 launcher, whose children inherit it); it acts only in rollout workers (``--worker-id`` on the
-command line) and only when ``DARL_FAULT`` asks for it:
+command line) or trainer ranks (``--config`` and ``RANK``), and only when ``DARL_FAULT`` asks:
 
 - ``stall_after:N``: the engine's ``generate`` hangs forever from its (N+1)-th call on, while the
   worker's heartbeat thread keeps beating (a worker alive but producing nothing).
@@ -11,6 +11,9 @@ command line) and only when ``DARL_FAULT`` asks for it:
 - ``kill:W:generate:N``: rollout worker W SIGKILLs itself in the N-th call of the engine's
   ``generate`` (its batch reserved against the staleness bound, generating).
   W may list several workers (``kill:0,1:generate:2``): each kills itself at its own N-th call.
+- ``nan_weight_at:N``: before the trainer's N-th train step (1-based) one value of the final
+  norm's weight becomes NaN on every rank (memory corrupted, or a step that overflowed): every
+  logit, the loss and the gradients go NaN from there on.
 
 A kill fires in the first process of worker W only: it leaves ``fault_fired_rolloutW`` next to
 the run config (``--config``), so a worker restarted with the same id runs clean.
@@ -73,3 +76,24 @@ if _FAULT.startswith("kill:") and _arg("--worker-id") in _FAULT.split(":")[1].sp
         hf.HFEngine.generate = _kill_on_nth(hf.HFEngine.generate)
     else:
         raise ValueError(f"DARL_FAULT={_FAULT!r}: where must be sync or generate")
+
+if _FAULT.startswith("nan_weight_at:") and "--config" in sys.argv and "--worker-id" not in sys.argv \
+        and os.environ.get("RANK") is not None:
+    import torch
+
+    from megatron_darl.trainer import policy_trainer
+
+    _steps = {"n": 0}
+    _at = int(_FAULT.split(":", 1)[1])
+    _train_steps = policy_trainer.PolicyTrainer.train_steps
+
+    def _poisoned_train_steps(self, minibatches, loss_fn):
+        _steps["n"] += 1
+        if _steps["n"] == _at:
+            with torch.no_grad():
+                for name, p in self.model_chunks[0].named_parameters():
+                    if "final_layernorm" in name:
+                        p.view(-1)[0] = float("nan")
+        return _train_steps(self, minibatches, loss_fn)
+
+    policy_trainer.PolicyTrainer.train_steps = _poisoned_train_steps

@@ -1,0 +1,108 @@
+"""When the loop checkpoints between steps, and the checksum manifest a checkpoint carries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_darl.loop.checkpoint_policy import CheckpointSchedule, newest_checkpoint
+from megatron_darl.loop.checkpoints import complete_checkpoints
+from megatron_darl.loop.config import LoopConfig
+from megatron_darl.trainer.checksums import (
+    MANIFEST_NAME, nonfinite_parameter, read_manifest, share, verify_checkpoint, write_manifest,
+)
+
+
+def test_by_time_the_first_save_follows_the_first_step_then_50x_its_duration():
+    s = CheckpointSchedule(interval=None, overhead=0.02, last_end=100.0)
+    assert not s.due(0, 0, 40, now=100.0)  # nothing trained yet
+    assert s.due(1, 0, 40, now=100.5)  # its speed is unknown: save once to learn it
+    s.saved(0.4, nbytes=1000, now=101.0)
+    assert not s.due(2, 0, 40, 1000, now=101.0 + 19.9)  # 0.4 s / 0.02 = 20 s
+    assert s.due(2, 0, 40, 1000, now=101.0 + 20.0)
+    assert not s.due(2, 0, 40, 2000, now=101.0 + 39.9)  # twice the bytes (the snapshots filled): 40 s
+    assert s.due(2, 0, 40, 2000, now=101.0 + 40.0)
+    assert not s.due(40, 0, 40, now=1e6)  # the final checkpoint comes anyway
+    assert not s.due(5, 5, 40, now=1e6)  # resumed at 5: that checkpoint exists
+
+
+def test_the_slowest_of_the_last_four_saves_sets_the_pace():
+    s = CheckpointSchedule(interval=None, overhead=0.02, last_end=0.0)
+    for seconds in (3.0, 1.0, 1.0, 1.0):
+        s.saved(seconds, nbytes=100, now=0.0)
+    assert s.expected_seconds(100) == 3.0
+    s.saved(1.0, nbytes=100, now=0.0)  # the slow one leaves the window
+    assert s.expected_seconds(100) == 1.0
+
+
+def test_a_fixed_interval_and_off():
+    every3 = CheckpointSchedule(interval=3, overhead=0.02)
+    assert [s for s in range(10) if every3.due(s, 0, 10)] == [3, 6, 9]
+    assert not any(CheckpointSchedule(interval=0, overhead=0.02).due(s, 0, 10) for s in range(10))
+    assert not any(CheckpointSchedule(interval=None, overhead=0.0).due(s, 0, 10) for s in range(10))
+
+
+def test_loop_config_defaults_and_checks():
+    cfg = LoopConfig()
+    assert (cfg.checkpoint_interval, cfg.checkpoint_overhead, cfg.keep_checkpoints) == (None, 0.015, 2)
+    with pytest.raises(ValueError, match="loop.checkpoint_overhead"):
+        LoopConfig(checkpoint_overhead=1.0)
+    with pytest.raises(ValueError, match="loop.checkpoint_interval"):
+        LoopConfig(checkpoint_interval=-1)
+
+
+def test_share_balances_bytes_and_covers_every_file_once():
+    sizes = {"a": 100, "b": 90, "c": 10, "d": 5, "e": 1}
+    parts = [share(sizes, r, 2) for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == sorted(sizes)
+    assert parts == [["a", "d"], ["b", "c", "e"]]  # 105 and 101 bytes: largest first, to the least loaded
+
+
+def _fake_checkpoint(root):
+    (root / "extra").mkdir(parents=True)
+    (root / "__0_0.distcp").write_bytes(bytes(range(256)) * 40)
+    (root / "common.pt").write_bytes(b"common")
+    (root / "extra" / "dp00000.pt").write_bytes(b"extra")
+    (root / "megatron_darl.json").write_text("{}")
+    return root
+
+
+def test_manifest_round_trip_and_each_damage_named(tmp_path):
+    ckpt = _fake_checkpoint(tmp_path / "step_000003")
+    assert write_manifest(ckpt) == ""
+    files = read_manifest(ckpt)
+    assert sorted(files) == ["__0_0.distcp", "common.pt", "extra/dp00000.pt", "megatron_darl.json"]
+    assert files["__0_0.distcp"]["bytes"] == 10240
+    assert verify_checkpoint(ckpt) == ""
+    with open(ckpt / "__0_0.distcp", "r+b") as f:
+        f.seek(5000)
+        f.write(b"\xff" * 16)
+    assert verify_checkpoint(ckpt).startswith(f"{ckpt / '__0_0.distcp'} does not match its checksum (sha256 ")
+    (ckpt / "__0_0.distcp").write_bytes(b"short")
+    assert verify_checkpoint(ckpt) == f"{ckpt / '__0_0.distcp'} is truncated (5 bytes, {MANIFEST_NAME} says 10240)"
+    (ckpt / "__0_0.distcp").unlink()
+    assert verify_checkpoint(ckpt) == f"{ckpt / '__0_0.distcp'} is missing"
+    (ckpt / MANIFEST_NAME).write_bytes(b"\xff\xfe garbage")
+    assert verify_checkpoint(ckpt).startswith(f"{ckpt / MANIFEST_NAME}: not a checksum manifest (")
+
+
+def test_without_a_manifest_a_checkpoint_passes_and_is_still_a_resume_point(tmp_path):
+    """A checkpoint written before checksums existed loads (its weights are still checked) and is
+    a resume point: completeness is the final name and the marker (loop/checkpoints.py), and a
+    write seals the manifest before the rename, so a new final checkpoint always has one."""
+    ckpt = _fake_checkpoint(tmp_path / "checkpoints" / "step_000001")
+    assert verify_checkpoint(ckpt) == ""
+    assert complete_checkpoints(tmp_path) == [ckpt]
+    assert newest_checkpoint(tmp_path) == f"the newest checkpoint is {ckpt} (resume from it with loop.resume=true)"
+    assert newest_checkpoint(tmp_path / "elsewhere").startswith("no checkpoint was written in ")
+    assert write_manifest(ckpt) == ""
+    assert json.loads((ckpt / MANIFEST_NAME).read_text())["algorithm"] == "sha256"
+
+
+def test_nonfinite_parameter_names_the_first():
+    import torch
+
+    good, bad = torch.ones(3), torch.tensor([1.0, float("nan"), float("inf"), float("nan")])
+    assert nonfinite_parameter([("a", good)]) == ""
+    assert nonfinite_parameter([("a", good), ("b", bad)]) == "b (3 of 4 values are nan/inf)"
