@@ -9,7 +9,7 @@ Every check a user can trip raises ``ValueError`` naming the field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 WANDB_MODES = ("disabled", "offline", "online")
 
