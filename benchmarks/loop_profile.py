@@ -93,6 +93,16 @@ def build_policy(model: str, out: Path) -> Path:
     return out
 
 
+def default_batch() -> dict:
+    """Groups, group size and new tokens of the embedded default (what ``--model default`` runs)."""
+    sys.path.insert(0, str(REPO))
+    from launch.config import load_run_config
+
+    cfg = load_run_config([])
+    return {"groups": cfg.algorithm.groups_per_step, "group_size": cfg.algorithm.group_size,
+            "new_tokens": cfg.sampling.max_new_tokens}
+
+
 def split_counts(layout: str) -> tuple[int, int]:
     """(trainer GPUs, rollout GPUs) of a layout: ``t<T>r<R>``, ``gpu1`` (1, 1 shared), ``gpu2``."""
     if layout.startswith("t") and "r" in layout:
@@ -216,8 +226,9 @@ def main() -> None:
             metrics["bound_seconds"] = bounds[rollout_gpus]["bound_seconds"]
             metrics["sync_alone_seconds"] = bounds[rollout_gpus]["seconds"]
             metrics["transfer_to_bound"] = metrics["weight_sync_transfer_seconds"] / metrics["bound_seconds"]
-        config = {"model": a.model, "layout": layout, "variant": variant, "groups": a.groups,
-                  "group_size": a.group_size, "new_tokens": a.new_tokens, "steps": a.steps, "engine": engine,
+        batch = ({"groups": a.groups, "group_size": a.group_size, "new_tokens": a.new_tokens}
+                 if policy is not None else default_batch())  # the default's own batch
+        config = {"model": a.model, "layout": layout, "variant": variant, **batch, "steps": a.steps, "engine": engine,
                   "trainer_gpus": trainer_gpus, "rollout_gpus": rollout_gpus,
                   "overrides": list(a.overrides)}
         records.append((config, metrics))
