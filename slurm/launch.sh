@@ -67,18 +67,6 @@ exec {DARL_RUN_LOCK_FD}<>"$OUTPUT_DIR/run.lock" || die "cannot open $OUTPUT_DIR/
 export DARL_RUN_LOCK_FD
 # shellcheck source=slurm/env.sh
 source "$DARL_ROOT/slurm/env.sh"
-# Only the run's own processes may act on its control store (launch/lifeline.py, docs/reliability.md).
-# The steps get the secret in a file only this user can read: in their environment it would stay
-# readable in /proc/PID/environ for their whole life.
-run_secret=${DARL_RUN_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
-[ -n "$run_secret" ] || die "could not read /dev/urandom for the run secret"
-unset DARL_RUN_SECRET
-export DARL_RUN_SECRET_FILE=$LOG_DIR/run_secret
-rm -f "$DARL_RUN_SECRET_FILE"
-(umask 077 && printf '%s\n' "$run_secret" >"$DARL_RUN_SECRET_FILE") || die "cannot write $DARL_RUN_SECRET_FILE"
-unset run_secret
-trap 'rm -f "$DARL_RUN_SECRET_FILE"' EXIT
-
 STOP_SIGNAL=""
 TRAINER_PID=""
 on_signal() {  # forward to the trainer step; it checkpoints and raises the stop flag
@@ -92,6 +80,17 @@ trap 'on_signal TERM' TERM
 echo "[slurm] job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST: logs in $LOG_DIR"
 "$PY" -m launch.slurm prepare --plan "$LOG_DIR/plan.sh" -- "$@" || exit $?
 mkdir -p "$LOG_DIR" || die "cannot create $LOG_DIR"
+# Only the run's own processes may act on its control store (launch/lifeline.py, docs/reliability.md).
+# The steps get the secret in a file only this user can read: in their environment it would stay
+# readable in /proc/PID/environ for their whole life.
+run_secret=${DARL_RUN_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+[ -n "$run_secret" ] || die "could not read /dev/urandom for the run secret"
+unset DARL_RUN_SECRET
+export DARL_RUN_SECRET_FILE=$LOG_DIR/run_secret
+rm -f "$DARL_RUN_SECRET_FILE"
+(umask 077 && printf '%s\n' "$run_secret" >"$DARL_RUN_SECRET_FILE") || die "cannot write $DARL_RUN_SECRET_FILE"
+unset run_secret
+trap 'rm -f "$DARL_RUN_SECRET_FILE"' EXIT
 # shellcheck disable=SC1091
 source "$LOG_DIR/plan.sh"
 if [ "$FINISHED" = 1 ]; then
