@@ -2,21 +2,22 @@
 
 Every variant is the same code path with a different ``VariantSpec``: which score ranks the
 buffer, which weight rule corrects for the behavior policy, which log-probs the PPO ratio is
-taken against, and the default window K and staleness eta. ``batch_behavior_weights`` turns a
+taken against. ``batch_behavior_weights`` turns a
 selected batch into the per-token weights and ratio base that ``policy_loss`` takes, so the
 training loop never branches on the variant.
 
-| variant        | score  | weights      | ratio base | K | eta | replays   |
-|----------------|--------|--------------|------------|---|-----|-----------|
-| sync           | fifo   | none         | proximal   | 1 | 0   | 1         |
-| async          | fifo   | none         | behavior   | 3 | 2   | 1         |
-| decoupled      | fifo   | own behavior | proximal   | 3 | 2   | 1         |
-| darl           | chi2   | mixture      | proximal   | 4 | 2   | unlimited |
-| darl_nofilter  | random | mixture      | proximal   | 4 | 2   | unlimited |
-| darl_nomis     | chi2   | own behavior | proximal   | 4 | 2   | unlimited |
+| variant        | score  | weights      | ratio base |
+|----------------|--------|--------------|------------|
+| sync           | fifo   | none         | proximal   |
+| async          | fifo   | none         | behavior   |
+| decoupled      | fifo   | own behavior | proximal   |
+| darl           | chi2   | mixture      | proximal   |
+| darl_nofilter  | random | mixture      | proximal   |
+| darl_nomis     | chi2   | own behavior | proximal   |
 
-K and eta are defaults for ``configs/algorithm/*.yaml``; eta <= K - 1 keeps every arriving
-sample inside the window.
+The window K, the staleness bound eta and the replay cap of each preset are stated once, in
+``configs/algorithm/<variant>.yaml`` (``replay.k``, ``algorithm.max_staleness``,
+``replay.max_replays``); eta <= K - 1 keeps every arriving sample inside the window.
 
 Rollout importance sampling (``with_rollout_is``, verl's "decoupled mode" with token TIS) is a
 transform of a spec without behavior weights: the weight becomes the capped ratio
@@ -73,24 +74,15 @@ class VariantSpec:
     score: ScoreKind  # ranks buffered groups for selection
     weight_rule: WeightRule  # behavior correction in the loss
     ratio_base: RatioBase  # denominator of the PPO ratio
-    k: int  # default replay window: behavior versions [t - k + 1, t] stay buffered
-    eta: int  # default max staleness of rollouts (0 = synchronous)
-    max_replays: int | None  # default times a group may be selected; None = while in window
 
 
 VARIANTS: dict[Variant, VariantSpec] = {
-    Variant.SYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.PROXIMAL, 1, 0, 1),
-    Variant.ASYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.BEHAVIOR, 3, 2, 1),
-    Variant.DECOUPLED: VariantSpec(
-        ScoreKind.FIFO, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL, 3, 2, 1
-    ),
-    Variant.DARL: VariantSpec(ScoreKind.CHI2, WeightRule.MIXTURE, RatioBase.PROXIMAL, 4, 2, None),
-    Variant.DARL_NOFILTER: VariantSpec(
-        ScoreKind.RANDOM, WeightRule.MIXTURE, RatioBase.PROXIMAL, 4, 2, None
-    ),
-    Variant.DARL_NOMIS: VariantSpec(
-        ScoreKind.CHI2, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL, 4, 2, None
-    ),
+    Variant.SYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.PROXIMAL),
+    Variant.ASYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.BEHAVIOR),
+    Variant.DECOUPLED: VariantSpec(ScoreKind.FIFO, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL),
+    Variant.DARL: VariantSpec(ScoreKind.CHI2, WeightRule.MIXTURE, RatioBase.PROXIMAL),
+    Variant.DARL_NOFILTER: VariantSpec(ScoreKind.RANDOM, WeightRule.MIXTURE, RatioBase.PROXIMAL),
+    Variant.DARL_NOMIS: VariantSpec(ScoreKind.CHI2, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL),
 }
 
 

@@ -47,11 +47,11 @@ from megatron_darl.loop.endpoints import (
     wait_for_workers, worker_health,
 )
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
-from megatron_darl.step.planner import ShardPlanner
 from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
-from megatron_darl.step.stats import StepStats
+from megatron_darl.step.planner import ShardPlanner
 from megatron_darl.step.runner import StepClock, StepRunner, uses_snapshots
+from megatron_darl.step.stats import StepStats
 from megatron_darl.transport import TRAINER, WORKER, TransportTimeout, WeightSyncFailed
 from megatron_darl.transport.weight_protocol import SyncReport
 

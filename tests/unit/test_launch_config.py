@@ -1,6 +1,7 @@
 """Hydra composition into the typed RunConfig: presets, the variant table, validation, round trip."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -9,16 +10,34 @@ from megatron_darl.algorithms import VARIANTS, RatioBase, Variant, WeightRule
 from megatron_darl.loop.config import density_temperature
 from megatron_darl.step.config import AlgorithmConfig
 
+REPO = Path(__file__).resolve().parents[2]
+
+# (K, eta, max replays) of each preset: stated once, in configs/algorithm/<variant>.yaml
+PRESET_WINDOWS = {"sync": (1, 0, 1), "async": (3, 2, 1), "decoupled": (3, 2, 1), "darl": (4, 2, None),
+                  "darl_nofilter": (4, 2, None), "darl_nomis": (4, 2, None)}
+
 
 @pytest.mark.parametrize("variant", [v.value for v in Variant])
 def test_algorithm_presets_match_the_variant_table(variant):
     cfg = load_run_config([f"algorithm={variant}"])
     spec = VARIANTS[Variant(variant)]
     assert isinstance(cfg, RunConfig) and cfg.algorithm.variant == variant
-    assert cfg.replay.k == spec.k and cfg.algorithm.max_staleness == spec.eta
-    assert cfg.replay.max_replays == spec.max_replays
+    k, eta, replays = PRESET_WINDOWS[variant]
+    assert (cfg.replay.k, cfg.algorithm.max_staleness, cfg.replay.max_replays) == (k, eta, replays)
+    assert eta <= k - 1  # arriving samples are always inside the window
     assert cfg.algorithm.spec() == spec
-    assert cfg.transport.channel.max_staleness == spec.eta  # interpolated, one source of truth
+    assert cfg.transport.channel.max_staleness == eta  # interpolated from algorithm.max_staleness
+    assert cfg.transport.channel.groups_per_step == cfg.algorithm.groups_per_step
+
+
+def test_max_staleness_and_b_are_stated_once():
+    """The channel's eta and B follow the algorithm's: the rollout presets state neither."""
+    cfg = load_run_config(["algorithm=darl", "algorithm.max_staleness=3", "algorithm.groups_per_step=4",
+                           "worker.groups_per_batch=4"])
+    assert (cfg.transport.channel.max_staleness, cfg.transport.channel.groups_per_step) == (3, 4)
+    for name in ("hf", "vllm"):
+        text = (REPO / "configs" / "rollout" / f"{name}.yaml").read_text()
+        assert "max_staleness" not in text and "groups_per_step" not in text, name
 
 
 def test_defaults_and_smoke_experiment():
@@ -96,7 +115,7 @@ def test_rollout_is_turns_async_into_ratio_against_pi_t_with_capped_weights():
     cfg = load_run_config(["algorithm=async_is_paper"])
     spec = cfg.algorithm.spec()
     assert (spec.weight_rule, spec.ratio_base) == (WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL)
-    assert spec.score is VARIANTS[Variant.ASYNC].score and spec.k == VARIANTS[Variant.ASYNC].k
+    assert spec.score is VARIANTS[Variant.ASYNC].score
     # the same objective as decoupled PPO: verl's name for it
     decoupled = load_run_config(["algorithm=decoupled_paper"]).algorithm.spec()
     assert (spec.weight_rule, spec.ratio_base, spec.score) == (

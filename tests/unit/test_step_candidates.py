@@ -10,7 +10,7 @@ import torch
 from megatron_darl.step.candidates import audit_rule, bounded_rounds, extrapolate, quota_threshold, selected_rounds
 from megatron_darl.step.config import ReplayConfig
 from megatron_darl.step.planner import ShardPlanner
-from tests.unit.test_loop_planner import algo, fake_logprobs, make_group
+from tests.unit.test_step_planner import algo, fake_logprobs, make_group
 
 
 def _rank(quota):
