@@ -39,7 +39,8 @@ def _start(run_dir: Path, *overrides: str, grace_s: float = GRACE_S) -> tuple[su
     log = run_dir.parent / f"{run_dir.name}.launcher.log"
     out = open(log, "w")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(_cmd(run_dir, *overrides, grace_s=grace_s), cwd=REPO, env=env,
+    # loop.verbose: the launcher's "started trainer N (pid P)" lines, which name the pids to fault
+    proc = subprocess.Popen(_cmd(run_dir, *overrides, "loop.verbose=true", grace_s=grace_s), cwd=REPO, env=env,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     out.close()
     return proc, log
