@@ -39,7 +39,11 @@ def losses(tmp_path_factory) -> dict[str, list[float]]:
 
 def test_the_three_baselines_differ_from_step_one_on(losses):
     for a, b in itertools.combinations(("async_paper", "decoupled_paper", "darl_paper"), 2):
-        same = [s for s in range(1, STEPS) if losses[a][s] == losses[b][s]]
+        # a step whose groups all had equal rewards (advantages 0) has loss 0 under every
+        # objective: it says nothing about the objectives, so it is left out (and counted)
+        informative = [s for s in range(1, STEPS) if not losses[a][s] == losses[b][s] == 0.0]
+        assert len(informative) >= STEPS - 2, (a, b, losses[a], losses[b])
+        same = [s for s in informative if losses[a][s] == losses[b][s]]
         assert not same, f"{a} and {b} logged the same loss at steps {same}: {losses[a]} vs {losses[b]}"
 
 
