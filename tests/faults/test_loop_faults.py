@@ -59,10 +59,11 @@ def test_a_weight_sync_no_worker_can_load_ends_the_run_naming_the_worker(tmp_pat
     assert (run_dir / "logs" / "rollout0.exit").read_text().startswith("rollout 0 (")
     assert list((run_dir / "checkpoints").glob("step_*")), "no checkpoint before giving up"
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-    # One step, then the failed sync. The sync runs in the background, so the step that trained
-    # while it failed may be kept too; no step starts once the failure is known.
+    # The sync of version 1 fails in the background, so the steps trained meanwhile from groups
+    # already generated are kept; the staleness gate admitted at most (eta + 1) x B groups at
+    # version 0 (eta = 2 for darl), so at most three steps, and none once the failure is known.
     versions = [json.loads(row)["version"] for row in rows]
-    assert versions in ([1.0], [1.0, 2.0]), versions
+    assert 1 <= len(versions) <= 3 and versions == [float(v) for v in range(1, len(versions) + 1)], versions
     assert seconds < 240, seconds
 
 
