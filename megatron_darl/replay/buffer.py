@@ -156,15 +156,10 @@ class ReplayBuffer:
     def in_warmup(self, step: int) -> bool:
         return step < self.warmup
 
-    def select(
-        self,
-        step: int,
-        quota: int,
-        scores: Mapping[int, float] | None = None,
-        shards: Iterable[int] | None = None,
-    ) -> list[BufferEntry]:
-        """``rank`` the groups, then count the selection (``times_selected``)."""
-        chosen = self.rank(step, quota, scores, shards)
+    def select(self, *args, **kwargs) -> list[BufferEntry]:
+        """``rank(step, quota, scores, shards)`` the groups, then count the selection
+        (``times_selected``)."""
+        chosen = self.rank(*args, **kwargs)
         for e in chosen:
             e.times_selected += 1
         return chosen
