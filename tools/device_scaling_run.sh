@@ -8,7 +8,10 @@
 #             one invocation, with the weight-sync broadcast bound of each rollout count
 #   hf_block  the same 2:2 with the weight sync blocking (transport.weight_sync.background=false)
 #   vllm      the same splits with engine.backend=vllm (needs /tmp/vsite: ../shared/vllm-kit)
-#   sync      the main job's tests on 2 and 4 GPUs (tests/gpu/test_main_job.py)
+#   sync      the main job's tests on 1 and 2 GPUs (tests/gpu/test_main_job.py) and the trainer's
+#             GPU tests (tests/gpu/test_trainer_gpu.py: bf16 log-probs, device snapshots)
+#   variants  darl against decoupled at the same shape, disaggregated on 2 GPUs (gpu2): the step
+#             cost of D-ARL's candidate pass and backfill (step_to_decoupled, per_sample_to_decoupled)
 # Records and logs go to $OUT (at most 8 files come back); a part that fails prints its log tail
 # and the script goes on. DARL_BUDGET_S (default 560) bounds the whole call.
 set -u
@@ -45,7 +48,9 @@ for part in "${@:-hf}"; do
     hf) run hf "$OUT/hf.log" "${PROFILE[@]}" --splits 1:1,2:2 "${BOUND[@]}" ;;
     hf_block) run hf_block "$OUT/hf_block.log" "${PROFILE[@]}" --splits 2:2 transport.weight_sync.background=false ;;
     vllm) run vllm "$OUT/vllm.log" "${PROFILE[@]}" --splits 1:1,2:2 "rollout@_global_=vllm" ;;
-    sync) run sync "$OUT/sync.log" python3 -m pytest -q -x -p no:cacheprovider -o addopts="" tests/gpu/test_main_job.py ;;
+    sync) run sync "$OUT/sync.log" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s \
+            tests/gpu/test_main_job.py tests/gpu/test_trainer_gpu.py ;;
+    variants) run variants "$OUT/variants.log" "${PROFILE[@]}" --layouts gpu2 --variant darl,decoupled ;;
     *) echo "unknown part $part" ;;
   esac
 done
