@@ -10,6 +10,7 @@
 #   vllm      the same splits with engine.backend=vllm (needs /tmp/vsite: ../shared/vllm-kit)
 #   sync      the main job's tests on 1 and 2 GPUs (tests/gpu/test_main_job.py) and the trainer's
 #             GPU tests (tests/gpu/test_trainer_gpu.py: bf16 log-probs, device snapshots)
+#   trainer   only tests/gpu/test_trainer_gpu.py
 #   variants  darl against decoupled at the same shape, disaggregated on 2 GPUs (gpu2): the step
 #             cost of D-ARL's candidate pass and backfill (step_to_decoupled, per_sample_to_decoupled)
 # Records and logs go to $OUT (at most 8 files come back); a part that fails prints its log tail
@@ -50,6 +51,7 @@ for part in "${@:-hf}"; do
     vllm) run vllm "$OUT/vllm.log" "${PROFILE[@]}" --splits 1:1,2:2 "rollout@_global_=vllm" ;;
     sync) run sync "$OUT/sync.log" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s \
             tests/gpu/test_main_job.py tests/gpu/test_trainer_gpu.py ;;
+    trainer) run trainer "$OUT/trainer.log" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/gpu/test_trainer_gpu.py ;;
     variants) run variants "$OUT/variants.log" "${PROFILE[@]}" --layouts gpu2 --variant darl,decoupled ;;
     *) echo "unknown part $part" ;;
   esac
