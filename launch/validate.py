@@ -74,9 +74,10 @@ def check_inputs(cfg, max_position_embeddings: int, say=log.warning) -> int:
     """
     from megatron_darl.data import MalformedRowError, load_dataset
     from megatron_darl.loop.prompt_fit import fit_prompts
+    from megatron_darl.rewards import reference_check
 
     try:
-        loaded = load_dataset(cfg.data)
+        loaded = load_dataset(cfg.data, reference_check(cfg.data.task))
     except MalformedRowError as exc:
         raise ValueError(f"{exc} (data.skip_malformed=true skips bad rows, counted)") from None
     records = loaded.records

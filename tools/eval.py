@@ -28,7 +28,7 @@ from megatron_darl.eval import (
     resolve_hf_dir,
     write_results,
 )
-from megatron_darl.rewards import CodeRewardConfig, MathRewardConfig, RewardConfig
+from megatron_darl.rewards import CodeRewardConfig, MathRewardConfig, RewardConfig, reference_check
 from megatron_darl.rollout.engines import EngineConfig, build_engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> tuple[Path, Path]:
         try:
             results = []
             for name, data_cfg in datasets.items():
-                loaded = load_records(data_cfg)
+                loaded = load_records(data_cfg, reference_check(data_cfg.task))
                 if loaded.skipped:
                     print(f"[eval] {name}: skipped {loaded.skipped} malformed rows", file=sys.stderr)
                 results.append(evaluate_benchmark(name, loaded.records, engine, tokenizer, cfg,

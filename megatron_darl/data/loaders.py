@@ -1,11 +1,15 @@
 """Load a prompt dataset (jsonl, jsonl.gz or parquet) into ``PromptRecord``s.
 
 Each dataset's columns are mapped through its ``FieldMapConfig``. A malformed row (bad JSON,
-not an object, a mapped column missing or empty, undecodable tests, a math reference the
+not an object, a mapped column missing or empty, undecodable tests, a reference the task's
 verifier cannot use, HumanEval test or prompt code the check cannot run) raises ``ValueError``
 naming the file, the line (jsonl) or row (parquet, 1-based) and the field (a line that is not
 UTF-8 included), unless the config
 says ``skip_malformed: true``, in which case it is skipped and counted in ``LoadResult``.
+
+Whether a reference can be graded is the verifier's knowledge (math: math-verify parses it), and
+the verifiers live a layer up (``rewards/``). The caller that wires both passes the task's check
+(``rewards.reference_check(task)``) as ``check_reference``; data imports no reward code.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from megatron_darl.data.builtin import builtin_records
 from megatron_darl.data.countdown import countdown_records
@@ -24,7 +28,7 @@ from megatron_darl.data.records import PromptRecord
 from megatron_darl.data.testcases import FunctionTestError, decode_cases, humaneval_setup
 
 logger = logging.getLogger(__name__)
-MATH_TASKS = ("math", "gsm8k")  # tasks scored by math_answer: their references are checked at load
+ReferenceCheck = Callable[[str], "str | None"]  # why a reference cannot be graded, or None
 ENTRY_POINT = "entry_point"  # metadata column naming a HumanEval row's function
 
 
@@ -96,7 +100,8 @@ def build_messages(prompt: str, cfg: DataConfig, values: dict) -> list[dict[str,
     return messages + [{"role": "user", "content": user}]
 
 
-def row_to_record(row: object, index: int, cfg: DataConfig, where: str) -> PromptRecord:
+def row_to_record(row: object, index: int, cfg: DataConfig, where: str,
+                  check_reference: ReferenceCheck | None = None) -> PromptRecord:
     """Map one parsed row to a ``PromptRecord`` (``where`` is "file:line" for errors)."""
     if isinstance(row, Exception):
         raise row
@@ -114,12 +119,10 @@ def row_to_record(row: object, index: int, cfg: DataConfig, where: str) -> Promp
             raise MalformedRowError(f"{where}: field {column!r}: {exc}") from exc
     if fm.tests and not tests:
         raise MalformedRowError(f"{where}: field {fm.tests!r} has no stdin/stdout test cases")
-    if cfg.task in MATH_TASKS and fm.reference:
-        from megatron_darl.rewards.math_answer import reference_problem  # lazy: math-verify, sympy
-
-        problem = reference_problem(reference)
+    if check_reference is not None and fm.reference:
+        problem = check_reference(reference)
         if problem is not None:
-            raise MalformedRowError(f"{where}: field {fm.reference!r}: math reference {problem}")
+            raise MalformedRowError(f"{where}: field {fm.reference!r}: {problem}")
     metadata = {name: row.get(name) for name in fm.metadata}
     metadata["source_id"] = row.get(fm.id, index) if fm.id else index
     if cfg.task == "humaneval":
@@ -135,8 +138,9 @@ def row_to_record(row: object, index: int, cfg: DataConfig, where: str) -> Promp
     return PromptRecord(index, prompt, messages, cfg.task, reference, tests, metadata, source=where)
 
 
-def load_records(cfg: DataConfig) -> LoadResult:
-    """All records of a ``source: file`` dataset (see the module docstring for malformed rows)."""
+def load_records(cfg: DataConfig, check_reference: ReferenceCheck | None = None) -> LoadResult:
+    """All records of a ``source: file`` dataset (see the module docstring for malformed rows and
+    ``check_reference``)."""
     if cfg.source != "file":
         raise ValueError(f"data {cfg.name}: load_records reads files; source is {cfg.source!r}")
     result = LoadResult(records=[])
@@ -144,7 +148,7 @@ def load_records(cfg: DataConfig) -> LoadResult:
         if 0 <= cfg.max_records <= len(result.records):
             break
         try:
-            record = row_to_record(row, len(result.records), cfg, f"{cfg.path}:{line_no}")
+            record = row_to_record(row, len(result.records), cfg, f"{cfg.path}:{line_no}", check_reference)
         except MalformedRowError as exc:
             if not cfg.skip_malformed:
                 raise
@@ -156,10 +160,11 @@ def load_records(cfg: DataConfig) -> LoadResult:
     return result
 
 
-def load_dataset(cfg: DataConfig) -> LoadResult:
-    """Records of any dataset config: generated for ``source: builtin``, read for ``file``."""
+def load_dataset(cfg: DataConfig, check_reference: ReferenceCheck | None = None) -> LoadResult:
+    """Records of any dataset config: generated for ``source: builtin``, read for ``file`` (each
+    reference checked by ``check_reference``, the task's verifier's check)."""
     if cfg.source == "builtin":
         if cfg.task == "countdown":
             return LoadResult(records=countdown_records(cfg.countdown))
         return LoadResult(records=builtin_records(cfg.builtin))
-    return load_records(cfg)
+    return load_records(cfg, check_reference)

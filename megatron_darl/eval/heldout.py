@@ -156,12 +156,13 @@ def _records(preset: str, overrides: list[str]) -> list[PromptRecord]:
 
     from megatron_darl.data.config import load_data_config
     from megatron_darl.data.loaders import load_dataset
+    from megatron_darl.rewards import reference_check
 
     path = Path(preset)
     if not preset.endswith(".yaml"):
         path = Path(__file__).resolve().parents[2] / "configs" / "data" / f"{preset}.yaml"
     data = load_data_config(path, OmegaConf.to_container(OmegaConf.from_dotlist(overrides)))
-    return load_dataset(data).records
+    return load_dataset(data, reference_check(data.task)).records
 
 
 def main(argv: list[str] | None = None) -> int:

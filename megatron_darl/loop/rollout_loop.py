@@ -35,9 +35,11 @@ def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_
     rule: ``prompt_fit``) and the dataset's size."""
     from megatron_darl.data import load_dataset
     from megatron_darl.loop.prompt_fit import fit_prompts
+    from megatron_darl.rewards import reference_check
     from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 
-    fit = fit_prompts(cfg, load_dataset(cfg.data).records, tokenizer, max_position_embeddings)
+    records = load_dataset(cfg.data, reference_check(cfg.data.task)).records
+    fit = fit_prompts(cfg, records, tokenizer, max_position_embeddings)
     prompts = [PromptRecord(r.prompt_id, tuple(ids), r) for r, ids in zip(fit.records, fit.token_ids)]
     source = PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
                           seed=cfg.sampling.seed)

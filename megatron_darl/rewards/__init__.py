@@ -1,7 +1,9 @@
 """Verifiable rewards: math answers through math-verify, code through a sandbox.
 
 ``get_reward_fn(task)`` gives the rollout worker ``reward_fn(record, response_text) -> float``
-for a dataset's task (``math``, ``gsm8k``, ``humaneval``, ``stdio``, ``builtin``, ``countdown``).
+for a dataset's task (``math``, ``gsm8k``, ``humaneval``, ``stdio``, ``builtin``, ``countdown``);
+``reference_check(task)`` the check that a dataset's references can be graded, which whoever loads
+a dataset for a run passes to ``data.load_dataset``.
 """
 
 from megatron_darl.rewards.code_exec import (
@@ -18,6 +20,7 @@ from megatron_darl.rewards.registry import (
     RewardFn,
     Task,
     get_reward_fn,
+    reference_check,
     score,
 )
 from megatron_darl.rewards.sandbox import (
@@ -47,6 +50,7 @@ __all__ = [
     "get_reward_fn",
     "humaneval_reward",
     "math_reward",
+    "reference_check",
     "run_sandboxed",
     "sandbox_mode",
     "score",

@@ -15,7 +15,7 @@ from megatron_darl.data.records import PromptRecord
 from megatron_darl.rewards.builtin_answer import builtin_reward
 from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with, stdio_reward_with
 from megatron_darl.rewards.countdown import record_reward as countdown_record_reward
-from megatron_darl.rewards.math_answer import MathRewardConfig, math_reward_with
+from megatron_darl.rewards.math_answer import MathRewardConfig, math_reward_with, reference_problem
 from megatron_darl.rewards.sandbox import sandbox_mode
 
 RewardFn = Callable[[PromptRecord, str], float]
@@ -97,6 +97,19 @@ def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:
         return entry(record, response, cfg)
 
     return reward_fn
+
+
+def reference_check(task: str) -> Callable[[str], str | None] | None:
+    """The load-time check of ``task``'s references (``data.load_dataset(cfg, check_reference=)``):
+    why a reference cannot be graded, or None; None for tasks whose references need no check."""
+    if task not in (Task.MATH.value, Task.GSM8K.value):
+        return None
+
+    def check(reference: str) -> str | None:
+        problem = reference_problem(reference)
+        return None if problem is None else f"math reference {problem}"
+
+    return check
 
 
 def score(record: PromptRecord, response: str, cfg: RewardConfig | None = None) -> float:

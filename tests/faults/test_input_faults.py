@@ -33,6 +33,9 @@ CASES = {  # name -> (file contents, what the one line must say)
     "empty file": (b"", "data.jsonl is empty: cluster.rollout_workers=1 need at least one prompt each"),
     "prompt longer than the context": (_line(ROW) + _long(300), "data.jsonl:2: prompt of"),
     "1 MB prompt": (_line(ROW) * 2 + _long(1 << 20), "data.jsonl:3: prompt of"),
+    # the reward's check, which the launcher hands the loader (data imports no reward code)
+    "math reference without an answer": (_line(ROW) + _line({**ROW, "answer": "sold 48 clips ####"}),
+                                         "data.jsonl:2: field 'answer': math reference has no answer"),
 }
 
 

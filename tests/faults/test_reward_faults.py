@@ -18,7 +18,7 @@ import pytest
 from megatron_darl import counters
 from megatron_darl.data.config import DataConfig, FieldMapConfig
 from megatron_darl.data.loaders import MalformedRowError, load_records
-from megatron_darl.rewards.registry import get_reward_fn
+from megatron_darl.rewards.registry import get_reward_fn, reference_check
 from megatron_darl.data.records import PromptRecord
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,10 +37,10 @@ def test_a_malformed_math_reference_is_named_at_load_time(tmp_path, bad, fault_r
     """Loading stops with an error naming the file, the line and the field (or skips and counts the row when asked)."""
     cfg = _dataset(tmp_path, ["She has 3 #### 3", bad, "#### 1,000"])
     with pytest.raises(MalformedRowError) as err:
-        load_records(cfg)
+        load_records(cfg, reference_check(cfg.task))
     assert f"{cfg.path}:2: field 'answer': math reference has no answer" in str(err.value)
     cfg.skip_malformed = True
-    result = load_records(cfg)
+    result = load_records(cfg, reference_check(cfg.task))
     assert [r.reference for r in result.records] == ["She has 3 #### 3", "#### 1,000"]
     assert result.skipped == 1 and result.skipped_lines == [2]
     fault_record["observed"] = f"MalformedRowError: '{err.value}'"[:200]
