@@ -255,11 +255,11 @@ class TrainerLoop:
         return received.groups
 
     def _count(self, groups: Sequence[SampleGroup]) -> None:
-        """Received groups, and per worker how many it made (group ids fold the worker id in)."""
-        workers = self.made.numel()
+        """Received groups, and per worker how many it made (a group carries its ordinal among
+        its worker's groups: ``SampleGroup.worker_index``)."""
         self.received += len(groups)
         for g in groups:
-            self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.group_id // workers + 1)
+            self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.worker_index + 1)
             self.step_groups[g.worker_id] += 1
 
     def _log(self, step: int, t: int, stats: StepStats, result: StepResult, laps: dict[str, float],
