@@ -57,6 +57,7 @@ class SampleGroup:
     prompt_id: int  # id of the prompt in the prompt source
     samples: list[Sample] = field(default_factory=list)
     worker_id: int = -1  # rollout worker that generated the group
+    worker_index: int = -1  # 0-based ordinal among its worker's groups in the run (restarts continue it)
 
     @property
     def behavior_version(self) -> int:

@@ -1,8 +1,17 @@
-"""When the trainer loop checkpoints between steps, and which checkpoint a failure leaves behind.
+"""The trainer's checkpoints as one object: when one is due between steps, where it goes, the
+resume from the newest, retention, and which checkpoint a failure leaves behind.
 
-Why: a run used to checkpoint only at its end or on a signal, so a kill -9, an OOM kill or a lost
-node of any trainer rank lost every step since the start. Now a checkpoint is due at a step
-boundary by one of two rules (``loop.checkpoint_interval``):
+Why one object: the loop used to hold the schedule, the folders, save, load, retention and the
+full-disk handling as separate pieces, each importing a part of ``trainer.checkpoint`` or
+``trainer.disk``. ``RunCheckpoints`` holds them; the loop only says what its own state is
+(``extra_state``: the shard's replay buffer and cache, the group counts) and puts it back after a
+resume. Which directories are resume points stays ``loop.checkpoints``' answer (the launcher's
+too): this module is the trainer's side only, so its imports (``trainer.checkpoint``) never reach
+the launcher.
+
+Why between steps: a run used to checkpoint only at its end or on a signal, so a kill -9, an OOM
+kill or a lost node of any trainer rank lost every step since the start. Now a checkpoint is due
+at a step boundary by one of two rules (``loop.checkpoint_interval``):
 
 * ``null`` (the default), by time: once the time since the last checkpoint ended reaches the
   next save's expected seconds / ``loop.checkpoint_overhead`` (67 x at 0.015). Periodic saves then
@@ -19,7 +28,8 @@ boundary by one of two rules (``loop.checkpoint_interval``):
 * ``N > 0``: every N steps; ``0``: only at the end and on a signal.
 
 Every rank must save together (the save is collective), so only rank 0's clock decides and the
-loop spreads its answer with the per-step stop agreement (no extra collective).
+loop spreads its answer with the per-step stop agreement (no extra collective). A checkpoint
+between steps that the disk cannot take is logged and training goes on; the final one raises.
 
 ``newest_checkpoint`` is the one a failure that cannot checkpoint (a frozen or dead trainer rank,
 weights gone NaN) names for the resume.
@@ -27,13 +37,22 @@ weights gone NaN) names for the resume.
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from megatron_darl.loop.checkpoints import latest_checkpoint
+from megatron_darl.loop.checkpoints import checkpoint_root, complete_checkpoints, latest_checkpoint
+from megatron_darl.loop.config import LoopConfig
+from megatron_darl.trainer.checkpoint import Resumed, load_checkpoint, save_checkpoint
+from megatron_darl.trainer.disk import CheckpointFailed, checkpoint_bytes
+from megatron_darl.trainer.parallel import ParallelState
+from megatron_darl.trainer.policy_trainer import PolicyTrainer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,3 +97,86 @@ def newest_checkpoint(run_dir: str | Path) -> str:
     if found is None:
         return f"no checkpoint was written in {Path(run_dir) / 'checkpoints'} before it"
     return f"the newest checkpoint is {found} (resume from it with loop.resume=true)"
+
+
+class RunCheckpoints:
+    """One trainer rank's side of the run's checkpoints (see the module docstring).
+
+    ``extra_state(next_step)`` is the loop's part of a checkpoint: on a hub rank its shard's state
+    (a dict of tensors and plain types), None on the others. Every rank calls it (it may hold a
+    collective), and only when a checkpoint is written."""
+
+    def __init__(self, loop: LoopConfig, trainer: PolicyTrainer, ps: ParallelState, with_snapshots: bool,
+                 extra_state: Callable[[int], dict[str, Any] | None]) -> None:
+        self.cfg, self.trainer, self.ps = loop, trainer, ps
+        self.run_dir = Path(loop.run_dir)
+        self.with_snapshots = with_snapshots  # the window's parameter snapshots go in and come back
+        self.extra_state = extra_state
+        self.schedule = CheckpointSchedule(loop.checkpoint_interval, loop.checkpoint_overhead)
+
+    def complete(self) -> list[Path]:
+        """The run's resume points, oldest first (the launcher's answer too: ``loop/checkpoints.py``)."""
+        return complete_checkpoints(self.run_dir)
+
+    def newest(self) -> str:
+        """The clause a failure message ends with: the checkpoint to resume from, or none."""
+        return newest_checkpoint(self.run_dir)
+
+    def load(self) -> tuple[Path, Resumed] | None:
+        """With ``loop.resume``: the newest complete checkpoint loaded into the trainer, and what
+        it held besides (a hub gets its own shard's extra state); None when there is none."""
+        found = self.complete() if self.cfg.resume else []
+        if not found:
+            return None
+        mine = [self.ps.dp_rank] if self.ps.is_hub else []  # the peers hold no replay state
+        return found[-1], load_checkpoint(self.trainer, found[-1], with_snapshots=self.with_snapshots,
+                                          extra_ranks=mine)
+
+    def save(self, next_step: int) -> Path:
+        """Collective: the checkpoint before ``next_step`` (kept as it is when it exists already:
+        resumed from it and stopped before another step), then retention."""
+        path = checkpoint_root(self.run_dir) / f"step_{next_step:06d}"
+        if path.exists():
+            return path
+        extra = self.extra_state(next_step)
+        path = save_checkpoint(self.trainer, path, extra_state=extra, with_snapshots=self.with_snapshots)
+        self._prune(path)
+        return path
+
+    def due(self, step: int, start_step: int) -> bool:
+        """Rank 0's verdict on a checkpoint before ``step`` (False on the other ranks: the loop
+        spreads rank 0's answer)."""
+        return self.ps.rank == 0 and self.schedule.due(step, start_step, self.cfg.steps, self.next_bytes())
+
+    def save_between(self, step: int) -> None:
+        """A checkpoint between steps that cannot be written (full disk) is logged and training goes
+        on: the run's state is in memory, and the next checkpoint tries again. At the end it raises."""
+        start, nbytes = time.monotonic(), self.next_bytes()
+        try:
+            path = self.save(step)
+        except CheckpointFailed as exc:
+            log.error("%s; training goes on, the next checkpoint (at the end at the latest) tries again", exc)
+            return
+        finally:
+            self.schedule.saved(time.monotonic() - start, nbytes)
+        if self.ps.rank == 0:
+            log.info("checkpoint %s in %.2f s (%.1f MB on this rank)", path, self.schedule.last_seconds, nbytes / 1e6)
+
+    def next_bytes(self) -> int:
+        """This rank's share of the next checkpoint's tensor bytes (the schedule scales by it)."""
+        trainer = self.trainer
+        old = [v for v in trainer.snapshots.versions if v != trainer.version] if self.with_snapshots else []
+        return checkpoint_bytes(trainer, len(old))
+
+    def _prune(self, newest: Path) -> None:
+        """Keep the newest ``loop.keep_checkpoints`` complete checkpoints (0: all); rank 0 deletes
+        the older ones, and the partial ``.tmp`` writes older than ``newest``, only once it exists."""
+        keep = self.cfg.keep_checkpoints
+        if not keep or self.ps.rank != 0:
+            return
+        old = [p for p in self.complete()[:-keep] if p != newest]  # sorted by step, newest last
+        old += [p for p in newest.parent.glob("step_*.tmp") if p.name < newest.name]
+        for p in old:
+            shutil.rmtree(p, ignore_errors=True)
+        if old:
+            log.info("kept the newest %d checkpoints; deleted %s", keep, ", ".join(p.name for p in old))

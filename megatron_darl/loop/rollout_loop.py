@@ -1,7 +1,7 @@
 """The rollout side of a run: one worker's engine, prompts and reward, wired and served.
 
 The counterpart of ``trainer_loop``: ``run_rollout(cfg, worker_id)`` is to ``launch.rollout``
-what ``run_trainer(cfg, env)`` is to ``launch.trainer``. It builds the engine on the initial
+what ``run_trainer(cfg, trainer, ps)`` is to ``launch.trainer``. It builds the engine on the initial
 policy, this worker's shard of the prompts (chat-templated token ids), the task's reward function,
 waits for the trainer's go (and, on a resumed run, continues after the groups the trainer
 already received from this worker), and runs ``RolloutWorker`` until the trainer raises the stop

@@ -9,7 +9,7 @@ Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one 
 the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
 step's batches by broadcast: ``replica.py``) and ``step.StepRunner`` (plan and train with the
 trainer); the transport ends in
-``endpoints``; metrics are reduced over DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
+``endpoints``; the checkpoints are ``checkpoint_policy.RunCheckpoints``'; metrics are reduced over DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
 finish the current step, write a checkpoint (model, optimizer, RNG, step, version, each shard's
 buffer and cache, and the parameter snapshots of the window when the variant backfills from
 them) and exit 0; ``loop.resume`` continues from the latest one.
@@ -20,8 +20,8 @@ agrees on it at the next step boundary, the run checkpoints the same way and ``r
 ``RunAborted`` with that one line: the run's work is kept and the exit is non-zero.
 
 Failures that leave no chance to checkpoint are covered by checkpoints between steps
-(``checkpoint_policy``: by default once the time since the last one reaches about 67 times a
-save's duration, ``loop.checkpoint_overhead``): a killed or frozen trainer rank (every rank is
+(``checkpoint_policy.RunCheckpoints``: by default once the time since the last one reaches about
+67 times a save's duration, ``loop.checkpoint_overhead``): a killed or frozen trainer rank (every rank is
 watched, ``endpoints``), or a loss or gradient norm gone NaN/Inf, whose weights are neither
 published nor checkpointed. Either way the line names the newest checkpoint to resume from.
 """
@@ -30,18 +30,14 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import asdict
+from typing import Any, Callable, Sequence
 
 import torch
 
-from megatron_darl.loop.checkpoint_policy import CheckpointSchedule, newest_checkpoint
-from megatron_darl.loop.checkpoints import complete_checkpoints
-from megatron_darl.loop.config import ModelConfig, density_temperature
+from megatron_darl.loop.checkpoint_policy import RunCheckpoints, newest_checkpoint
 from megatron_darl.loop.endpoints import (
     Backlog, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
     wait_for_workers, worker_health,
@@ -49,27 +45,21 @@ from megatron_darl.loop.endpoints import (
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
 from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
+from megatron_darl.samples import SampleGroup
 from megatron_darl.step.planner import ShardPlanner
 from megatron_darl.step.runner import StepClock, StepRunner, uses_snapshots
 from megatron_darl.step.stats import StepStats
-from megatron_darl.transport import TRAINER, WORKER, TransportTimeout, WeightSyncFailed
-from megatron_darl.transport.weight_protocol import SyncReport
+from megatron_darl.trainer.parallel import ParallelState
+from megatron_darl.trainer.policy_trainer import PolicyTrainer, StepResult
+from megatron_darl.transport import (
+    TRAINER, WORKER, SyncReport, TransportTimeout, WeightSyncFailed, request_stop, wait_for_exits,
+)
 
 log = logging.getLogger(__name__)
 
 
 class RunAborted(RuntimeError):
     """The trainer gave up after writing a checkpoint; the message is the one line saying why."""
-
-
-@dataclass
-class DistEnv:
-    """This process's place in the trainer world (from torchrun-style variables, read by launch)."""
-
-    rank: int  # global trainer rank
-    world_size: int  # trainer ranks
-    master_addr: str  # torch.distributed rendezvous host
-    master_port: int  # torch.distributed rendezvous port
 
 
 class _StopFlag:
@@ -86,45 +76,17 @@ class _StopFlag:
         self.signum = signum
 
 
-def _hf_config(model: ModelConfig) -> dict[str, Any]:
-    if model.path:
-        from megatron_darl.models.qwen3.config import load_hf_config_dict
-
-        return load_hf_config_dict(model.path)
-    if model.hf_config:
-        return dict(model.hf_config)
-    raise ValueError("model.path and model.hf_config are both empty (launch resolves the warm start)")
-
-
-def build_trainer(cfg: RunConfig, env: DistEnv):
-    """Process groups and the ``PolicyTrainer``, initialised from ``model.path`` when given,
-    scoring the rollout sampler's density (``sampling.temperature``)."""
-    import dataclasses
-
-    from megatron_darl.trainer.parallel import init_parallel
-    from megatron_darl.trainer.policy_trainer import PolicyTrainer
-
-    ps = init_parallel(cfg.parallel, rank=env.rank, world_size=env.world_size,
-                       init_method=f"tcp://{env.master_addr}:{env.master_port}")
-    tcfg = cfg.trainer
-    if cfg.model.path and not tcfg.init_checkpoint:
-        tcfg = dataclasses.replace(tcfg, init_checkpoint=cfg.model.path)
-    s = cfg.sampling
-    temperature = density_temperature(s.temperature, s.top_p, s.top_k)
-    return PolicyTrainer(tcfg, ps, _hf_config(cfg.model), temperature=temperature), ps
-
-
 class TrainerLoop:
     """One trainer rank's run; ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: RunConfig, trainer, ps, endpoints: TrainerEndpoints,
+    def __init__(self, cfg: RunConfig, trainer: PolicyTrainer, ps: ParallelState, endpoints: TrainerEndpoints,
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
         self.planner = (ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
                         if self.ps.is_hub else None)
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)
-        self.run_dir = Path(cfg.loop.run_dir)
+        self.checkpoints = RunCheckpoints(cfg.loop, trainer, ps, self.use_snapshots, self._extra_state)
         workers = cfg.transport.control.num_workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
         self.backlog = Backlog(cfg.algorithm.groups_per_step)  # hubs: groups beyond B for the next steps
@@ -142,23 +104,17 @@ class TrainerLoop:
         self.sync: SyncReport | None = None  # the last weight sync that finished (stage leaders)
         self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
         self.diverged = False  # the weights went NaN/Inf: no checkpoint may be written of them
-        self.schedule = CheckpointSchedule(cfg.loop.checkpoint_interval, cfg.loop.checkpoint_overhead)
         self._save_due = False  # agreed at the last step boundary: checkpoint before the next step
         self._rates = WorkerRates(workers)  # rank 0: per-worker rollout metrics
 
-    # ---- checkpoints ------------------------------------------------------------------------
-    def _checkpoints(self) -> list[Path]:
-        return complete_checkpoints(self.run_dir)  # the launcher's answer too (loop/checkpoints.py)
-
+    # ---- checkpoints: the loop's own state in them ------------------------------------------
     def _maybe_resume(self) -> int:
-        found = self._checkpoints() if self.cfg.loop.resume else []
-        if not found:
+        """The step to start at: 0, or the resumed checkpoint's (the hub restores its planner and
+        the group counts; every rank learns the step from it)."""
+        loaded = self.checkpoints.load()
+        if loaded is None:
             return 0
-        from megatron_darl.trainer.checkpoint import load_checkpoint
-
-        mine = [self.ps.dp_rank] if self.ps.is_hub else []  # the peers hold no replay state
-        resumed = load_checkpoint(self.trainer, found[-1], with_snapshots=self.use_snapshots,
-                                  extra_ranks=mine)
+        path, resumed = loaded
         step = -1
         if self.ps.is_hub:
             extra = resumed.extra_states[self.ps.dp_rank]
@@ -168,59 +124,17 @@ class TrainerLoop:
             step = int(extra["step"])
             self.backlog.surplus = max(0, self.base_received - step * self.cfg.algorithm.groups_per_step)
         step = self.runner.link.share(step)
-        log.info("resumed from %s at step %d, version %d", found[-1], step, resumed.version)
+        log.info("resumed from %s at step %d, version %d", path, step, resumed.version)
         return step
 
-    def save(self, next_step: int) -> Path:
-        from megatron_darl.trainer.checkpoint import save_checkpoint
-
-        path = self.run_dir / "checkpoints" / f"step_{next_step:06d}"
-        if path.exists():  # resumed from it and stopped before another step
-            return path
+    def _extra_state(self, next_step: int) -> dict[str, Any] | None:
+        """What a checkpoint before ``next_step`` keeps of the loop: on a hub its shard's planner
+        (buffer, cache) and the run's group counts (collective over DP: every rank calls it)."""
         received = self.base_received + int(self.ps.dp_sum(torch.tensor([self.received])))
         made = torch.maximum(self.base_made, self.ps.dp_max(self.made.clone()))
-        extra = None if self.planner is None else {
+        return None if self.planner is None else {
             "planner": self.planner.state_dict(), "step": next_step,
             "groups_received": received, "worker_groups": made.tolist()}
-        path = save_checkpoint(self.trainer, path, extra_state=extra, with_snapshots=self.use_snapshots)
-        self._prune(path)
-        return path
-
-    def _prune(self, newest: Path) -> None:
-        """Keep the newest ``loop.keep_checkpoints`` complete checkpoints (0: all); rank 0 deletes
-        the older ones, and the partial ``.tmp`` writes older than ``newest``, only once it exists."""
-        keep = self.cfg.loop.keep_checkpoints
-        if not keep or self.ps.rank != 0:
-            return
-        old = [p for p in self._checkpoints()[:-keep] if p != newest]  # sorted by step, newest last
-        old += [p for p in newest.parent.glob("step_*.tmp") if p.name < newest.name]
-        for p in old:
-            shutil.rmtree(p, ignore_errors=True)
-        if old:
-            log.info("kept the newest %d checkpoints; deleted %s", keep, ", ".join(p.name for p in old))
-
-    def _save_between(self, step: int) -> None:
-        """A checkpoint between steps that cannot be written (full disk) is logged and training goes
-        on: the run's state is in memory, and the next checkpoint tries again. At the end it raises."""
-        from megatron_darl.trainer.disk import CheckpointFailed
-
-        start, nbytes = time.monotonic(), self._checkpoint_bytes()
-        try:
-            path = self.save(step)
-        except CheckpointFailed as exc:
-            log.error("%s; training goes on, the next checkpoint (at the end at the latest) tries again", exc)
-            return
-        finally:
-            self.schedule.saved(time.monotonic() - start, nbytes)
-        if self.ps.rank == 0:
-            log.info("checkpoint %s in %.2f s (%.1f MB on this rank)", path, self.schedule.last_seconds, nbytes / 1e6)
-
-    def _checkpoint_bytes(self) -> int:
-        """This rank's share of the next checkpoint's tensor bytes (the schedule scales by it)."""
-        from megatron_darl.trainer.disk import checkpoint_bytes
-
-        old = [v for v in self.trainer.snapshots.versions if v != self.trainer.version] if self.use_snapshots else []
-        return checkpoint_bytes(self.trainer, len(old))
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -235,7 +149,7 @@ class TrainerLoop:
                 self._publish()
             while step < self.cfg.loop.steps and not self._stop_agreed(step):
                 if self._save_due:
-                    self._save_between(step)
+                    self.checkpoints.save_between(step)
                 self.ep.heartbeat.step = step
                 if not self.step(step):
                     break
@@ -243,7 +157,7 @@ class TrainerLoop:
             self._finish_publish()
             self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
             if not self.diverged:  # NaN weights are never checkpointed: the newest one stays the last good
-                saved = self.save(step)
+                saved = self.checkpoints.save(step)
         finally:
             self._shutdown(step)
         if self.fatal:
@@ -256,8 +170,7 @@ class TrainerLoop:
         others' collectives). One tiny gloo all-reduce per step; on a failure every rank takes
         the first rank's reason (one more collective, once). The same all-reduce carries rank 0's
         verdict on a checkpoint before ``step`` (``_save_due``: every rank saves, or none)."""
-        due = self.ps.rank == 0 and self.schedule.due(step, self.start_step, self.cfg.loop.steps,
-                                                      self._checkpoint_bytes())
+        due = self.checkpoints.due(step, self.start_step)
         flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal)), int(due)],
                             dtype=torch.int64)
         if self.ps.world_size > 1:
@@ -306,7 +219,7 @@ class TrainerLoop:
             self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
         return True
 
-    def _diverged(self, step: int, result) -> bool:
+    def _diverged(self, step: int, result: StepResult) -> bool:
         """A loss or gradient norm that is NaN/Inf stops the run before the weights it produced
         are published or checkpointed (the same numbers on every rank: all ranks stop here)."""
         clipped = self.cfg.trainer.optimizer.clip_grad > 0  # else Megatron computes no norm (NaN stands in)
@@ -318,11 +231,11 @@ class TrainerLoop:
         self.diverged = True
         self.fatal = (f"trainer step {step}: {' and '.join(bad)}: the weights of version {self.trainer.version} "
                       f"are not trustworthy, so they were neither published nor checkpointed; "
-                      f"{newest_checkpoint(self.run_dir)}")
+                      f"{self.checkpoints.newest()}")
         log.error("%s", self.fatal)
         return True
 
-    def _receive(self, step: int) -> list | None:
+    def _receive(self, step: int) -> list[SampleGroup] | None:
         """This replica's new groups of ``step``, or None when a signal or a failure cut the wait
         (a background weight sync that failed cuts it too, and is the cause named)."""
         publisher = self.ep.publisher
@@ -341,15 +254,15 @@ class TrainerLoop:
         self._count(received.groups)
         return received.groups
 
-    def _count(self, groups) -> None:
-        """Received groups, and per worker how many it made (group ids fold the worker id in)."""
-        workers = self.made.numel()
+    def _count(self, groups: Sequence[SampleGroup]) -> None:
+        """Received groups, and per worker how many it made (a group carries its ordinal among
+        its worker's groups: ``SampleGroup.worker_index``)."""
         self.received += len(groups)
         for g in groups:
-            self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.group_id // workers + 1)
+            self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.worker_index + 1)
             self.step_groups[g.worker_id] += 1
 
-    def _log(self, step: int, t: int, stats: StepStats, result, laps: dict[str, float],
+    def _log(self, step: int, t: int, stats: StepStats, result: StepResult, laps: dict[str, float],
              wall_s: float) -> None:
         reduced = stats.reduce(self.ps.dp_sum, self.ps.dp_max)
         per_worker, self.step_groups = self.ps.dp_sum(self.step_groups), torch.zeros_like(self.step_groups)
@@ -386,8 +299,6 @@ class TrainerLoop:
                 "weight_sync_rounds": float(r.rounds_sent)}
 
     def _shutdown(self, step: int) -> None:
-        from megatron_darl.transport import request_stop, wait_for_exits
-
         if self.ps.rank == 0:  # past the last collective: the other ranks may leave before rank 0
             for r in range(1, self.ps.world_size):
                 self.ep.heartbeat.unwatch(TRAINER, r)
@@ -404,11 +315,11 @@ class TrainerLoop:
         log.info("trainer rank %d stopped after step %d", self.ps.rank, step)
 
 
-def run_trainer(cfg: RunConfig, env: DistEnv, say_why: Callable[[str], None] | None = None) -> int:
-    """Entry of one trainer rank (called by ``launch.trainer``). When another trainer rank is
-    lost this rank exits at once (``endpoints``): the one line why, with the newest checkpoint to
-    resume from, goes to the log and to ``say_why`` (the launcher's reason file)."""
-    trainer, ps = build_trainer(cfg, env)
+def run_trainer(cfg: RunConfig, trainer: PolicyTrainer, ps: ParallelState,
+                say_why: Callable[[str], None] | None = None) -> int:
+    """Run one trainer rank with its built trainer (``launch.trainer.build_trainer``). When another
+    trainer rank is lost this rank exits at once (``endpoints``): the one line why, with the newest
+    checkpoint to resume from, goes to the log and to ``say_why`` (the launcher's reason file)."""
 
     def leaving(line: str) -> None:
         line = f"{line}; {newest_checkpoint(cfg.loop.run_dir)}"

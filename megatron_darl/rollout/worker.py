@@ -161,7 +161,8 @@ class RolloutWorker:
                      "lets %d workers start at once), not %d", cfg.worker_id, self.batch_limit,
                      (channel.max_staleness + 1) * channel.groups_per_step, transport.control.num_workers,
                      cfg.inflight_limit)
-        self._started: dict[int, tuple[StartTicket, PromptRecord]] = {}  # group id -> its start, in flight
+        # group id -> its start, prompt and ordinal among this worker's groups, while in flight
+        self._started: dict[int, tuple[StartTicket, PromptRecord, int]] = {}
         self._ready: list[_Pending] = []  # finished groups not yet handed to the sender
 
     def state_dict(self) -> dict[str, Any]:
@@ -307,8 +308,8 @@ class RolloutWorker:
         for ticket in tickets:
             record = self.prompts.next()
             group_id = self.groups_made * self.transport.control.num_workers + self.cfg.worker_id
+            self._started[group_id] = (ticket, record, self.groups_made)
             self.groups_made += 1
-            self._started[group_id] = (ticket, record)
             stream.submit(group_id, list(record.token_ids), self.sampling)
         return len(tickets)
 
@@ -321,8 +322,8 @@ class RolloutWorker:
             self.engine_calls += 1
         self.groups_finished += len(finished)
         for done in finished:
-            ticket, record = self._started.pop(done.key)
-            group = self._group(done.key, record, done.generations)
+            ticket, record, index = self._started.pop(done.key)
+            group = self._group(done.key, index, record, done.generations)
             texts = [self.decode(g.token_ids.tolist()) for g in done.generations]
             self._ready.append(_Pending(group, ticket, pool.submit(self._rewards, record.record, texts)))
         return len(finished)
@@ -334,7 +335,7 @@ class RolloutWorker:
     def _rewards(self, record: Any, texts: list[str]) -> list[float]:
         return [float(self.reward_fn(record, text)) for text in texts]
 
-    def _group(self, group_id: int, record: PromptRecord, gens: list[Generation]) -> SampleGroup:
+    def _group(self, group_id: int, index: int, record: PromptRecord, gens: list[Generation]) -> SampleGroup:
         prompt = torch.tensor(record.token_ids, dtype=torch.int64)
         samples = []
         for i, g in enumerate(gens):
@@ -345,7 +346,8 @@ class RolloutWorker:
                 sample_id=group_id * len(gens) + i, prompt_ids=prompt, response_ids=g.token_ids.to(torch.int64),
                 behavior_logprobs=g.logprobs.to(torch.float32), token_versions=versions.to(torch.int64),
                 truncated=g.finish_reason == "length"))
-        return SampleGroup(group_id=group_id, prompt_id=record.prompt_id, samples=samples, worker_id=self.cfg.worker_id)
+        return SampleGroup(group_id=group_id, prompt_id=record.prompt_id, samples=samples,
+                           worker_id=self.cfg.worker_id, worker_index=index)
 
     def _flush(self, sender: SampleSender, pending: list[_Pending], safe_point: Callable[[], None],
                stopped: Callable[[], bool], wait: bool) -> list[_Pending]:

@@ -6,10 +6,11 @@ buffer (``to_buffer``: a 16-byte size prefix, the ints, the floats) with no pick
 point-to-point gloo/NCCL send on the data plane, or bytes in a store key. Float32 log-probs round-trip bitwise: they are the behavior density and are never
 recomputed.
 
-Layout of ``ints`` (int64): ``[MAGIC, VERSION, group_id, prompt_id, worker_id, seq,
-start_version, started_index, G, (sample_id, P, T, truncated) * G, rewards (G, float64 bits),
-prompt ids..., response ids..., token versions...]``; ``floats`` (float32): behavior log-probs.
-Rewards keep their float64 value exactly.
+Layout of ``ints`` (int64): ``[MAGIC, VERSION, group_id, prompt_id, worker_id, worker_index,
+seq, start_version, started_index, G, (sample_id, P, T, truncated) * G, rewards (G, float64
+bits), prompt ids..., response ids..., token versions...]``; ``floats`` (float32): behavior
+log-probs. Rewards keep their float64 value exactly. ``worker_index`` (format 2) is the group's
+ordinal among its worker's groups: the trainer counts each worker's groups from it for a resume.
 
 Host-side copies (framing, splitting) go through numpy, single-threaded: a ``torch.cat`` of a
 megabyte runs on the process's intra-op pool, and with one pool per process on a many-core
@@ -30,8 +31,8 @@ import torch
 from megatron_darl.samples import Sample, SampleGroup
 
 MAGIC = 0x44415231  # "DAR1"
-FORMAT_VERSION = 1
-_HEAD = 9  # ints before the per-sample table
+FORMAT_VERSION = 2  # 2: worker_index in the head
+_HEAD = 10  # ints before the per-sample table
 _PER_SAMPLE = 4
 
 
@@ -114,8 +115,8 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
 def frame_group(group: SampleGroup, meta: GroupMeta) -> GroupFrame:
     """Pack ``group`` and ``meta`` into a ``GroupFrame``."""
     samples = group.samples
-    head = [MAGIC, FORMAT_VERSION, group.group_id, group.prompt_id, group.worker_id, meta.seq,
-            meta.start_version, meta.started_index, len(samples)]
+    head = [MAGIC, FORMAT_VERSION, group.group_id, group.prompt_id, group.worker_id, group.worker_index,
+            meta.seq, meta.start_version, meta.started_index, len(samples)]
     table = []
     for s in samples:
         table += [s.sample_id, s.prompt_ids.numel(), s.num_tokens, int(s.truncated)]
@@ -142,7 +143,7 @@ def unframe_group(frame: GroupFrame) -> ReceivedGroup:
     if ints.numel() < _HEAD or int(ints[0]) != MAGIC or int(ints[1]) != FORMAT_VERSION:
         raise ValueError("not a sample-group frame (bad magic or format version)")
     head = ints[:_HEAD].tolist()
-    group_id, prompt_id, worker_id, seq, start_version, started_index, g = head[2:]
+    group_id, prompt_id, worker_id, worker_index, seq, start_version, started_index, g = head[2:]
     table = ints[_HEAD : _HEAD + _PER_SAMPLE * g].view(g, _PER_SAMPLE).tolist() if g else []
     lens_p = [row[1] for row in table]
     lens_t = [row[2] for row in table]
@@ -160,7 +161,8 @@ def unframe_group(frame: GroupFrame) -> ReceivedGroup:
                token_versions=v, reward=rewards[i], truncated=bool(row[3]))
         for i, (row, p, r, v, lp) in enumerate(zip(table, prompts, responses, versions, logprobs))
     ]
-    group = SampleGroup(group_id=group_id, prompt_id=prompt_id, samples=samples, worker_id=worker_id)
+    group = SampleGroup(group_id=group_id, prompt_id=prompt_id, samples=samples, worker_id=worker_id,
+                        worker_index=worker_index)
     return ReceivedGroup(group=group, meta=GroupMeta(seq, start_version, started_index))
 
 

@@ -99,6 +99,8 @@ def test_sigterm_checkpoint_and_resume(tmp_path):
     import signal
     import time
 
+    import torch
+
     darl = ["algorithm=darl", "replay.max_replays=1"]  # one replay each: counts must survive the restart
     cmd = [sys.executable, "-m", "launch.train", "experiment=smoke", *darl,
            f"loop.run_dir={tmp_path}", "transport.control.port=0", "cluster.master_port=0",
@@ -122,6 +124,10 @@ def test_sigterm_checkpoint_and_resume(tmp_path):
     snaps = sorted(p.name for p in (saved[-1] / "snapshots").iterdir())
     # K = 4: the versions t-3..t-1 of the window (t is the model itself)
     assert snaps == [f"v{v:08d}" for v in range(max(0, stopped_at - 3), stopped_at)]
+    # the one worker's groups made, counted from the ordinal each group carries (worker_index):
+    # at least every group received (a group still in flight at the signal can leave a gap)
+    extra = torch.load(saved[-1] / "extra" / "dp00000.pt", weights_only=True)
+    assert extra["worker_groups"][0] >= extra["groups_received"] >= 2 * stopped_at, extra
     total = stopped_at + 3
     partial = tmp_path / "checkpoints" / "step_000001.tmp"  # a write cut short long ago
     partial.mkdir(exist_ok=True)

@@ -25,7 +25,7 @@ from tests.distributed.procs.launcher import free_port
 TRANSPORTS = ("dataplane", "store")
 
 
-def _group(gid: int, worker: int = 0, g: int = 3) -> SampleGroup:
+def _group(gid: int, worker: int = 0, g: int = 3, index: int = -1) -> SampleGroup:
     gen = torch.Generator().manual_seed(gid)
     samples = []
     for i in range(g):
@@ -34,7 +34,7 @@ def _group(gid: int, worker: int = 0, g: int = 3) -> SampleGroup:
                               response_ids=torch.randint(0, 1000, (t,), generator=gen),
                               behavior_logprobs=-torch.rand(t, generator=gen),
                               token_versions=torch.full((t,), gid % 3), reward=float(i) / 3, truncated=i == 1))
-    return SampleGroup(group_id=gid, prompt_id=gid * 7, samples=samples, worker_id=worker)
+    return SampleGroup(group_id=gid, prompt_id=gid * 7, samples=samples, worker_id=worker, worker_index=index)
 
 
 def _store(workers=1, hubs=1):
@@ -59,11 +59,11 @@ def _take(hub: SampleHub, n: int, timeout_s: float = 20.0) -> list:
 
 
 def test_frame_round_trip_is_bitwise():
-    group = _group(11)
+    group = _group(11, worker=1, index=5)
     for got in (unframe_group(GroupFrame.from_bytes(frame_group(group, GroupMeta(5, 2, 9)).to_bytes())),
                 unframe_group(GroupFrame.from_buffer(frame_group(group, GroupMeta(5, 2, 9)).to_buffer()))):
         assert got.meta == GroupMeta(5, 2, 9)
-        assert (got.group.group_id, got.group.prompt_id, got.group.worker_id) == (11, 77, 0)
+        assert (got.group.group_id, got.group.prompt_id, got.group.worker_id, got.group.worker_index) == (11, 77, 1, 5)
         for a, b in zip(group.samples, got.group.samples):
             assert a.sample_id == b.sample_id and a.reward == b.reward and a.truncated == b.truncated
             for name in ("prompt_ids", "response_ids", "behavior_logprobs", "token_versions"):
@@ -78,6 +78,10 @@ def test_malformed_frame_is_rejected():
         unframe_group(GroupFrame(torch.zeros(20, dtype=torch.int64), frame.floats))
     with pytest.raises(ValueError, match="truncated"):
         GroupFrame.from_buffer(frame.to_buffer()[:-1])
+    old = GroupFrame(frame.ints.clone(), frame.floats)
+    old.ints[1] = 1  # a format-1 sender's frame (no worker_index): refused, not misread
+    with pytest.raises(ValueError, match="format version"):
+        unframe_group(old)
 
 
 def test_shard_of_is_stable_and_balanced_even_for_worker_folded_ids():
