@@ -3,13 +3,16 @@
 They live in their own module because rollout produces them, transport frames them, replay stores
 them and the loop consumes them, and none of those may import the others (docs/architecture.md,
 Layers and imports). ``shard_of`` is here for the same reason: the sample channel routes a group to
-the DP hub that the replay buffer files it under, and both must agree. The module imports nothing of
-ours.
+the DP hub that the replay buffer files it under, and both must agree. ``PackedSamples`` is a
+group's samples in the trainer's token layout, made once when the replay buffer takes the group
+and read by the step (``step/sequences.py``). The module imports nothing of ours.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -74,6 +77,92 @@ class SampleGroup:
     def num_tokens(self) -> int:
         """Total response tokens in the group."""
         return sum(s.num_tokens for s in self.samples)
+
+
+@dataclass
+class PackedSamples:
+    """Samples end to end in the trainer's layout: each sequence is ``prompt ++ response``, scored
+    (``loss_mask``) on its response tokens, and the engine log-probs are in the packed scored layout
+    (``step/sequences.py``).
+
+    The replay buffer packs a group once, on arrival (``pack_samples``); a step's batches are then
+    one concatenation of such pieces (``concat``) or views of one (``slice``), never a re-pack of
+    the samples. Read-only: the pieces share storage with the buffer and with each other.
+    """
+
+    input_ids: torch.Tensor  # (L,) int64 prompt ++ response token ids of each sample, end to end
+    seq_lens: torch.Tensor  # (N,) int64 prompt + response tokens of each sample; sums to L
+    loss_mask: torch.Tensor  # (L,) bool True at the response tokens (never a sequence's first)
+    lengths: torch.Tensor  # (N,) int64 response tokens of each sample: the scored layout's segments
+    behavior_logprobs: torch.Tensor | None  # (n,) float32 engine log-probs, n = lengths.sum()
+    # (None in a concatenation made for its tokens only)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    def slice(self, first: int, end: int) -> "PackedSamples":
+        """Samples ``first .. end - 1`` as views (no copy)."""
+        seq = [0, *torch.cumsum(self.seq_lens, 0).tolist()]
+        scored = [0, *torch.cumsum(self.lengths, 0).tolist()]
+        a, b = seq[first], seq[end]
+        rows = self.behavior_logprobs
+        return PackedSamples(self.input_ids[a:b], self.seq_lens[first:end], self.loss_mask[a:b],
+                             self.lengths[first:end], None if rows is None else rows[scored[first]:scored[end]])
+
+    @staticmethod
+    def concat(parts: Sequence["PackedSamples"], rows: bool = True) -> "PackedSamples":
+        """``parts`` end to end: one copy of each field (none for a single part); with ``rows``
+        False the engine log-probs are left out (a batch for the trainer needs only the tokens)."""
+        if not parts:
+            raise ValueError("cannot concatenate zero PackedSamples")
+        if len(parts) == 1:
+            return parts[0] if rows else dataclasses.replace(parts[0], behavior_logprobs=None)
+        cat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        return PackedSamples(cat("input_ids"), cat("seq_lens"), cat("loss_mask"), cat("lengths"),
+                             cat("behavior_logprobs") if rows else None)
+
+
+def pack_samples(samples: Sequence[Sample]) -> PackedSamples:
+    """Pack ``samples`` (one copy of their token ids and engine log-probs).
+
+    A sample needs a prompt token: the trainer never scores a sequence's first token
+    (``trainer/batch.py``), so an empty prompt would lose the first response token; it is refused
+    by sample id.
+    """
+    if not samples:
+        raise ValueError("cannot pack zero samples")
+    for s in samples:
+        if s.prompt_ids.shape[0] < 1:
+            raise ValueError(
+                f"sample {s.sample_id} has an empty prompt: the trainer never scores a "
+                "sequence's first token, so the first response token would be lost"
+            )
+    prompts = torch.tensor([s.prompt_ids.shape[0] for s in samples], dtype=torch.int64)  # (N,)
+    lengths = torch.tensor([s.num_tokens for s in samples], dtype=torch.int64)  # (N,)
+    seq_lens = prompts + lengths  # (N,)
+    starts = torch.repeat_interleave(torch.cumsum(seq_lens, 0) - seq_lens, seq_lens)  # (L,)
+    position = torch.arange(int(seq_lens.sum())) - starts  # (L,) position inside its sequence
+    loss_mask = position >= torch.repeat_interleave(prompts, seq_lens)  # (L,) the response tokens
+    ids = torch.cat([t.long() for s in samples for t in (s.prompt_ids, s.response_ids)])
+    behavior = torch.cat([s.behavior_logprobs.to(torch.float32) for s in samples])
+    return PackedSamples(ids, seq_lens, loss_mask, lengths, behavior)
+
+
+def share_packed(samples: Sequence[Sample], packed: PackedSamples) -> None:
+    """Point each sample's ids and engine log-probs at its views of ``packed`` (the same values),
+    so a group kept with its packed form is held once. A field of another dtype than the packed
+    one (not the documented int64 / float32) keeps its own tensor and value."""
+    seq = [0, *torch.cumsum(packed.seq_lens, 0).tolist()]
+    scored = [0, *torch.cumsum(packed.lengths, 0).tolist()]
+    for i, s in enumerate(samples):
+        prompt = seq[i] + s.prompt_ids.shape[0]
+        views = {"prompt_ids": packed.input_ids[seq[i]:prompt],
+                 "response_ids": packed.input_ids[prompt:seq[i + 1]],
+                 "behavior_logprobs": packed.behavior_logprobs[scored[i]:scored[i + 1]]}
+        for name, view in views.items():
+            if getattr(s, name).dtype == view.dtype:
+                setattr(s, name, view)
 
 
 _MASK64 = (1 << 64) - 1

@@ -6,6 +6,10 @@ several steps while it stays there (replay), optionally capped by ``max_replays`
 belongs to one DP shard (``shard_of``); selection takes a fixed quota per shard so sample data
 never moves between shards. Scores come from the loop (they need the trainer's log-prob pass);
 the buffer only decides eligibility, order and bookkeeping.
+
+A group is packed once, when it is added (``BufferEntry.packed``: the trainer's token layout,
+``samples.PackedSamples``); its samples' tensors become views of that, so the buffer holds the
+group once and a step builds its batches from the packed pieces instead of re-packing samples.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ import torch
 from megatron_darl.algorithms import grpo_advantages, select_groups
 from megatron_darl.replay.records import group_from_state, group_to_state
 from megatron_darl.replay.window import VersionWindow
-from megatron_darl.samples import SampleGroup, shard_of
+from megatron_darl.samples import PackedSamples, SampleGroup, pack_samples, share_packed, shard_of
+
 
 @dataclass
 class BufferEntry:
     """One buffered group and its bookkeeping."""
 
     group: SampleGroup
+    packed: PackedSamples  # the group's samples packed once, on arrival (its samples' storage)
     advantages: torch.Tensor  # (G,) float32 GRPO advantages, fixed at arrival
     shard: int  # owning DP shard, shard_of(group_id, num_shards)
     arrival_step: int  # trainer step at which the group arrived
@@ -123,6 +129,7 @@ class ReplayBuffer:
                                      eps=self.adv_eps)
         entry = BufferEntry(
             group=group,
+            packed=_packed(group),
             advantages=advantages,
             shard=shard_of(group.group_id, self.num_shards),
             arrival_step=step,
@@ -239,11 +246,19 @@ class ReplayBuffer:
         self._entries = {}
         self._next_seq = int(state["next_seq"])
         for raw in state["entries"]:
+            group = group_from_state(raw["group"])
             entry = BufferEntry(
-                group=group_from_state(raw["group"]), advantages=raw["advantages"].clone(),
+                group=group, packed=_packed(group), advantages=raw["advantages"].clone(),
                 shard=int(raw["shard"]), arrival_step=int(raw["arrival_step"]),
                 behavior_version=int(raw["behavior_version"]),
                 arrival_seq=int(raw["arrival_seq"]), times_selected=int(raw["times_selected"]),
                 score=raw.get("score"), scored_version=int(raw.get("scored_version", -1)),
             )
             self._entries[entry.group_id] = entry
+
+
+def _packed(group: SampleGroup) -> PackedSamples:
+    """The group packed, its samples' tensors made views of it (held once)."""
+    packed = pack_samples(group.samples)
+    share_packed(group.samples, packed)
+    return packed

@@ -19,7 +19,9 @@ trainer step, from the shard's new groups to the trainer's PPO mini-batches:
 
 and ``evict(version, stats)`` ends the step. Everything is plain calls with no process group of
 its own (``logprobs`` and ``dp_sum`` are given), so it is tested with real ``SampleGroup``s and a
-fake trainer. All per-token values are in the packed layout (``sequences.py``).
+fake trainer. All per-token values are in the packed layout (``sequences.py``), and every batch is
+cut from the groups as the buffer packed them on arrival (``BufferEntry.packed``): one
+concatenation per pass, one for the mini-batches (views of it), no re-pack of samples.
 
 Order note: scores only need pi_t (the pass) and mu_{v_i} (the engine row), so backfill runs
 after selection and only for the selected samples x V(S), not for every candidate. A group
@@ -49,10 +51,12 @@ from megatron_darl.algorithms import (
 )
 from megatron_darl.step.candidates import audit_rule, extrapolate, rescore
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
-from megatron_darl.step.sequences import pack, response_lengths, sample_index, sequence_batch
+from megatron_darl.step.sequences import (
+    pack, packed_batch, response_lengths, sample_index, sequence_batch,
+)
 from megatron_darl.step.stats import StepStats
 from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSource
-from megatron_darl.samples import Sample, SampleGroup, shard_of
+from megatron_darl.samples import PackedSamples, Sample, SampleGroup, shard_of
 from megatron_darl.trainer.batch import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,8 @@ class Candidates:
     samples: list[Sample]  # their samples, flattened
     lengths: torch.Tensor  # (N,) int64 response tokens per sample
     group_index: torch.Tensor  # (N,) int64 position of each sample's group in ``entries``
+    behavior: torch.Tensor  # (n,) float32 engine log-probs (the packed groups' rows end to end)
+    logp_t: torch.Tensor | None = None  # (n,) log pi_t from the pass over them (None: no pass)
 
 
 @dataclass
@@ -158,7 +164,7 @@ class ShardPlanner:
         self._arrive(groups, step, version, stats)
         proximal: dict[int, torch.Tensor] = {}  # sample_id -> (T_i,) log pi_t: every pass's rows
         passes = lambda entries: self._pass(entries, version, logprobs, proximal, stats)  # noqa: E731
-        scores = self._score_candidates(step, version, passes, proximal, stats)
+        scores = self._score_candidates(step, version, passes, stats)
         lap("logprob_seconds")
         _score_stats(scores, stats)
         sel = self._select(step, scores, version, stats)
@@ -208,10 +214,14 @@ class ShardPlanner:
                     stats.mixed_version_samples += 1
 
     @staticmethod
-    def _candidates(entries: list[BufferEntry]) -> Candidates:
+    def _candidates(entries: list[BufferEntry], packed: PackedSamples | None = None) -> Candidates:
+        """``entries`` as candidates; their engine rows from ``packed`` (their concatenation, when
+        a pass made it) or concatenated here."""
         samples = [s for e in entries for s in e.group.samples]
         group_index = torch.tensor([i for i, e in enumerate(entries) for _ in e.group.samples])
-        return Candidates(entries, samples, response_lengths(samples), group_index)
+        behavior = (packed.behavior_logprobs if packed is not None
+                    else torch.cat([e.packed.behavior_logprobs for e in entries]))
+        return Candidates(entries, samples, response_lengths(samples), group_index, behavior)
 
     def _pass(self, entries: list[BufferEntry], version: int, logprobs: LogProbFn,
               proximal: dict[int, torch.Tensor], stats: StepStats) -> Candidates | None:
@@ -219,8 +229,10 @@ class ShardPlanner:
         plus the engine/trainer mismatch (k3 over samples generated at exactly t)."""
         if not entries:
             return None
-        cand = self._candidates(entries)
-        logp = logprobs(sequence_batch(cand.samples), version)
+        packed = PackedSamples.concat([e.packed for e in entries])
+        cand = self._candidates(entries, packed)
+        logp = logprobs(packed_batch(packed), version)
+        cand.logp_t = logp
         rows = torch.split(logp, cand.lengths.tolist())
         self.cache.put_packed([s.sample_id for s in cand.samples], version, logp, cand.lengths,
                               RowSource.TRAINER)
@@ -236,7 +248,7 @@ class ShardPlanner:
 
     def _score_candidates(self, step: int, version: int,
                           passes: Callable[[list[BufferEntry]], Candidates | None],
-                          proximal: dict[int, torch.Tensor], stats: StepStats) -> dict[int, float]:
+                          stats: StepStats) -> dict[int, float]:
         """group_id -> score at t of the groups that may be selected (none during warmup).
 
         Scores that read no pi_t score every candidate from the engine rows; ratio scores run
@@ -246,11 +258,11 @@ class ShardPlanner:
         if not entries or self.buffer.in_warmup(step):
             return {}
         if self.spec.score not in RATIO_SCORES:
-            return self._score(self._candidates(entries), proximal, step)
+            return self._score(self._candidates(entries), step)
 
         def score(ids: list[int]) -> dict[int, float]:
             chosen = [self.buffer.entry(gid) for gid in ids]
-            out = self._score(passes(chosen), proximal, step)
+            out = self._score(passes(chosen), step)
             for e in chosen:
                 e.score, e.scored_version = out[e.group_id], version
             return out
@@ -273,12 +285,13 @@ class ShardPlanner:
         return scores
 
     # ---- score and selection ----------------------------------------------------------------
-    def _score(self, cand: Candidates, proximal: dict[int, torch.Tensor], step: int) -> dict[int, float]:
+    def _score(self, cand: Candidates, step: int) -> dict[int, float]:
         """group_id -> score (lower is selected first) with the variant's score kind."""
-        lb = pack([s.behavior_logprobs for s in cand.samples])  # (n,)
+        lb = cand.behavior  # (n,)
         lc = lb  # read only by the ratio scores, which need the pass
         if self.spec.score in RATIO_SCORES:
-            lc = pack([proximal[s.sample_id] for s in cand.samples])  # (n,)
+            assert cand.logp_t is not None, "a ratio score needs the candidates' log-prob pass"
+            lc = cand.logp_t.to(torch.float32)  # (n,) the pass's rows: the proximal rows
         bv = torch.tensor([e.behavior_version for e in cand.entries])[cand.group_index]  # (N,)
         gen = self._generator(step)
         n = len(cand.samples)
@@ -320,11 +333,11 @@ class ShardPlanner:
         need = [v for v, n in zip(sel.versions, global_tokens.tolist()) if n > 0]  # V(S)
         ids = [s.sample_id for s in sel.samples if s.num_tokens]
         for v in need:
-            todo = [s for s in sel.samples if s.num_tokens and (s.sample_id, v) not in self.cache]
-            if todo and v in exact:
-                logp = logprobs(sequence_batch(todo), v)
+            todo, packed = self._missing(sel.entries, v) if v in exact else ([], None)
+            if todo:
+                logp = logprobs(packed_batch(packed), v)
                 stats.backfill_snapshot += self.cache.put_packed(
-                    [s.sample_id for s in todo], v, logp, response_lengths(todo), RowSource.SNAPSHOT)
+                    [s.sample_id for s in todo], v, logp, packed.lengths, RowSource.SNAPSHOT)
         gaps = self.cache.missing(ids, need)
         if gaps:
             stats.backfill_nearest += self.cache.backfill_nearest(ids, need)
@@ -332,6 +345,17 @@ class ShardPlanner:
                 log.warning("step %d: %d log-prob rows of versions %s approximated by the nearest "
                             "cached version (exact versions: %s)", step, len(gaps),
                             sorted({v for _, v in gaps}), sorted(exact))
+
+    def _missing(self, entries: list[BufferEntry], version: int) -> tuple[list[Sample], PackedSamples | None]:
+        """The samples of ``entries`` without a cache row of ``version`` (empty responses need
+        none), and them packed: a group missing all as it is, one missing some as views of those."""
+        todo, parts = [], []
+        for e in entries:
+            idx = [i for i, s in enumerate(e.group.samples)
+                   if s.num_tokens and (s.sample_id, version) not in self.cache]
+            todo += [e.group.samples[i] for i in idx]
+            parts += [e.packed] if len(idx) == len(e.group.samples) else [e.packed.slice(i, i + 1) for i in idx]
+        return todo, PackedSamples.concat(parts, rows=False) if parts else None
 
     # ---- loss inputs and mini-batches -----------------------------------------------------------
     def _plan(self, sel: Selection, global_tokens: torch.Tensor, version: int,
@@ -352,7 +376,7 @@ class ShardPlanner:
         else:
             samples = sel.samples
             inputs = self._loss_inputs(sel, global_tokens, version, proximal, stats)
-        parts = self._minibatches(samples, inputs, not sel.entries, version)
+        parts = self._minibatches(sel.entries, samples, inputs, version)
         return StepPlan(parts * self.algorithm.ppo_epochs, sel, samples, inputs, not sel.entries, stats)
 
     def _loss_inputs(self, sel: Selection, global_tokens: torch.Tensor, version: int,
@@ -389,21 +413,22 @@ class ShardPlanner:
         return PolicyLossInputs(logp_base=bw.logp_base.float(), weights=bw.weights.float(),
                                 advantages=adv_t)
 
-    def _minibatches(self, samples: list[Sample], inputs: PolicyLossInputs, filler: bool,
+    def _minibatches(self, entries: list[BufferEntry], samples: list[Sample], inputs: PolicyLossInputs,
                      version: int) -> list[TrainBatch]:
-        """M contiguous parts of the samples (sizes differ by at most one), each a contiguous
-        slice of the packed inputs; a zero-weight one-token stand-in where a part is empty."""
+        """M contiguous parts of the samples (sizes differ by at most one), each a view of the
+        entries' packed groups end to end (one copy) and a contiguous slice of the packed inputs;
+        a zero-weight one-token stand-in where a part is empty (or nothing is selected)."""
+        packed = PackedSamples.concat([e.packed for e in entries], rows=False) if entries else None
         ends = torch.cumsum(response_lengths(samples), 0).tolist()
         out = []
         for idx in torch.arange(len(samples)).tensor_split(self.algorithm.ppo_minibatches):
-            if filler or idx.numel() == 0:  # one scored token: adds 1 to the step's token count
+            if packed is None or idx.numel() == 0:  # one scored token: adds 1 to the step's token count
                 stand_in = _filler_sample(version)
                 out.append(sequence_batch([stand_in], _zero_inputs(stand_in.num_tokens)))
                 continue
             first, last = int(idx[0]), int(idx[-1])
             start = ends[first - 1] if first else 0
-            part = samples[first : last + 1]
-            out.append(sequence_batch(part, _slice(inputs, start, ends[last])))
+            out.append(packed_batch(packed.slice(first, last + 1), _slice(inputs, start, ends[last])))
         return out
 
     # ---- checkpointing ------------------------------------------------------------------------

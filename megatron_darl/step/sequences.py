@@ -13,6 +13,12 @@ the scores, the behavior weights and the loss inputs (``PolicyLossInputs``), to 
 loss sees; a PPO mini-batch of contiguous samples is a contiguous slice of it. Chosen over padded
 ``(N, T_max)`` rows because RL response lengths are long-tailed: ``benchmarks/token_layout.py``
 measures the planner step in both layouts.
+
+Samples are packed into this layout once, when the replay buffer takes their group
+(``samples.PackedSamples``, ``BufferEntry.packed``): a step's batches (the log-prob pass, each
+backfill pass, the mini-batches) are one concatenation of packed groups or a view of one
+(``packed_batch``), and the engine log-probs of a candidate set are the same concatenation, not a
+re-pack of each sample's row. ``benchmarks/step_batches.py`` counts the copies.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from megatron_darl.samples import Sample
+from megatron_darl.samples import PackedSamples, Sample, pack_samples
 from megatron_darl.trainer.batch import TrainBatch
 
 
@@ -40,28 +46,20 @@ def pack(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([r.to(torch.float32).reshape(-1) for r in rows]) if rows else torch.zeros(0)
 
 
-def _check_prompt(sample: Sample) -> None:
-    if sample.prompt_ids.shape[0] < 1:
-        raise ValueError(
-            f"sample {sample.sample_id} has an empty prompt: the trainer never scores a "
-            "sequence's first token, so the first response token would be lost"
-        )
-
-
-def sequence_batch(samples: Sequence[Sample], loss_inputs: Any = None) -> TrainBatch:
-    """Pack samples into a ``TrainBatch`` scored on their response tokens.
+def packed_batch(packed: PackedSamples, loss_inputs: Any = None) -> TrainBatch:
+    """The ``TrainBatch`` of already packed samples, scored on their response tokens (no copy).
 
     Args:
-        samples: the N samples, in batch order.
+        packed: the N samples, in batch order (e.g. ``PackedSamples.concat`` of buffered groups).
         loss_inputs: per-token inputs of the loss in the packed layout of these samples (e.g.
             ``PolicyLossInputs``), or None for a log-prob pass.
     """
+    return TrainBatch(packed.input_ids, packed.seq_lens, packed.loss_mask, loss_inputs)
+
+
+def sequence_batch(samples: Sequence[Sample], loss_inputs: Any = None) -> TrainBatch:
+    """Pack samples into a ``TrainBatch`` scored on their response tokens (``pack_samples``:
+    an empty prompt is refused, by sample id)."""
     if not samples:
         raise ValueError("cannot build a TrainBatch from zero samples")
-    tokens, masks = [], []
-    for s in samples:
-        _check_prompt(s)
-        p, t = s.prompt_ids.shape[0], s.num_tokens
-        tokens.append(torch.cat([s.prompt_ids.long(), s.response_ids.long()]))
-        masks.append(torch.cat([torch.zeros(p, dtype=torch.bool), torch.ones(t, dtype=torch.bool)]))
-    return TrainBatch.from_sequences(tokens, masks, loss_inputs)
+    return packed_batch(pack_samples(samples), loss_inputs)

@@ -131,12 +131,15 @@ class TrainBatch:
         rank = torch.cumsum(self.loss_mask.long(), 0) - 1
         return torch.where(self.loss_mask, rank, torch.full_like(rank, -1))
 
-    def select(self, seq_indices: list[int]) -> "TrainBatch":
-        """The sub-batch of the given sequences, in the given order (loss inputs alongside)."""
+    def select(self, seq_indices: list[int], scored_index: torch.Tensor | None = None) -> "TrainBatch":
+        """The sub-batch of the given sequences, in the given order (loss inputs alongside).
+
+        ``scored_index`` is this batch's ``scored_index()`` when the caller has it (one O(T) pass
+        per batch, not per sub-batch)."""
         offs = self.offsets
         token_idx = torch.cat([torch.arange(int(offs[i]), int(offs[i + 1])) for i in seq_indices])
         seq_idx = torch.tensor(seq_indices, dtype=torch.int64)
-        scored = self.scored_index()[token_idx]
+        scored = (self.scored_index() if scored_index is None else scored_index)[token_idx]
         return TrainBatch(
             input_ids=self.input_ids[token_idx],
             seq_lens=self.seq_lens[seq_idx],
@@ -195,12 +198,17 @@ class MicroBatch:
 
 def make_microbatch(
     parent: TrainBatch, seq_indices: list[int], pad_multiple: int, device: torch.device,
+    scored_index: torch.Tensor | None = None,
 ) -> MicroBatch:
     """Pad ``parent``'s sequences ``seq_indices`` to one length, scored where its loss mask is.
 
     Scored tokens are listed sequence by sequence, positions ascending: the scored layout of
     ``batch`` (``parent.select(seq_indices)``), which is what ``loss_fn`` receives.
+    ``scored_index`` is ``parent.scored_index()`` when the caller has it (``split_microbatches``
+    computes it once for all the micro-batches).
     """
+    if scored_index is None:
+        scored_index = parent.scored_index()
     offs = parent.offsets.tolist()
     lens = [int(parent.seq_lens[i]) for i in seq_indices]
     rows, seq_len = len(lens), round_up(max(lens), pad_multiple)
@@ -214,12 +222,12 @@ def make_microbatch(
     source_index = torch.cat(source)
     position_ids = torch.arange(seq_len, dtype=torch.int64).unsqueeze(0).expand(rows, -1)
     return MicroBatch(
-        batch=parent.select(seq_indices).to(device),
+        batch=parent.select(seq_indices, scored_index).to(device),
         input_ids=input_ids.to(device),
         position_ids=position_ids.contiguous().to(device),
         pred_rows=torch.cat(pred_rows).to(device),
         targets=parent.input_ids[source_index].to(device),
-        scored_index=parent.scored_index()[source_index],
+        scored_index=scored_index[source_index],
     )
 
 
@@ -228,7 +236,8 @@ def split_microbatches(
 ) -> list[MicroBatch]:
     """The step's micro-batches (``plan_microbatches``), padded and on ``device``."""
     plan = plan_microbatches(batch.seq_lens.tolist(), token_budget, pad_multiple)
-    return [make_microbatch(batch, idx, pad_multiple, device) for idx in plan]
+    scored_index = batch.scored_index()  # (T,) once, not once per micro-batch
+    return [make_microbatch(batch, idx, pad_multiple, device, scored_index) for idx in plan]
 
 
 _DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16)

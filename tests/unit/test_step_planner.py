@@ -214,6 +214,62 @@ def test_interrupted_samples_carry_their_per_token_behavior_density(variant):
         assert torch.allclose(weights[mask], expect.weights[mask].float(), atol=1e-6)
 
 
+def per_sample_batch(rows, loss_inputs=None) -> TrainBatch:
+    """A batch as the step built it before groups were packed on arrival: each sample re-packed
+    from its ``(prompt_ids, response_ids)``, scored on the response."""
+    tokens = [torch.cat([p, r]) for p, r in rows]
+    masks = [torch.arange(len(p) + len(r)) >= len(p) for p, r in rows]
+    return TrainBatch.from_sequences(tokens, masks, loss_inputs)
+
+
+def assert_same_batch(got: TrainBatch, want: TrainBatch):
+    for name in ("input_ids", "seq_lens", "loss_mask"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert (got.loss_inputs is None) == (want.loss_inputs is None)
+    for name in ("logp_base", "weights", "advantages") if want.loss_inputs is not None else ():
+        assert torch.equal(getattr(got.loss_inputs, name), getattr(want.loss_inputs, name)), name
+
+
+def test_every_batch_of_a_step_is_its_samples_packed_one_by_one():
+    """Groups are packed once, on arrival; the log-prob pass, each backfill pass (one missing the
+    row of a single sample of a group included) and the mini-batches are cut from those pieces
+    and must equal the per-sample packing of their samples, taken from copies made before arrival."""
+    mixed = make_group(1, 2)
+    odd = mixed.samples[1]  # wholly of version 3: its group lacks a version-2 row for it alone
+    odd.token_versions[:] = 3
+    odd.behavior_logprobs = true_logp(odd.sample_id, 3, odd.num_tokens)
+    steps = [(3, [mixed, make_group(2, 1), make_group(3, 3)]), (4, [make_group(4, 3), make_group(5, 4)])]
+    rows = {s.sample_id: (s.prompt_ids.clone(), s.response_ids.clone())
+            for _, groups in steps for g in groups for s in g.samples}
+    seen = []
+
+    def recording(batch, version):
+        seen.append((batch, version))
+        return fake_logprobs(batch, version)
+
+    p = ShardPlanner(algo("darl", b=3, ppo_minibatches=3), ReplayConfig(k=4))
+    for t, groups in steps:
+        plan = p.step(groups, t, t, recording, exact_versions=range(t))
+        n = len(plan.samples)
+        for idx, part in zip(torch.arange(n).tensor_split(3), plan.minibatches):
+            ends = torch.cumsum(torch.tensor([s.num_tokens for s in plan.samples]), 0).tolist()
+            first, last = int(idx[0]), int(idx[-1])
+            start, end = ends[first - 1] if first else 0, ends[last]
+            x = plan.loss_inputs
+            want = per_sample_batch([rows[s.sample_id] for s in plan.samples[first:last + 1]],
+                                    type(x)(x.logp_base[start:end], x.weights[start:end], x.advantages[start:end]))
+            assert_same_batch(part, want)
+        p.evict(t + 1, plan.stats)
+    assert any(v < t for _, v in seen) and plan.stats.backfill_snapshot > 0
+    partial = False
+    for batch, version in seen:
+        ids = [SAMPLES[tuple(x.tolist())].sample_id for x in torch.split(batch.input_ids, batch.seq_lens.tolist())]
+        assert_same_batch(batch, per_sample_batch([rows[i] for i in ids]))
+        partial |= odd.sample_id in ids and mixed.samples[0].sample_id not in ids
+    assert partial  # a group cut to the one sample that lacked the row
+
+
 def test_nearest_backfill_fills_every_needed_row():
     p = ShardPlanner(algo("darl", b=2, mis=MisConfig(backfill="nearest")), ReplayConfig(k=4))
     plan = p.step([make_group(1, 1), make_group(2, 3)], 3, 3, fake_logprobs)  # no exact versions

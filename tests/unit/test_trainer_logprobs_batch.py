@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from megatron_darl.trainer.batch import TrainBatch, make_microbatch, plan_microbatches
+from megatron_darl.trainer.batch import TrainBatch, make_microbatch, plan_microbatches, split_microbatches
 from megatron_darl.trainer.logprobs import vocab_parallel_logprobs
 
 
@@ -82,6 +82,23 @@ def test_microbatch_alignment_and_fields():
     assert torch.equal(sub.loss_inputs.w, batch.loss_inputs.w[mb.scored_index])
     assert sub.loss_inputs.adv.tolist() == [3.0] * 5 + [1.0] * 3
     assert mb.scored_index.tolist() == [4, 5, 6, 7, 8, 0, 1, 2]
+
+
+def test_split_microbatches_builds_what_each_micro_batch_alone_builds():
+    """``split_microbatches`` takes the batch's scored index once for all its micro-batches; each
+    must equal ``make_microbatch`` computing its own, field by field."""
+    batch, cpu = _batch(), torch.device("cpu")
+    plan = plan_microbatches(batch.seq_lens.tolist(), token_budget=8, pad_multiple=4)
+    split = split_microbatches(batch, token_budget=8, pad_multiple=4, device=cpu)
+    assert len(split) == len(plan) == 3
+    for mb, idx in zip(split, plan):
+        alone = make_microbatch(batch, idx, pad_multiple=4, device=cpu)
+        for name in ("input_ids", "position_ids", "pred_rows", "targets", "scored_index"):
+            assert torch.equal(getattr(mb, name), getattr(alone, name)), name
+        for name in ("input_ids", "seq_lens", "loss_mask"):
+            assert torch.equal(getattr(mb.batch, name), getattr(alone.batch, name)), name
+        assert torch.equal(mb.batch.loss_inputs.w, alone.batch.loss_inputs.w)
+        assert torch.equal(mb.batch.loss_inputs.w, batch.loss_inputs.w[mb.scored_index])
 
 
 def test_bad_batches_raise():
