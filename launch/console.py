@@ -22,7 +22,7 @@ import os
 import warnings
 
 # Libraries whose INFO lines are internals to a user of the run (their warnings still show).
-QUIET_LOGGERS = ("megatron", "megatron_fsdp", "torch.distributed", "transformers", "launch.procs")
+QUIET_LOGGERS = ("megatron", "megatron_fsdp", "torch.distributed", "transformers", "matplotlib", "launch.procs")
 # Modules whose import-time UserWarnings (no Apex, no Transformer Engine, deprecations) are hidden.
 QUIET_WARNINGS = r"(megatron|megatron_fsdp|transformer_engine|apex)(\.|$)"
 

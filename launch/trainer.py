@@ -102,7 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     reason = exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank)
     try:
         trainer, ps = build_trainer(cfg, env)
-        return run_trainer(cfg, trainer, ps, say_why=lambda line: write_exit_reason(reason, line))
+        code = run_trainer(cfg, trainer, ps, say_why=lambda line: write_exit_reason(reason, line))
+        # every rank finished the same steps: tear the groups down (NCCL warns of a leak otherwise);
+        # after a failure a peer may be gone, and the process exit frees them instead
+        from megatron_darl.trainer.parallel import destroy_parallel
+
+        destroy_parallel()
+        return code
     except RunAborted as exc:  # its line says which checkpoint was kept
         logging.getLogger("launch.trainer").error("run aborted: %s", exc)
         write_exit_reason(reason, str(exc))
