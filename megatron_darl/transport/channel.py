@@ -18,7 +18,7 @@ timeout. The worker side likewise sends from one thread per hub, so a generation
 on back-pressure (during which it keeps serving weight syncs), never on a transfer.
 
 Exactly once: sequence numbers are per (worker, hub); a hub link takes seq s only after s - 1,
-deletes its header, then acks s; a restarted worker resumes after the last acked seq (with the
+acks s, then deletes its header; a restarted worker resumes after the last acked seq (with the
 data plane it re-posts there: a dead incarnation's unsent payloads died with it; with the store,
 its posted groups are still delivered) and the hub drops any group id it already delivered. A
 group goes to hub ``shard_of(group_id, num_hubs)``, the replay buffer's own shard function.
@@ -84,11 +84,24 @@ class SampleSender:
                        for h in range(control.num_hubs)]
 
     def _resume_seq(self, hub: int) -> int:
-        seq = get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1) + 1
-        if self.cfg.transport == "store":  # posted before a restart and not consumed: keep, go past
+        """The first seq after the last acked one; with the store transport also after the groups
+        an earlier incarnation posted and the hub has not consumed (they are still delivered).
+
+        The hub may consume them while we look: a header missing above the ack we read may have
+        been taken since. The hub acks before it deletes, so an ack read after the scan covers
+        every header that went missing during it; scan again from there until it does not move.
+        """
+        ack = lambda: get_int(self._store, Keys.sample_ack(hub, self.worker_id), -1)  # noqa: E731
+        seq = ack() + 1
+        if self.cfg.transport != "store":
+            return seq
+        while True:
             while self._store.check([Keys.sample(hub, self.worker_id, seq)]):
                 seq += 1
-        return seq
+            acked = ack()
+            if acked < seq:
+                return seq
+            seq = acked + 1
 
     def _backend_for(self, hub: int) -> Callable[[ControlStore], str]:
         def backend(store: ControlStore) -> str:

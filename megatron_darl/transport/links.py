@@ -174,8 +174,10 @@ class InLink:
                                  f"{g.group.worker_id}, expected seq {seq + i} of worker {self.worker}")
         for g in got:
             self._deliver(g)
-        store.delete_key(key)
+        # ack, then delete: a missing header at or below the ack is then never a consumed one in
+        # between (a restarting worker reads a missing key above the ack as a free seq)
         store.set(Keys.sample_ack(self.hub, self.worker), str(seq + head.count - 1))
+        store.delete_key(key)
         if head.backend != "store":  # at the hub now: no longer outstanding (staleness.py)
             mark_delivered(store, self.worker, head.count)
         self.transfers += 1
