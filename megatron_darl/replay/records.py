@@ -34,6 +34,7 @@ def group_to_state(group: SampleGroup) -> dict[str, Any]:
         "group_id": group.group_id,
         "prompt_id": group.prompt_id,
         "worker_id": group.worker_id,
+        "worker_index": group.worker_index,
         "samples": [sample_to_state(s) for s in group.samples],
     }
 
@@ -43,5 +44,6 @@ def group_from_state(state: Mapping[str, Any]) -> SampleGroup:
         group_id=int(state["group_id"]),
         prompt_id=int(state["prompt_id"]),
         worker_id=int(state["worker_id"]),
+        worker_index=int(state.get("worker_index", -1)),  # absent in checkpoints before frame format 2
         samples=[sample_from_state(s) for s in state["samples"]],
     )
