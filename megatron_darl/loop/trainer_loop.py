@@ -154,10 +154,13 @@ class TrainerLoop:
                 if not self.step(step):
                     break
                 step += 1
-            self._finish_publish()
-            self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
+            # the checkpoint first: the last publish can hang on a worker that died mid-transfer
+            # (a blocked collective until the transfer timeout), past a stop signal's grace, and
+            # what the workers hold is no part of it (a resumed run publishes again)
             if not self.diverged:  # NaN weights are never checkpointed: the newest one stays the last good
                 saved = self.checkpoints.save(step)
+            self._finish_publish()
+            self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
         finally:
             self._shutdown(step)
         if self.fatal:
