@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from megatron_darl.loop.trainer_loop import RunAborted, run_trainer
     from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
     from megatron_darl.trainer.disk import CheckpointFailed
+    from megatron_darl.trainer.parallel import destroy_parallel
 
     env = dist_env(os.environ)
     cfg = start_child(f"trainer{env.rank}", args.config, overrides)
@@ -105,8 +106,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = run_trainer(cfg, trainer, ps, say_why=lambda line: write_exit_reason(reason, line))
         # every rank finished the same steps: tear the groups down (NCCL warns of a leak otherwise);
         # after a failure a peer may be gone, and the process exit frees them instead
-        from megatron_darl.trainer.parallel import destroy_parallel
-
         destroy_parallel()
         return code
     except RunAborted as exc:  # its line says which checkpoint was kept

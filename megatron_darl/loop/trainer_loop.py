@@ -9,7 +9,8 @@ Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one 
 the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
 step's batches by broadcast: ``replica.py``) and ``step.StepRunner`` (plan and train with the
 trainer); the transport ends in
-``endpoints``; the checkpoints are ``checkpoint_policy.RunCheckpoints``'; metrics are reduced over DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
+``endpoints``; the checkpoints are ``checkpoint_policy.RunCheckpoints``; metrics are reduced over
+DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
 finish the current step, write a checkpoint (model, optimizer, RNG, step, version, each shard's
 buffer and cache, and the parameter snapshots of the window when the variant backfills from
 them) and exit 0; ``loop.resume`` continues from the latest one.

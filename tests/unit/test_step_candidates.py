@@ -18,15 +18,20 @@ def _rank(quota):
     return lambda scores: [g for g, _ in sorted(scores.items(), key=lambda kv: (kv[1], -kv[0]))][:quota]
 
 
+def _instance(rng: random.Random):
+    """A random quota, old groups with their previous scores, arrivals, and the old groups ranked."""
+    quota = rng.randint(1, 6)
+    old = {g: rng.random() for g in range(rng.randint(0, 20))}
+    fresh = list(range(100, 100 + rng.randint(0, 8)))
+    return quota, old, fresh, sorted(old.items(), key=lambda kv: (kv[1], -kv[0]))
+
+
 def test_monotone_scores_select_exactly_what_scoring_everything_selects():
     rng = random.Random(0)
     for trial in range(300):
-        quota = rng.randint(1, 6)
-        old = {g: rng.random() for g in range(rng.randint(0, 20))}
-        fresh = list(range(100, 100 + rng.randint(0, 8)))
+        quota, old, fresh, prior = _instance(rng)
         now = {g: prev + rng.random() * rng.choice([0.0, 0.1, 1.0]) for g, prev in old.items()}
         now.update({g: rng.random() for g in fresh})
-        prior = sorted(old.items(), key=lambda kv: (kv[1], -kv[0]))
         calls = []
         got = bounded_rounds(fresh, prior, quota, lambda ids: calls.append(ids) or {g: now[g] for g in ids})
         assert _rank(quota)(got.scores) == _rank(quota)(now), trial
@@ -105,11 +110,8 @@ def test_bounded_planner_selects_and_weights_as_the_full_pass_with_fewer_groups_
 def test_selected_scores_the_arrivals_and_at_most_the_quota_of_old_groups():
     rng = random.Random(1)
     for trial in range(200):
-        quota = rng.randint(1, 6)
-        old = {g: rng.random() for g in range(rng.randint(0, 20))}
-        fresh = list(range(100, 100 + rng.randint(0, 8)))
+        quota, old, fresh, prior = _instance(rng)
         now = {**old, **{g: rng.random() for g in fresh}}  # predictions that come true
-        prior = sorted(old.items(), key=lambda kv: (kv[1], -kv[0]))
         got = selected_rounds(fresh, prior, lambda ids: {g: now[g] for g in ids}, _rank(quota))
         assert set(fresh) <= set(got.scores) and len(got.scores) <= len(fresh) + quota
         assert _rank(quota)(got.scores) == _rank(quota)(now), trial
