@@ -8,9 +8,10 @@ per rule with ``replay.rescore_audit=true``: every step scores every candidate, 
 exact selection (what the default ``all`` does) and logs what the rule would have selected from
 the same scores. From the run's ``metrics.jsonl``, over the audited steps (those with candidates,
 after warmup): ``agreement`` (share of the exact selection the rule keeps) mean and worst (min)
-step, ``score_gap`` (mean exact score of the rule's selection minus the exact one's) mean and
-worst (max) step, the groups the rule would score per step against all candidates per step, and
-how many steps disagreed at all. One record per rule (``benchmarks/record.py``).
+step; ``score_gap`` (mean exact score of the rule's selection minus the exact one's) mean and
+worst (max) step, also relative to the exact selection's mean score; the groups the rule would
+score per step against all candidates per step; the steps where the rule left groups unscored
+and where it disagreed at all. One record per rule (``benchmarks/record.py``).
 
     python benchmarks/rescore_audit.py                      # 40 steps, selected then bounded
     python benchmarks/rescore_audit.py --steps 3 --rules bounded   # smoke check
@@ -35,6 +36,17 @@ REPO = Path(__file__).resolve().parents[1]
 AUDITED = ("rescore_agreement", "rescore_score_gap", "rescore_rule_scored", "candidate_groups")
 
 
+def resolved(run_dir: Path) -> dict:
+    """What the run resolved (its own ``run_config.yaml``): the replay section, batch, engine."""
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "run_config.yaml").read_text())
+    algo = cfg["algorithm"]
+    return {"replay": cfg["replay"], "variant": algo["variant"], "groups": algo["groups_per_step"],
+            "group_size": algo["group_size"], "new_tokens": cfg["sampling"]["max_new_tokens"],
+            "engine": cfg["engine"]["backend"]}
+
+
 def run_rule(rule: str, a: argparse.Namespace, run_dir: Path) -> list[dict]:
     """The main job with ``replay.rescore=rule`` audited; its metrics rows."""
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -57,13 +69,18 @@ def audit_summary(rows: list[dict]) -> dict:
     col = lambda k: [float(r[k]) for r in audited]  # noqa: E731
     agree, gap, scored, cand = col("rescore_agreement"), col("rescore_score_gap"), \
         col("rescore_rule_scored"), col("candidate_groups")
+    # the gap against the exact selection's own mean score (the audit trains on that selection)
+    rel = [g / s if s > 0 else 0.0 for g, s in zip(gap, col("selected_score_mean"))]
     return {
         "steps_audited": len(audited),
         "agreement_mean": statistics.fmean(agree),
         "agreement_worst": min(agree),
         "steps_disagreeing": sum(x < 1.0 for x in agree),
+        "steps_rule_skipped": sum(n < c for n, c in zip(scored, cand)),  # the rule left groups out
         "score_gap_mean": statistics.fmean(gap),
         "score_gap_worst": max(gap),
+        "score_gap_relative_mean": statistics.fmean(rel),
+        "score_gap_relative_worst": max(rel),
         "rule_scored_per_step": statistics.fmean(scored),
         "candidates_per_step": statistics.fmean(cand),
         "rule_scored_fraction": sum(scored) / max(sum(cand), 1e-9),
@@ -85,9 +102,12 @@ def main() -> None:
     a = p.parse_args()
     table = []
     for rule in (r for r in a.rules.split(",") if r):  # one after the other: a shared machine
-        metrics = audit_summary(run_rule(rule, a, a.work_dir / rule))
-        config = {"model": "default", "variant": a.variant, "rule": rule, "steps": a.steps,
+        run_dir = a.work_dir / rule
+        metrics = audit_summary(run_rule(rule, a, run_dir))
+        config = {"model": "default", "rule": rule, "steps": a.steps, **resolved(run_dir),
                   "overrides": list(a.overrides)}
+        if config["replay"]["rescore"] != rule or not config["replay"]["rescore_audit"]:
+            raise RuntimeError(f"{run_dir}: the run resolved replay={config['replay']}, not {rule} audited")
         print(write_result("rescore_audit", config, metrics, a.out_dir))
         table.append({"rule": rule, **{k: v for k, v in metrics.items() if not isinstance(v, list)}})
     print_table(table)
