@@ -115,7 +115,7 @@ class ReplayConfig:
     warmup: int = 0  # first steps take the freshest groups without scoring
     max_replays: Optional[int] = None  # times a group may be selected; null = while in window
     drop_degenerate: bool = True  # never select groups whose rewards are all equal
-    rescore: str = "selected"  # which groups a ratio score re-scores at t: selected|bounded|all
+    rescore: str = "all"  # groups a ratio score scores at t: all (the spec) | selected, bounded (opt-in, predicted)
     rescore_audit: bool = False  # score all too and report what the rule would have selected
 
     def __post_init__(self) -> None:

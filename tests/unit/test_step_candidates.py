@@ -1,13 +1,16 @@
-"""The bounded candidate pass (``step/candidates.py``): it scores fewer groups than the buffer and,
-where a group's score never falls below its previous one, selects exactly what scoring every
-candidate selects; where that fails, ``audit`` measures the difference.
+"""The rules of ``step/candidates.py``: ``all`` (the default) scores every candidate; ``bounded``
+scores fewer and selects exactly what ``all`` selects wherever the predicted scores are lower
+bounds, even bounds that never come true exactly; ``selected`` is a heuristic; where a score falls
+below its prediction, both miss groups and ``audit_rule`` measures by how much.
 """
 
 import random
 
 import torch
 
-from megatron_darl.step.candidates import audit_rule, bounded_rounds, extrapolate, quota_threshold, selected_rounds
+from megatron_darl.step.candidates import (
+    Audit, audit_rule, bounded_rounds, extrapolate, quota_threshold, rescore, selected_rounds,
+)
 from megatron_darl.step.config import ReplayConfig
 from megatron_darl.step.planner import ShardPlanner
 from tests.unit.test_step_planner import algo, fake_logprobs, make_group
@@ -42,6 +45,37 @@ def test_monotone_scores_select_exactly_what_scoring_everything_selects():
         assert all(old[g] > tau for g in old if g not in got.scores), trial
 
 
+def _by_rule(rule, fresh, prior, quota, now):
+    """What ``rule`` selects when the scores at t are ``now``, and how many groups it scored."""
+    got = rescore(rule, fresh, prior, quota, lambda ids: {g: now[g] for g in ids}, _rank(quota))
+    return _rank(quota)(got.scores), len(got.scores)
+
+
+def test_strict_lower_bounds_that_never_come_true_keep_bounded_exact():
+    rng = random.Random(2)
+    scored = {"all": 0, "bounded": 0}
+    selected_missed = 0
+    for trial in range(400):
+        quota, old, fresh, prior = _instance(rng)
+        if trial % 2:  # true score = prediction * (1 + a positive margin)
+            now = {g: pred * (1 + rng.uniform(0.01, 1.0)) for g, pred in old.items()}
+        else:  # true score = prediction + positive noise
+            now = {g: pred + rng.uniform(1e-3, 0.5) for g, pred in old.items()}
+        assert all(now[g] > pred for g, pred in old.items()), trial  # strict: never exact
+        now.update({g: rng.random() for g in fresh})
+        want, n_all = _by_rule("all", fresh, prior, quota, now)
+        got, n_bounded = _by_rule("bounded", fresh, prior, quota, now)
+        assert got == want, trial
+        audit = audit_rule("bounded", fresh, prior, quota, now, _rank(quota))
+        assert audit.agreement == 1.0 and audit.score_gap == 0.0 and audit.scored == n_bounded, trial
+        scored["all"] += n_all
+        scored["bounded"] += n_bounded
+        selected_missed += _by_rule("selected", fresh, prior, quota, now)[0] != want
+    assert scored == {"all": 5460, "bounded": 3688}  # the bound still leaves a third unscored
+    # the heuristic trusts the predictions' order, which the margins reshuffle
+    assert selected_missed == 86, selected_missed  # of 400
+
+
 def test_the_bound_scores_what_can_be_selected_not_the_buffer():
     quota = 4
     old = {g: 0.5 + g / 100 for g in range(16)}  # 16 old groups, scores drifting up by 0.2
@@ -66,20 +100,26 @@ def test_the_bound_scores_what_can_be_selected_not_the_buffer():
 
 def test_audit_names_the_group_a_falling_score_hides():
     quota = 2
-    prior = [(1, 0.1), (2, 0.2), (3, 0.9)]  # old groups, best first
-    exact = {1: 0.3, 2: 0.4, 3: 0.05, 10: 0.5}  # group 3's score fell below its prior
-    audit = audit_rule("bounded", [10], prior, quota, exact, _rank(quota))
-    assert audit.agreement == 0.5  # exact takes {3, 1}; bounded never rescored 3, took {1, 2}
-    assert abs(audit.score_gap - ((0.3 + 0.4) / 2 - (0.05 + 0.3) / 2)) < 1e-12
-    assert audit.scored == 3
+    prior = [(1, 0.1), (2, 0.2), (3, 0.9)]  # old groups' predictions, best first
+    exact = {1: 0.3, 2: 0.4, 3: 0.05, 10: 0.5}  # group 3's score fell far below its prediction
+    assert _by_rule("all", [10], prior, quota, exact) == ([3, 1], 4)
+    for rule in ("bounded", "selected"):  # neither re-scores 3: both take {1, 2}
+        assert _by_rule(rule, [10], prior, quota, exact) == ([1, 2], 3), rule
+        audit = audit_rule(rule, [10], prior, quota, exact, _rank(quota))
+        assert audit.agreement == 0.5, rule  # exact takes {3, 1}
+        assert abs(audit.score_gap - ((0.3 + 0.4) / 2 - (0.05 + 0.3) / 2)) < 1e-12, rule  # 0.175
+        assert audit.scored == 3, rule
+    assert audit_rule("all", [10], prior, quota, exact, _rank(quota)) == Audit(1.0, 0.0, 4)
     fine = audit_rule("bounded", [10], prior, quota, {1: 0.3, 2: 0.4, 3: 0.95, 10: 0.5}, _rank(quota))
     assert fine.agreement == 1.0 and fine.score_gap == 0.0
 
 
 def _stream(steps, per_step, quota, rescore, start=1000, audit=False):
     """A planner fed ``per_step`` new groups per step (behavior version t - 1), the fake trainer
-    drifting linearly with the version: each group's chi2 score grows with its age."""
-    p = ShardPlanner(algo("darl", b=quota, max_staleness=2), ReplayConfig(k=4, rescore=rescore, rescore_audit=audit))
+    drifting linearly with the version: each group's chi2 score grows with its age. ``rescore``
+    None: the default rule."""
+    rule = {"rescore": rescore} if rescore else {}  # None: the default rule
+    p = ShardPlanner(algo("darl", b=quota, max_staleness=2), ReplayConfig(k=4, rescore_audit=audit, **rule))
     out = []
     for t in range(steps):
         groups = [make_group(start + t * per_step + i, max(t - 1, 0), seed=7) for i in range(per_step)]
@@ -87,6 +127,18 @@ def _stream(steps, per_step, quota, rescore, start=1000, audit=False):
         out.append(plan)
         p.evict(t + 1, plan.stats)
     return p, out
+
+
+def test_the_default_scores_every_candidate_as_the_spec_asks():
+    assert ReplayConfig().rescore == "all"
+    _, full = _stream(12, 3, 4, "all")
+    _, default = _stream(12, 3, 4, None)
+    for t, (a, b) in enumerate(zip(full, default)):
+        assert [e.group_id for e in a.selection.entries] == [e.group_id for e in b.selection.entries], t
+        assert b.stats.groups_scored == b.stats.candidate_groups > 0, t  # one pass over the buffer
+        assert b.stats.logprob_passes == 1, t
+    # the whole window: 3 arrivals a step at behavior version t - 1, so t - 3 .. t - 1 hold groups
+    assert [p.stats.candidate_groups for p in default][-1] == 9
 
 
 def test_bounded_planner_selects_and_weights_as_the_full_pass_with_fewer_groups_scored():
