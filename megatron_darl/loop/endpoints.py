@@ -7,8 +7,9 @@ otherwise wait ``parallel.timeout_s`` and end in a raw gloo/NCCL timeout). The r
 (TP 0, first PP stage) owns a ``SampleHub`` (its DP shard of the groups); the leader of each PP
 stage in DP replica 0 (TP 0) owns a ``WeightSender``. Hubs agree on "enough groups arrived" with
 a sum over the hubs' gloo DP group. The groups stay on the hub (the replay state lives there
-only); the other ranks of its replica learn only whether the step goes on (two flags, broadcast
-in the model-parallel group) and get the step's batches later (``replica.py``).
+only); the other ranks of its replica serve the passes the hub makes while it waits and learn
+whether the step goes on (``StepRunner.follow_wait``), and get the step's batches later
+(``replica.py``).
 
 Rank 0 also watches progress while it waits (``ProgressWatch``): when no group arrived for
 ``loop.receive_timeout_s``, or every rollout worker is lost, all ranks leave the wait together
@@ -27,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 from megatron_darl.samples import SampleGroup
 from megatron_darl.transport import (
@@ -233,42 +233,39 @@ class ProgressWatch:
 
 
 def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: int, poll_s: float,
-                   num_workers: int, stop: Callable[[], bool] = lambda: False) -> Received:
-    """This replica's new groups once the hubs together hold ``need`` (on the hub rank).
+                   num_workers: int, stop: Callable[[], bool] = lambda: False,
+                   idle: Callable[[list[SampleGroup]], bool] = lambda groups: False) -> Received:
+    """This replica's new groups once the hubs together hold ``need`` (hub ranks only: the
+    replica's other ranks learn the outcome from the hub, ``StepRunner.follow_wait``).
 
     Hubs poll their shard and sum the counts over DP until ``need`` arrived (so an uneven hash
-    split never stalls a hub waiting for its "share"). Every rank leaves with ``stopped`` when any
-    hub's ``stop()`` turned true while waiting (a signal), and with ``fatal`` when rank 0's
-    ``ProgressWatch`` gave up (the other ranks of a replica get a stand-in line: rank 0 holds the
-    reason and the loop's stop agreement spreads it); the groups of a cut wait are not kept.
+    split never stalls a hub waiting for its "share"). Between polls a hub calls ``idle(groups so
+    far)`` and sleeps ``poll_s`` only when it returns False: the trainer computes the rows the
+    step will need while it waits (``step/prefetch.py``), one short pass per call. Every hub
+    leaves with ``stopped`` when any hub's ``stop()`` turned true while waiting (a signal), and
+    with ``fatal`` when rank 0's ``ProgressWatch`` gave up (the other hubs get a stand-in line:
+    rank 0 holds the reason and the loop's stop agreement spreads it); the groups of a cut wait
+    are not kept.
     """
+    assert ep.hub is not None, "only a replica's hub receives groups"
     out = Received()
-    if ep.hub is not None:
-        watch = ProgressWatch(ep, num_workers, timeout_s, step, need) if ps.rank == 0 else None
-        verdict = ""
-        while True:
-            out.groups += [r.group for r in ep.hub.poll()]
-            counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict))], dtype=torch.int64))
-            total = int(counts[0])
-            if watch is not None:
-                verdict = verdict or watch.check(total)  # sent with the next sum: hubs leave together
-            if int(counts[1]):
-                out = Received(stopped=True)
-                break
-            if total >= need:
-                out.total = total
-                break
-            if int(counts[2]):
-                out = Received(fatal=verdict or f"trainer step {step}: trainer rank 0 gave up waiting for groups")
-                break
+    watch = ProgressWatch(ep, num_workers, timeout_s, step, need) if ps.rank == 0 else None
+    verdict = ""
+    while True:
+        out.groups += [r.group for r in ep.hub.poll()]
+        counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict))], dtype=torch.int64))
+        total = int(counts[0])
+        if watch is not None:
+            verdict = verdict or watch.check(total)  # sent with the next sum: hubs leave together
+        if int(counts[1]):
+            return Received(stopped=True)
+        if total >= need:
+            out.total = total
+            return out
+        if int(counts[2]):
+            return Received(fatal=verdict or f"trainer step {step}: trainer rank 0 gave up waiting for groups")
+        if not idle(out.groups):
             time.sleep(poll_s)
-    if ps.tp_size * ps.pp_size > 1:  # the peers learn whether the step goes on, not the groups
-        flags = torch.tensor([int(out.stopped), int(bool(out.fatal))], dtype=torch.int64, device=ps.device)
-        dist.broadcast(flags, src=dist.get_global_rank(ps.model_parallel_group, 0), group=ps.model_parallel_group)
-        if ep.hub is None:
-            fatal = f"trainer step {step}: the replica's hub gave up waiting for groups" if int(flags[1]) else ""
-            out = Received(stopped=bool(int(flags[0])), fatal=fatal)
-    return out
 
 
 def wait_for_workers(ep: TrainerEndpoints, ps, num_workers: int, timeout_s: float, tag: int = 0) -> None:

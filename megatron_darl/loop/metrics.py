@@ -61,6 +61,14 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
         "candidate_groups": g("candidate_groups"),
         "groups_scored": g("groups_scored"),
         "logprob_passes": g("logprob_passes"),
+        # rows (sample x version) the step needed: computed on its critical path, computed while it
+        # waited for groups, reused (no row is computed twice: rows_duplicate stays 0)
+        "logprob_rows_computed": g("rows_computed"),
+        "logprob_rows_prefetched": g("rows_prefetched"),
+        "logprob_rows_reused": g("rows_reused"),
+        "logprob_rows_duplicate": g("rows_duplicate"),
+        "logprob_cache_hit_rate": _ratio(g("rows_reused"), g("rows_reused") + g("rows_computed")),
+        "prefetch_passes": g("prefetch_passes"),
         "score_mean": _ratio(g("score_sum"), g("score_count")),
         "score_max": g("score_max") if g("score_count") > 0 else 0.0,
         "selected_score_mean": _ratio(g("selected_score_sum"), g("groups_selected")),

@@ -40,7 +40,7 @@ import torch
 
 from megatron_darl.loop.checkpoint_policy import RunCheckpoints, newest_checkpoint
 from megatron_darl.loop.endpoints import (
-    Backlog, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
+    Backlog, Received, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
     wait_for_workers, worker_health,
 )
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
@@ -211,7 +211,8 @@ class TrainerLoop:
         groups = self._receive(step)
         if groups is None:
             return False
-        clock = StepClock(receive_wait_seconds=time.monotonic() - start)
+        prefetch = self.runner.take_prefetch_seconds()  # work done while waiting is not idle
+        clock = StepClock(receive_wait_seconds=time.monotonic() - start - prefetch, prefetch_seconds=prefetch)
         plan = self.runner.plan(groups, step, clock)  # TP/PP peers: the hub's mini-batches
         result = self.runner.train(plan, clock)
         if self._diverged(step, result):
@@ -241,13 +242,10 @@ class TrainerLoop:
 
     def _receive(self, step: int) -> list[SampleGroup] | None:
         """This replica's new groups of ``step``, or None when a signal or a failure cut the wait
-        (a background weight sync that failed cuts it too, and is the cause named)."""
-        publisher = self.ep.publisher
-        received = receive_groups(self.ep, self.ps, self.backlog.need(), self.cfg.loop.receive_timeout_s, step,
-                                  self.cfg.transport.control.poll_interval_s,
-                                  self.cfg.transport.control.num_workers,
-                                  stop=lambda: self.stop.signum is not None or (
-                                      publisher is not None and publisher.failure() is not None))
+        (a background weight sync that failed cuts it too, and is the cause named). While the
+        hub waits it computes the rows the step will need (``replay.prefetch``); its TP/PP peers
+        take part in those passes."""
+        received = self._wait(step) if self.ps.is_hub else self._follow_wait(step)
         if received.stopped or received.fatal:
             failed = publisher.failure(wait_s=5.0 if received.fatal else 0.0) if publisher is not None else None
             self.fatal = f"trainer rank {self.ps.rank}: {failed}" if failed is not None else received.fatal
@@ -257,6 +255,24 @@ class TrainerLoop:
         self.backlog.took(received.total)
         self._count(received.groups)
         return received.groups
+
+    def _wait(self, step: int) -> Received:
+        """Hub: poll until the step's groups are in, prefetching between polls; then tell the peers."""
+        publisher, prefetch = self.ep.publisher, self.cfg.replay.prefetch
+        received = receive_groups(self.ep, self.ps, self.backlog.need(), self.cfg.loop.receive_timeout_s, step,
+                                  self.cfg.transport.control.poll_interval_s,
+                                  self.cfg.transport.control.num_workers,
+                                  stop=lambda: self.stop.signum is not None or (
+                                      publisher is not None and publisher.failure() is not None),
+                                  idle=lambda groups: prefetch and self.runner.prefetch(groups, step))
+        self.runner.end_wait(received.stopped, bool(received.fatal))
+        return received
+
+    def _follow_wait(self, step: int) -> Received:
+        """Peer: serve the hub's passes until the wait is over; whether the step goes on."""
+        stopped, fatal = self.runner.follow_wait()
+        why = f"trainer step {step}: the replica's hub gave up waiting for groups" if fatal else ""
+        return Received(stopped=stopped, fatal=why)
 
     def _count(self, groups: Sequence[SampleGroup]) -> None:
         """Received groups, and per worker how many it made (a group carries its ordinal among

@@ -117,6 +117,7 @@ class ReplayConfig:
     drop_degenerate: bool = True  # never select groups whose rewards are all equal
     rescore: str = "all"  # groups a ratio score scores at t: all (the spec) | selected, bounded (opt-in, predicted)
     rescore_audit: bool = False  # score all too and report what the rule would have selected
+    prefetch: bool = True  # while the trainer waits for groups, compute rows the step will need
 
     def __post_init__(self) -> None:
         if self.rescore not in RESCORE_MODES:

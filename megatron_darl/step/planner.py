@@ -51,6 +51,9 @@ from megatron_darl.algorithms import (
 )
 from megatron_darl.step.candidates import audit_rule, extrapolate, rescore
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+from megatron_darl.step.prefetch import (
+    CurrentRows, RowCounts, Work, entry_pieces, group_pieces, snapshot_pieces, store_rows, take,
+)
 from megatron_darl.step.sequences import (
     pack, packed_batch, response_lengths, sample_index, sequence_batch,
 )
@@ -144,6 +147,10 @@ class ShardPlanner:
         self.cache = LogProbCache()
         self.hist_bins = max(replay.k, algorithm.max_staleness + 2)  # last bin: this or older
         self.needs_pass = needs_logprob_pass(self.spec)  # False: no candidate log-prob pass
+        self.current = CurrentRows()  # log pi_t by sample at the trainer's version t
+        self.counts = RowCounts()  # rows of the step so far, by where they came from
+        self._pending = StepStats.empty(self.hist_bins)  # what the wait before the step did
+        self._predicted: tuple[tuple[int, int, int], list[BufferEntry]] | None = None
 
     # ---- the step ---------------------------------------------------------------------------
     def step(self, groups: Sequence[SampleGroup], step: int, version: int, logprobs: LogProbFn,
@@ -160,7 +167,8 @@ class ShardPlanner:
             lap: called with ``logprob_seconds``, ``plan_seconds``, ``backfill_seconds`` as each
                 part ends (``step.StepClock.lap``).
         """
-        stats = StepStats.empty(self.hist_bins)
+        stats, self._pending = self._pending, StepStats.empty(self.hist_bins)  # the wait's passes
+        self.current.at(version)
         self._arrive(groups, step, version, stats)
         proximal: dict[int, torch.Tensor] = {}  # sample_id -> (T_i,) log pi_t: every pass's rows
         passes = lambda entries: self._pass(entries, version, logprobs, proximal, stats)  # noqa: E731
@@ -175,12 +183,15 @@ class ShardPlanner:
         lap("logprob_seconds")
         self._backfill(sel, tokens, step, logprobs, set(exact_versions) | {version}, stats)
         plan = self._plan(sel, tokens, version, proximal, stats, step)
+        self._count_rows(stats)
         lap("backfill_seconds")
         return plan
 
     def evict(self, version: int, stats: StepStats) -> None:
         """Drop groups left of the window at ``version`` with their cache rows; end the step."""
         before = len(self.buffer)
+        self._keep_current_rows()
+        self._predicted = None
         stats.rows_evicted = float(self.cache.evict(self.buffer.evict(version)))
         stats.groups_evicted = float(before - len(self.buffer))
         stats.buffer_groups, stats.cache_bytes = float(len(self.buffer)), float(self.cache.bytes())
@@ -225,26 +236,120 @@ class ShardPlanner:
 
     def _pass(self, entries: list[BufferEntry], version: int, logprobs: LogProbFn,
               proximal: dict[int, torch.Tensor], stats: StepStats) -> Candidates | None:
-        """One log-prob pass at t over ``entries``: rows into the cache and into ``proximal``,
-        plus the engine/trainer mismatch (k3 over samples generated at exactly t)."""
+        """log pi_t of ``entries`` into ``proximal``, into the cache and onto the candidates: the
+        rows the wait (``prefetch``) or an earlier pass of this step computed are taken as they
+        are, the rest in one pass (none when every row is known)."""
         if not entries:
             return None
-        packed = PackedSamples.concat([e.packed for e in entries])
-        cand = self._candidates(entries, packed)
-        logp = logprobs(packed_batch(packed), version)
-        cand.logp_t = logp
-        rows = torch.split(logp, cand.lengths.tolist())
-        self.cache.put_packed([s.sample_id for s in cand.samples], version, logp, cand.lengths,
-                              RowSource.TRAINER)
+        cand = self._candidates(entries)
+        missing = [s for s in cand.samples if not self.current.has(s)]
+        self.counts.reused += sum(1 for s in cand.samples if s.num_tokens) - len(missing)
+        if missing:
+            work = take(entry_pieces(entries, lambda s: not self.current.has(s)), float("inf"), version)
+            self._compute(work, logprobs, stats)
+            self.counts.computed += len(work.samples)
+            stats.logprob_passes += 1
+        rows = [self.current.get(s) for s in cand.samples]
+        cand.logp_t = pack(rows)
         for s, row in zip(cand.samples, rows, strict=True):
             proximal[s.sample_id] = row
-            if s.num_tokens and bool((s.token_versions == version).all()):
+            if s.num_tokens:  # kept for later steps' backfill (an engine row of t stays first)
+                self.cache.put(s.sample_id, version, row, RowSource.TRAINER)
+        stats.groups_scored += len(entries)
+        return cand
+
+    def _compute(self, work: Work, logprobs: LogProbFn, stats: StepStats) -> None:
+        """One trainer pass over ``work``, its rows stored (``prefetch.store_rows``), plus the
+        engine/trainer mismatch (k3 over samples generated at exactly the trainer's version)."""
+        logp = logprobs(packed_batch(work.packed), work.version)
+        rows, duplicates = store_rows(work.samples, logp, work.version, self.current, self.cache)
+        self.counts.duplicate += duplicates
+        if work.version != self.current.version:
+            return
+        for s, row in zip(work.samples, rows, strict=True):
+            if bool((s.token_versions == work.version).all()):
                 log_r = row.double() - s.behavior_logprobs.double()  # log pi_t - log mu
                 stats.mismatch_k3_sum += float((torch.expm1(log_r) - log_r).sum())
                 stats.mismatch_tokens += s.num_tokens
-        stats.groups_scored += len(entries)
-        stats.logprob_passes += 1
-        return cand
+
+    # ---- the wait before a step: rows it will need (``prefetch.py``) ---------------------------
+    def prefetch(self, received: Sequence[SampleGroup], step: int, version: int, logprobs: LogProbFn,
+                 exact_versions: Collection[int] = (), max_tokens: int = 16384) -> bool:
+        """While the trainer waits for step ``step``'s groups (``received``: this shard's so far),
+        compute one pass (at most ``max_tokens`` tokens) of the rows the step will need; False
+        when nothing is left to do (or the variant reads no pi_t)."""
+        if not self.needs_pass:
+            return False
+        self.current.at(version)
+        work = self._next_work(received, step, version, set(exact_versions), max_tokens)
+        if work is None:
+            return False
+        self._compute(work, logprobs, self._pending)
+        self.counts.prefetched += len(work.samples)
+        self._pending.prefetch_passes += 1
+        return True
+
+    def _next_work(self, received: Sequence[SampleGroup], step: int, version: int, exact: set[int],
+                   max_tokens: int) -> Work | None:
+        """Most certain first: the received groups at t, the candidates the step will score at t,
+        then older versions (snapshots) of the groups predicted to be selected."""
+        lacks = lambda s: not self.current.has(s)  # noqa: E731
+        oldest = self.window.oldest(version)
+        fresh = [g for g in received if g.behavior_version >= oldest and g.group_id not in self.buffer]
+        work = take(group_pieces(fresh, lacks), max_tokens, version)
+        if work is None:
+            work = take(entry_pieces(self._likely_scored(step, version), lacks), max_tokens, version)
+        if work is not None or self.spec.weight_rule is not WeightRule.MIXTURE:
+            return work
+        older = sorted((v for v in self.window.versions(version) if v != version and v in exact), reverse=True)
+        return snapshot_pieces(self._predicted_selection(step, version), older, self.cache, max_tokens)
+
+    def _likely_scored(self, step: int, version: int) -> list[BufferEntry]:
+        """Buffered groups the step will pass at t: every candidate a ratio score scores
+        (``replay.rescore``), else those the variant will likely select."""
+        entries = self.buffer.candidates(self.shard)
+        if self.spec.score in RATIO_SCORES and not self.buffer.in_warmup(step):
+            if self.replay.rescore == "all" or self.replay.rescore_audit:
+                return entries
+            return [e for e in entries if e.score is None]
+        return self._predicted_selection(step, version)
+
+    def _predicted_selection(self, step: int, version: int) -> list[BufferEntry]:
+        """The selection the shard would make from what is known now (a ratio score: the
+        candidates with every row at t), best first; remembered until another row is known."""
+        key = (step, version, len(self.current))
+        if self._predicted is not None and self._predicted[0] == key:
+            return self._predicted[1]
+        entries = self.buffer.candidates(self.shard)
+        scores: dict[int, float] | None = None
+        if entries and not self.buffer.in_warmup(step):
+            if self.spec.score in RATIO_SCORES:
+                entries = [e for e in entries if all(self.current.has(s) for s in e.group.samples)]
+                cand = self._candidates(entries) if entries else None
+                if cand is not None:
+                    cand.logp_t = pack([self.current.get(s) for s in cand.samples])
+            else:
+                cand = self._candidates(entries)
+            scores = self._score(cand, step) if cand is not None else {}
+        chosen = self.buffer.rank(step, self.quota, scores, [self.shard]) if entries else []
+        self._predicted = (key, chosen)
+        return chosen
+
+    def _keep_current_rows(self) -> None:
+        """The step made a new version: its rows at the old one go into the cache for the
+        buffered samples (a later backfill of that version reads them), then are dropped."""
+        version = self.current.version
+        for e in self.buffer.entries(self.shard):
+            for s in e.group.samples:
+                if s.num_tokens and self.current.has(s):
+                    self.cache.put(s.sample_id, version, self.current.get(s), RowSource.TRAINER)
+        self.current.clear()
+
+    def _count_rows(self, stats: StepStats) -> None:
+        """The step's rows by where they came from, into ``stats``; the counts start again."""
+        c, self.counts = self.counts, RowCounts()
+        stats.rows_computed, stats.rows_prefetched = float(c.computed), float(c.prefetched)
+        stats.rows_reused, stats.rows_duplicate = float(c.reused), float(c.duplicate)
 
     def _score_candidates(self, step: int, version: int,
                           passes: Callable[[list[BufferEntry]], Candidates | None],
@@ -326,18 +431,24 @@ class ShardPlanner:
     # ---- backfill ---------------------------------------------------------------------------
     def _backfill(self, sel: Selection, global_tokens: torch.Tensor, step: int, logprobs: LogProbFn,
                   exact: set[int], stats: StepStats) -> None:
-        """Rows of V(S) the selected samples lack: exact where ``logprobs`` can score the version,
-        else copied from the nearest cached version (logged under ``mis.backfill=snapshot``)."""
+        """Rows of V(S) the selected samples lack: exact where ``logprobs`` can score the version
+        (one pass per version), else copied from the nearest cached version (logged under
+        ``mis.backfill=snapshot``). Rows already cached (the engine's, earlier passes', the
+        wait's) count as reused."""
         if self.spec.weight_rule is not WeightRule.MIXTURE:
             return
         need = [v for v, n in zip(sel.versions, global_tokens.tolist()) if n > 0]  # V(S)
         ids = [s.sample_id for s in sel.samples if s.num_tokens]
+        self.counts.reused += len(ids) * len(need) - len(self.cache.missing(ids, need))
         for v in need:
-            todo, packed = self._missing(sel.entries, v) if v in exact else ([], None)
-            if todo:
-                logp = logprobs(packed_batch(packed), v)
-                stats.backfill_snapshot += self.cache.put_packed(
-                    [s.sample_id for s in todo], v, logp, packed.lengths, RowSource.SNAPSHOT)
+            if v not in exact:
+                continue
+            work = take(entry_pieces(sel.entries, lambda s, v=v: (s.sample_id, v) not in self.cache),
+                        float("inf"), v)
+            if work is not None:
+                self._compute(work, logprobs, stats)
+                self.counts.computed += len(work.samples)
+                stats.backfill_snapshot += len(work.samples)
         gaps = self.cache.missing(ids, need)
         if gaps:
             stats.backfill_nearest += self.cache.backfill_nearest(ids, need)
@@ -345,17 +456,6 @@ class ShardPlanner:
                 log.warning("step %d: %d log-prob rows of versions %s approximated by the nearest "
                             "cached version (exact versions: %s)", step, len(gaps),
                             sorted({v for _, v in gaps}), sorted(exact))
-
-    def _missing(self, entries: list[BufferEntry], version: int) -> tuple[list[Sample], PackedSamples | None]:
-        """The samples of ``entries`` without a cache row of ``version`` (empty responses need
-        none), and them packed: a group missing all as it is, one missing some as views of those."""
-        todo, parts = [], []
-        for e in entries:
-            idx = [i for i, s in enumerate(e.group.samples)
-                   if s.num_tokens and (s.sample_id, version) not in self.cache]
-            todo += [e.group.samples[i] for i in idx]
-            parts += [e.packed] if len(idx) == len(e.group.samples) else [e.packed.slice(i, i + 1) for i in idx]
-        return todo, PackedSamples.concat(parts, rows=False) if parts else None
 
     # ---- loss inputs and mini-batches -----------------------------------------------------------
     def _plan(self, sel: Selection, global_tokens: torch.Tensor, version: int,

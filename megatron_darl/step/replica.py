@@ -7,6 +7,9 @@ makes is announced to the peers first, with the batch it runs on, by broadcast i
 model-parallel group (tensors only: ``trainer.batch.broadcast_batch``):
 
     hub                                         peers
+    wait:  LOGPROBS(v) + batch, then the pass    receive, then the same pass (the rows a step
+           (none or more, ``prefetch.py``), then  will need, computed while the groups come),
+           WAITED(flags)                          until WAITED: did the step go on
     plan:  LOGPROBS(v) + batch, then the pass    receive, then the same pass (result unused)
            ... (the candidates' pass, each snapshot backfill pass)
     train: TRAIN + the M mini-batches, then      receive, rebuild M x epochs, then the same
@@ -32,6 +35,7 @@ class Op(enum.IntEnum):
 
     LOGPROBS = 1  # a log-prob pass at the version in the header
     TRAIN = 2  # the step's mini-batches follow; train on them (the step's last call)
+    WAITED = 3  # the wait for the step's groups is over; the header's argument holds its flags
 
 
 class ReplicaLink:

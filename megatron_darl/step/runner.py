@@ -84,6 +84,37 @@ class StepRunner:
         self.loss_fn = loss_fn_for(algorithm.eps_low, algorithm.eps_high)
         self.logprobs = trainer.compute_logprobs  # (batch, version) -> (n,): the planner's pass
         self.use_snapshots = uses_snapshots(algorithm)
+        self.prefetch_tokens = trainer.cfg.micro_batch.logprob_token_budget  # one pass of the wait
+        self.prefetch_seconds = 0.0  # spent in the current wait's passes
+
+    # ---- the wait for a step's groups: the rows it will need (``prefetch.py``) ----------------
+    def prefetch(self, received: Sequence[SampleGroup], step: int) -> bool:
+        """Hub, while waiting: one pass of rows step ``step`` will need; False when none is left."""
+        start = time.monotonic()
+        exact = self.trainer.snapshots.versions if self.use_snapshots else ()
+        did = self.planner.prefetch(received, step, self.trainer.version, self.replica_logprobs, exact,
+                                    self.prefetch_tokens)
+        self.prefetch_seconds += time.monotonic() - start
+        return did
+
+    def end_wait(self, stopped: bool, fatal: bool) -> None:
+        """Hub: the wait is over; the peers learn whether the step goes on."""
+        self.link.announce(Op.WAITED, int(stopped) | int(fatal) << 1, [])
+
+    def follow_wait(self) -> tuple[bool, bool]:
+        """Peer: serve the hub's passes of the wait; (stopped, fatal) once it is over."""
+        while True:
+            op, arg = self.link.receive()
+            if op is Op.LOGPROBS:
+                self.logprobs(self.link.batch(), arg)
+                continue
+            assert op is Op.WAITED, f"expected the end of the wait, got {op!r}"
+            return bool(arg & 1), bool(arg & 2)
+
+    def take_prefetch_seconds(self) -> float:
+        """Seconds the hub spent in the wait's passes since the last call."""
+        seconds, self.prefetch_seconds = self.prefetch_seconds, 0.0
+        return seconds
 
     def plan(self, groups: Sequence[SampleGroup], step: int, clock: StepClock | None = None) -> StepPlan:
         """Hub: this shard's plan of step ``step`` with its new ``groups`` (``logprob``, ``plan``

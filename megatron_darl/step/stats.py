@@ -63,6 +63,12 @@ class StepStats:
     rescore_agreement_sum: float = _sum()
     rescore_score_gap_sum: float = _sum()
     rescore_rule_scored: float = _sum()
+    # log-prob rows (sample x version) the step needed, by where they came from (``prefetch.py``)
+    rows_computed: float = _sum()  # on the critical path: the step's pass and backfill
+    rows_prefetched: float = _sum()  # while the trainer waited for the step's groups
+    rows_reused: float = _sum()  # already there: the wait's, an earlier step's, the engine's
+    rows_duplicate: float = _sum()  # computed although they existed (must stay 0)
+    prefetch_passes: float = _sum()  # passes made during the wait
     # scores of the candidates
     score_sum: float = _sum()
     score_count: float = _sum()

@@ -4,7 +4,9 @@ Each rank builds the trainer at the given TP x PP (one DP replica) and runs ``ST
 the real ``StepRunner`` (darl, K = 4, 2 PPO mini-batches, exact snapshot backfill). Only the hub
 (TP 0, first stage) holds a ``ShardPlanner``; it alone makes the groups of each step (behavior
 log-probs = its own pass + noise, arriving ``group_id % 3`` steps late), so the peers see no
-sample data except the batches the hub broadcasts. Recorded per step: the full HF-named weights
+sample data except the batches the hub broadcasts. Before each step the hub "waits" with the
+step's first group in and computes what the step will need (``StepRunner.prefetch``), which its
+peers serve (``follow_wait``). Recorded per step: the full HF-named weights
 (rank 0), the trainer's loss, and per rank whether it held a planner and how many passes it ran.
 """
 
@@ -40,10 +42,16 @@ def replica_worker(rank: int, world_size: int, tp: int, pp: int, hf_dir: str, ou
         if hub:  # the groups exist on the hub only
             made[step] = generate(trainer, step, runner.replica_logprobs)
             arrivals = [g for s, lst in made.items() for g in lst if s + g.group_id % 3 == step]
+        if hub:  # the wait: the first arrival is in, the hub computes what the step will need
+            while runner.prefetch(arrivals[:1], step):
+                pass
+            runner.end_wait(False, False)
+        else:
+            assert runner.follow_wait() == (False, False)
         plan, result = runner.run(arrivals, step)
         if hub:
             planner.evict(trainer.version, plan.stats)
-            out["backfill"][step] = plan.stats.backfill_snapshot
+            out["backfill"][step] = plan.stats.backfill_snapshot + plan.stats.rows_prefetched
         out["loss"][step] = result.loss
         out["params"][step] = gather_hf_params(trainer, ps)
     mine = {"rank": rank, "hub": hub, "planner": planner is not None, "passes": passes,
