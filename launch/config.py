@@ -9,13 +9,16 @@ takeover) or reads a saved ``run_config.yaml`` and converts to dataclasses once 
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from launch import split as sp
 from megatron_darl.loop.run_config import (  # noqa: F401 (the schema, re-exported for launch/)
     ROLLOUT_FAILURE, ClusterConfig, RunConfig, check_consistent,
 )
@@ -44,7 +47,9 @@ def compose(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Dic
 def apply_gpu_counts(node: DictConfig) -> DictConfig:
     """``cluster.trainer_gpus`` / ``rollout_gpus`` (> 0) set the ranks, workers and devices they
     imply: trainer ranks on GPUs 0..T-1, one rollout worker on each of GPUs T..T+R-1. Runs before
-    interpolation, so ``transport.control.num_workers`` and ``num_hubs`` follow; idempotent."""
+    interpolation, so ``transport.control.num_workers`` and ``num_hubs`` follow; idempotent.
+    ``cluster.split`` ("T:R" or "auto") sets both counts first (``apply_split``)."""
+    apply_split(node)
     c = node.cluster
     trainer, rollout = int(c.get("trainer_gpus") or 0), int(c.get("rollout_gpus") or 0)
     if trainer > 0:
@@ -53,6 +58,57 @@ def apply_gpu_counts(node: DictConfig) -> DictConfig:
         first = trainer if trainer > 0 else int(c.trainer_ranks)
         c.rollout_workers, c.rollout_devices = rollout, list(range(first, first + rollout))
     return node
+
+
+def apply_split(node: DictConfig, gpu_count: Callable[[], int] | None = None,
+                device: Callable[[], str | None] | None = None) -> DictConfig:
+    """Resolve ``cluster.split`` into ``trainer_gpus`` / ``rollout_gpus`` and leave it as "T:R"
+    (a saved config never says "auto": child processes must not decide again).
+
+    The GPUs to split: ``trainer_gpus + rollout_gpus`` when both are set (``cluster=gpu4``: 4), else
+    the ones visible (``gpu_count``, default ``launch.split.visible_gpus``). "auto" logs its reason
+    on ``launch.split`` (``launch/split.py`` has the model)."""
+    c = node.cluster
+    text = str(c.get("split") or "").strip()
+    if not text:
+        return node
+    t0, r0 = int(c.get("trainer_gpus") or 0), int(c.get("rollout_gpus") or 0)
+    n = t0 + r0 if t0 > 0 and r0 > 0 else None
+    if text == "auto":
+        n = n if n is not None else (gpu_count or sp.visible_gpus)()
+        if n < 2:
+            raise ValueError(f"cluster.split=auto needs >= 2 GPUs (one to train, one to generate); "
+                             f"{n} visible and no cluster.trainer_gpus + cluster.rollout_gpus to split")
+        choice = sp.decide(split_request(node, n), OmegaConf.to_object(c.rates), (device or sp.gpu_name)())
+        logging.getLogger("launch.split").info("%s", choice.why)
+        t, r = choice.trainer_gpus, choice.rollout_gpus
+    else:
+        t, r = sp.parse_split(text)
+        have = n if n is not None else (gpu_count or sp.visible_gpus)()
+        if (n is not None and t + r != n) or (n is None and 0 < have < t + r):
+            raise ValueError(f"cluster.split={text!r} needs {t + r} GPUs but "
+                             + (f"cluster.trainer_gpus + cluster.rollout_gpus = {n}" if n is not None
+                                else f"{have} are visible"))
+    c.split, c.trainer_gpus, c.rollout_gpus = f"{t}:{r}", t, r
+    return node
+
+
+def split_request(node: DictConfig, n_gpus: int) -> sp.SplitRequest:
+    """The run's ``launch.split.SplitRequest`` (plain values) from the composed config."""
+    a, m = node.algorithm, node.model
+    if m.get("hf_config"):
+        shape = OmegaConf.to_container(m.hf_config, resolve=True)
+    elif m.get("path") and (Path(str(m.path)) / "config.json").is_file():
+        shape = json.loads((Path(str(m.path)) / "config.json").read_text())
+    else:  # the embedded default's warm-started policy (character vocabulary, about 100 tokens)
+        shape = {**OmegaConf.to_container(node.warmstart.model, resolve=True), "vocab_size": 128}
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "vocab_size")
+    return sp.SplitRequest(
+        n_gpus=n_gpus, groups=int(a.groups_per_step), group_size=int(a.group_size),
+        new_tokens=int(node.sampling.max_new_tokens), variant=str(a.variant), overlap=int(a.max_staleness) > 0,
+        tp=int(node.parallel.tp), pp=int(node.parallel.pp), model=str(m.name), engine=str(node.engine.backend),
+        model_shape=tuple((k, int(shape[k])) for k in keys if shape.get(k) is not None))
 
 
 def to_run_config(node: DictConfig) -> RunConfig:

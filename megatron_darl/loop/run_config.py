@@ -27,6 +27,29 @@ ROLLOUT_FAILURE = ("continue", "abort")
 
 
 @dataclass
+class SplitRatesConfig:
+    """Rates ``cluster.split=auto`` chooses the trainer:rollout split from (``launch/split.py``).
+
+    0 = unknown: then the newest matching ``benchmarks/results/loop_profile_*.json`` records, else
+    a FLOPs prior. One engine's generation seconds per step are modelled as ``max_new_tokens x
+    (engine_decode_s + engine_decode_s_per_sample x samples it generates per step)``.
+    """
+
+    trainer_tokens_per_s: float = 0.0  # train-step tokens/s of ONE trainer GPU (T GPUs: T times it)
+    trainer_work: float = 0.0  # trainer busy seconds per step / train-step seconds (darl scores candidates)
+    engine_decode_s: float = 0.0  # one engine's seconds per decode step whatever its batch (weights read)
+    engine_decode_s_per_sample: float = 0.0  # added per sequence in the engine's batch, per decode step
+    prompt_tokens: int = 0  # mean prompt tokens per sample; 0 = assumed (launch/split.py PROMPT_TOKENS)
+    results_dir: str = ""  # where loop_profile records are read; "" = benchmarks/results of this checkout
+
+    def __post_init__(self) -> None:
+        for name in ("trainer_tokens_per_s", "trainer_work", "engine_decode_s",
+                     "engine_decode_s_per_sample", "prompt_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"cluster.rates.{name} must be >= 0 (0: unknown), got {getattr(self, name)}")
+
+
+@dataclass
 class ClusterConfig:
     """How ``launch.train`` lays the roles out on one machine (``configs/cluster/*.yaml``).
 
@@ -35,9 +58,12 @@ class ClusterConfig:
     and for rollout GPU 1 when there are two, GPU 0 (shared) when there is one. GPU counts
     (``trainer_gpus``, ``rollout_gpus``; ``configs/cluster/gpu4.yaml``) set the ranks, the workers
     and both device lists at once (``launch/config.py``): trainer ranks on GPUs 0..T-1, one rollout
-    worker on each of the next R.
+    worker on each of the next R. ``split`` sets both counts at once: ``"T:R"``, or ``"auto"``
+    (``launch/split.py`` picks them from ``rates`` and logs why; the saved config holds the
+    resolved ``"T:R"``, so child processes never decide again).
     """
 
+    split: str = ""  # "" = the counts below as given; "T:R"; "auto" = chosen from measured rates
     trainer_gpus: int = 0  # > 0: trainer ranks on GPUs 0..trainer_gpus-1 (sets the two fields below)
     rollout_gpus: int = 0  # > 0: one rollout worker per GPU after the trainer's (sets workers, devices)
     trainer_ranks: int = 1  # trainer processes (TP x PP x DP), one per device on GPU
@@ -50,11 +76,14 @@ class ClusterConfig:
     rollout_failure: str = "continue"  # a dead worker: "continue" with the others, or "abort"
     rollout_restarts: int = 1  # times launch.train starts a worker that died (a signal, a crash) again, per worker
     grace_s: float = 30.0  # after SIGTERM, seconds before children are killed
+    rates: SplitRatesConfig = field(default_factory=SplitRatesConfig)  # inputs of split="auto"
 
     def __post_init__(self) -> None:
         for name in ("trainer_ranks", "rollout_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"cluster.{name} must be >= 1, got {getattr(self, name)}")
+        if self.split not in ("", "auto") and not _is_split(self.split):
+            raise ValueError(f"cluster.split={self.split!r}: use '' (the counts), 'T:R' (e.g. '2:2') or 'auto'")
         if self.trainer_gpus < 0 or self.rollout_gpus < 0:
             raise ValueError(f"cluster.trainer_gpus={self.trainer_gpus} and cluster.rollout_gpus="
                              f"{self.rollout_gpus} must be >= 0 (0: not given by GPU count)")
@@ -64,6 +93,12 @@ class ClusterConfig:
             raise ValueError(f"cluster.rollout_restarts must be >= 0 (0: never), got {self.rollout_restarts}")
         if self.grace_s < 0 or self.threads_per_process < 0:
             raise ValueError("cluster.grace_s and cluster.threads_per_process must be >= 0")
+
+
+def _is_split(text: str) -> bool:
+    """``"T:R"`` with T, R >= 1 (the form ``launch/config.py`` leaves after resolving a split)."""
+    parts = text.split(":")
+    return len(parts) == 2 and all(p.strip().isdigit() and int(p) >= 1 for p in parts)
 
 
 @dataclass
