@@ -24,6 +24,7 @@ from typing import Sequence
 from launch.engine_env import apply_engine_env
 from launch.lifeline import start_child
 from launch.procs import ROLLOUT, exit_reason_path, write_exit_reason
+from megatron_darl import timeline
 from megatron_darl.loop.rollout_loop import RolloutAborted, engine_config, run_rollout
 
 
@@ -48,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.defer_signals:
         defer_stop_signals(args.worker_id)
     cfg = start_child(f"rollout{args.worker_id}", args.config, overrides)
+    timeline.start(cfg.loop.run_dir, f"rollout{args.worker_id}")
     env = apply_engine_env(engine_config(cfg))  # before the engine (and its processes) start
     if env:
         logging.getLogger("launch.rollout").info("engine environment: %s", env)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from launch.slurm_layout import Knobs, Layout, plan_layout
+from megatron_darl import timeline
 
 # Overrides the launcher derives from the layout and knobs; a user override of one of these
 # would contradict the job steps, so it is refused and the knob named instead.
@@ -215,6 +216,7 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
         check_changes(cfg, state, say=log)
         check_inputs(cfg, max_positions(cfg), say=log)
         config_path = commit_config(cfg, state, say=log)
+        timeline.begin(run_dir)  # this job's launch timeline (megatron_darl/timeline.py)
     except BaseException:
         lock.release()  # the job ends here
         raise

@@ -32,6 +32,7 @@ from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
 from launch.run_dir import check_changes, commit_config, inspect_run_dir
 from launch.run_lock import RunLock
 from launch.validate import check_inputs
+from megatron_darl import timeline
 from megatron_darl.loop.checkpoints import latest_checkpoint
 from megatron_darl.ports import free_port
 from megatron_darl.transport import WORKER, TransportTimeout, connect_store
@@ -237,6 +238,7 @@ def settle(cfg: RunConfig) -> tuple[RunConfig, Path]:
 
 
 def _run(cfg: RunConfig, config_path: Path, run_dir: Path, lock: RunLock) -> int:
+    timeline.begin(run_dir)  # t0 of this launch's timeline: this process's start
     secret = cfg.transport.control.secret or new_run_secret()  # per run, never written to disk
     specs = process_specs(cfg, config_path, _num_gpus(), secret=secret)
     log.info("%s, %d steps, model %s, data %s: %d trainer rank(s), %d rollout worker(s); run dir %s "

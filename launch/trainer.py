@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from launch.lifeline import start_child
 from launch.procs import TRAINER, exit_reason_path, write_exit_reason
+from megatron_darl import timeline
 
 if TYPE_CHECKING:
     from megatron_darl.loop.config import ModelConfig
@@ -81,6 +82,7 @@ def build_trainer(cfg: RunConfig, env: DistEnv) -> tuple[PolicyTrainer, Parallel
 
     ps = init_parallel(cfg.parallel, rank=env.rank, world_size=env.world_size,
                        init_method=f"tcp://{env.master_addr}:{env.master_port}")
+    timeline.mark("parallel")
     tcfg = cfg.trainer
     if cfg.model.path and not tcfg.init_checkpoint:
         tcfg = dataclasses.replace(tcfg, init_checkpoint=cfg.model.path)
@@ -100,9 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     env = dist_env(os.environ)
     cfg = start_child(f"trainer{env.rank}", args.config, overrides)
+    timeline.start(cfg.loop.run_dir, f"trainer{env.rank}")
+    timeline.mark("imports")  # torch, Megatron and the loop were imported above
     reason = exit_reason_path(cfg.loop.run_dir, TRAINER, env.rank)
     try:
         trainer, ps = build_trainer(cfg, env)
+        timeline.mark("trainer_ready")
         code = run_trainer(cfg, trainer, ps, say_why=lambda line: write_exit_reason(reason, line))
         # every rank finished the same steps: tear the groups down (NCCL warns of a leak otherwise);
         # after a failure a peer may be gone, and the process exit frees them instead

@@ -22,9 +22,11 @@ at a step boundary by one of two rules (``loop.checkpoint_interval``):
   0.3-1.0 s took 2.1 % of the wall time, 1.8 % without the first). The expected seconds are the
   next checkpoint's bytes (``disk.checkpoint_bytes``: it grows while the window's parameter
   snapshots fill) at the slowest seconds per byte of the last four saves (a save slower than all
-  of them is what can push the share over the target). A save's speed is unknown until one ran,
-  so the first is due after the first step (and after the first step of a resumed run): one
-  save's cost, once.
+  of them is what can push the share over the target). Before the first save its speed is
+  unknown and taken as ``PRIOR_BYTES_PER_S`` (1 GB/s a rank, a local disk): a tiny model's first
+  save still follows the first step, but a 1.7B D-ARL checkpoint (~32 GB with its snapshots) is
+  not written before the second step any more, where it cost the first minutes of every launch
+  (and of every benchmark); it comes about 35 minutes in, then at the measured pace.
 * ``N > 0``: every N steps; ``0``: only at the end and on a signal.
 
 Every rank must save together (the save is collective), so only rank 0's clock decides and the
@@ -53,6 +55,7 @@ from megatron_darl.trainer.parallel import ParallelState
 from megatron_darl.trainer.policy_trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
+PRIOR_BYTES_PER_S = 1e9  # a rank's save speed assumed before its first save measured one
 
 
 @dataclass
@@ -75,14 +78,13 @@ class CheckpointSchedule:
             return self.interval > 0 and step % self.interval == 0
         if self.overhead <= 0:
             return False
-        if not self.recent:
-            return True
         now = time.monotonic() if now is None else now
         return now - self.last_end >= self.expected_seconds(next_bytes) / self.overhead
 
     def expected_seconds(self, nbytes: int) -> float:
-        """A save of ``nbytes`` at the slowest speed of the last saves."""
-        return max(self.recent) * max(nbytes, 1)
+        """A save of ``nbytes`` at the slowest speed of the last saves (the prior before any)."""
+        per_byte = max(self.recent) if self.recent else 1.0 / PRIOR_BYTES_PER_S
+        return per_byte * max(nbytes, 1)
 
     def saved(self, seconds: float, nbytes: int = 1, now: float | None = None) -> None:
         """A checkpoint between steps of ``nbytes`` took ``seconds`` and ended ``now``."""

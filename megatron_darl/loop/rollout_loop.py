@@ -16,6 +16,7 @@ import json
 import logging
 from pathlib import Path
 
+from megatron_darl import timeline
 from megatron_darl.loop.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,9 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
     source, num_prompts = build_prompt_source(cfg, tokenizer, worker_id, int(hf["max_position_embeddings"]))
     engine = build_engine(engine_cfg)
+    timeline.mark("engine_ready")
+    if cfg.worker.initial_version >= 0:  # the engine loaded the policy's own weights: version 0
+        timeline.mark("first_weights")
     try:
         worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
                                engine, source, cfg.sampling, get_reward_fn(cfg.data.task),

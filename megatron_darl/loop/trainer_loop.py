@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from megatron_darl import timeline
 from megatron_darl.loop.checkpoint_policy import RunCheckpoints, newest_checkpoint
 from megatron_darl.loop.endpoints import (
     Backlog, Received, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
@@ -51,7 +52,7 @@ from megatron_darl.step.planner import ShardPlanner
 from megatron_darl.step.runner import StepClock, StepRunner, uses_snapshots
 from megatron_darl.step.stats import StepStats
 from megatron_darl.trainer.parallel import ParallelState
-from megatron_darl.trainer.policy_trainer import PolicyTrainer, StepResult
+from megatron_darl.trainer.policy_trainer import PolicyTrainer, StepResult, compiled_frames
 from megatron_darl.transport import (
     TRAINER, WORKER, SyncReport, TransportTimeout, WeightSyncFailed, request_stop, wait_for_exits,
 )
@@ -142,6 +143,7 @@ class TrainerLoop:
         """Train to ``loop.steps`` (0); raises ``RunAborted`` after the checkpoint when it gave up."""
         if self.use_snapshots:
             self.trainer.snapshot(keep=self.runner.window.versions(self.trainer.version))
+        self._warm_up()
         step, saved = self.start_step, None
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
@@ -151,9 +153,12 @@ class TrainerLoop:
             while step < self.cfg.loop.steps and not self._stop_agreed(step):
                 if self._save_due:
                     self.checkpoints.save_between(step)
+                    self._milestone("first_checkpoint")
                 self.ep.heartbeat.step = step
                 if not self.step(step):
                     break
+                if step == self.start_step:
+                    self._milestone("first_step")
                 step += 1
             # the checkpoint first: the last publish can hang on a worker that died mid-transfer
             # (a blocked collective until the transfer timeout), past a stop signal's grace, and
@@ -167,6 +172,26 @@ class TrainerLoop:
         if self.fatal:
             raise RunAborted(self.fatal if self.diverged else f"{self.fatal}; checkpoint {saved} written")
         return 0
+
+    def _warm_up(self) -> None:
+        """Compile the trainer's kernels on a synthetic batch the size of a response before the
+        first wait (``PolicyTrainer.warm_up``): it overlaps the engines' start instead of
+        sitting in the first step."""
+        new = self.cfg.sampling.max_new_tokens
+        seconds = self.trainer.warm_up([new + 256, new // 2 + 64])
+        timeline.mark("warmed_up")
+        if seconds and self.ps.rank == 0:
+            log.info("trainer kernels compiled in %.1f s before the first step", seconds)
+
+    def _milestone(self, event: str) -> None:
+        """Mark a launch milestone; rank 0 writes the launch timeline (``timeline.py``) and, at the
+        first step, logs it in one line."""
+        timeline.mark(event)
+        if self.ps.rank != 0:
+            return
+        phases = timeline.summarize(self.cfg.loop.run_dir)
+        if event == "first_step" and phases:
+            log.info("%s", timeline.describe(phases))
 
     def _stop_agreed(self, step: int) -> bool:
         """True on every trainer rank when any rank got the signal or gave up: ranks that saw it
@@ -211,6 +236,8 @@ class TrainerLoop:
         groups = self._receive(step)
         if groups is None:
             return False
+        if step == self.start_step:
+            timeline.mark("first_groups")
         prefetch = self.runner.take_prefetch_seconds()  # work done while waiting is not idle
         clock = StepClock(receive_wait_seconds=time.monotonic() - start - prefetch, prefetch_seconds=prefetch)
         plan = self.runner.plan(groups, step, clock)  # TP/PP peers: the hub's mini-batches
@@ -286,6 +313,7 @@ class TrainerLoop:
              wall_s: float) -> None:
         reduced = stats.reduce(self.ps.dp_sum, self.ps.dp_max)
         per_worker, self.step_groups = self.ps.dp_sum(self.step_groups), torch.zeros_like(self.step_groups)
+        compiles = float(self.ps.dp_max(torch.tensor([float(compiled_frames())]))[0])  # every hub
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
@@ -297,6 +325,7 @@ class TrainerLoop:
             **self._rates.step(lambda w: self.ep.heartbeat.peer_stats(WORKER, w)),
             "version": float(self.trainer.version),
             "optimizer_steps": float(result.optimizer_steps),
+            "dynamo_compiles": compiles,  # torch.compile frames so far: flat after the first step
             # oldest behavior version trained on at version t (-1: nothing selected)
             "selected_version_oldest": (float(t - reduced.selected_staleness_max)
                                         if reduced.selected_staleness_max >= 0 else -1.0),

@@ -44,6 +44,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from megatron_darl import timeline
 from megatron_darl.rollout.engines.base import Engine, Generation, SamplingConfig, StreamingEngine
 from megatron_darl.rollout.engines.stream import as_stream
 from megatron_darl.rollout.prompts import PromptRecord, PromptSource
@@ -282,6 +283,8 @@ class RolloutWorker:
         stream.pause(interrupt)
         hb.step = receiver.maybe_sync() or hb.step
         stream.resume(receiver.version)
+        if self.weights_version < 0 <= receiver.version:  # a resumed run's first weights
+            timeline.mark("first_weights")
         self.weights_version = receiver.version
         self.sync_seconds += time.monotonic() - start
 
@@ -363,4 +366,6 @@ class RolloutWorker:
             if sender.send(p.group, p.ticket, while_waiting=safe_point, stopped=stopped) is None:
                 return left + pending[i:]  # stop flag raised while blocked: leave unsent
             self.groups_sent += 1
+            if self.groups_sent == 1:
+                timeline.mark("first_group")
         return left

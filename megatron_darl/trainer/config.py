@@ -81,6 +81,7 @@ class TrainerConfig:
     grad_reduce_in_fp32: bool = True  # reduce gradients in fp32 (bf16 runs)
     peak_tflops: float = 989.0  # per-device dense bf16 peak for MFU (H100/H200 SXM)
     snapshots: str = "auto"  # where backfill's parameter snapshots live: auto|device|host (snapshots.py)
+    compile_warmup: bool = True  # GPU: compile the fused kernels before the first step (while engines start)
 
     def __post_init__(self) -> None:
         if self.snapshots not in ("auto", "device", "host"):

@@ -20,6 +20,8 @@ contract and nothing else:
                                     clip_low, clip_high, num_tokens=1.0)  # 1.0: a sum
           return loss, stats_as_floats(stats)
 * ``snapshot(version)`` / ``compute_logprobs(batch, version=k)`` for exact backfill;
+* ``warm_up(lengths)`` compiles the fused kernels (``torch.compile``) of both passes on a synthetic
+  batch, changing no weight, so the first real step does not pay for it;
 * ``export_hf_stage()`` HF-named full tensors of this pipeline stage, for weight sync;
 * ``checkpoint.save_checkpoint`` / ``load_checkpoint`` (separate module).
 
@@ -36,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from megatron_darl import timeline
 from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
 from megatron_darl.trainer.config import TrainerConfig
 from megatron_darl.trainer.flops import forward_flops, mfu, train_flops
@@ -61,6 +64,16 @@ class StepResult:
     mfu: float  # model FLOPs utilisation, full-attention convention (see flops.py)
     stats: dict[str, float] = field(default_factory=dict)  # loss_fn stats, token-weighted mean
     optimizer_steps: int = 1  # optimizer steps (mini-batches x epochs) behind this version
+
+
+def compiled_frames() -> int:
+    """Frames ``torch.compile`` (dynamo) compiled in this process so far, recompiles included:
+    a count that still grows after the first step means kernels recompiling every few steps."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - a torch without dynamo
+        return 0
+    return int(counters["frames"]["total"])
 
 
 class PolicyTrainer:
@@ -90,10 +103,12 @@ class PolicyTrainer:
         self.spec = spec_from_hf(hf_config)
         self.bf16 = bool(cfg.bf16 and not self.ps.on_cpu)
         chunks = model_chunks if model_chunks is not None else self._build_chunks()
+        timeline.mark("model_built")
         if cfg.init_checkpoint:
             from megatron_darl.trainer.checkpoint import load_model_weights
 
             load_model_weights(chunks, cfg.init_checkpoint, self.ps)
+        timeline.mark("weights_loaded")
         self._configure(chunks[0].config)
         self.model = wrap_ddp(chunks, self.ps, cfg, self.bf16)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ps, self.bf16)
@@ -216,6 +231,36 @@ class PolicyTrainer:
         if self.ps.pp_size > 1:
             dist.broadcast(out, src=self._last_stage_rank(), group=self.ps.pp_group)
         return out.cpu()
+
+    def warm_up(self, lengths: list[int]) -> float:
+        """Compile what the first step would: a log-prob pass and a forward/backward over a
+        synthetic batch of sequences of ``lengths`` tokens (each scoring its second half), then
+        the gradients are zeroed; no optimizer step, so weights, optimizer state, schedule and
+        version are untouched. On GPU with ``compile_warmup`` only (elsewhere nothing compiles);
+        every rank of the trainer calls it (the passes are collectives). Returns the seconds spent.
+        """
+        if self.ps.device.type != "cuda" or not self.cfg.compile_warmup:
+            return 0.0
+        start = time.perf_counter()
+        cap = self.cfg.micro_batch.max_seq_len
+        lens = torch.tensor([max(2, min(int(n), cap)) for n in lengths], dtype=torch.int64)  # (N,)
+        gen = torch.Generator().manual_seed(0)  # the same tokens on every rank of a replica
+        ids = torch.randint(0, self.spec.vocab_size, (int(lens.sum()),), generator=gen)
+        pos = torch.cat([torch.arange(int(n)) for n in lens])
+        mask = pos >= torch.repeat_interleave(lens // 2, lens)  # (L,) each sequence's second half
+        batch = TrainBatch(ids, lens, mask, None)
+        self.compute_logprobs(batch)
+        zero = lambda logp, mb: (logp.sum() * 0.0, torch.tensor(logp.shape[0], dtype=torch.int,  # noqa: E731
+                                                                device=logp.device), {})
+        for chunk in self.model:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        self._run(self._microbatches(batch), zero, forward_only=False)
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
 
     def logprob_flops(self, batch: TrainBatch) -> float:
         """Forward FLOPs of a log-prob pass over ``batch`` (for MFU of that pass)."""

@@ -8,6 +8,12 @@ for the forward and one for the backward. The arithmetic is Hugging Face's ``Qwe
 (normalise in fp32, cast back, then scale), so bf16 outputs round the same way as the
 reference model. On CPU the module runs the same arithmetic eagerly (no compiler, exact fp32
 parity tests).
+
+The compiled function sees ``x`` as a contiguous ``(rows, hidden)`` matrix: q/k-norm inputs are
+strided views of the attention projections whose strides differ with the head count and the
+micro-batch layout, and dynamo guards on strides, so the raw views recompiled until they hit its
+recompile limit (8) and fell back to eager (seen on a DP rank of a 1.7B run). As a matrix the only
+varying size is the row count, which ``dynamic=True`` keeps symbolic: one graph per hidden size.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     global _compiled_rms_norm
     if _compiled_rms_norm is None:
         _compiled_rms_norm = torch.compile(rms_norm_reference, dynamic=True)
-    return _compiled_rms_norm(x, weight, eps)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # (rows, hidden): see the module docstring
+    return _compiled_rms_norm(rows, weight, eps).view(x.shape)
 
 
 class Qwen3RMSNorm(torch.nn.RMSNorm):
