@@ -1,14 +1,23 @@
 """Benchmark ``async_speedup``: what disaggregated asynchronous training buys over synchronous.
 
-Each run is the real main job (``python -m launch.train``: the Megatron trainer and an ``hf``
-rollout worker as separate processes over our transport) on the built-in task, started from the
-same warm-started policy. Per variant and seed it reads the run's own ``metrics.jsonl``:
+Each run is the real main job (``python -m launch.train``: the Megatron trainer and a rollout
+worker, ``hf`` unless overridden, as separate processes over our transport) on the built-in task,
+started from the same warm-started policy. Per variant and seed it reads the run's own ``metrics.jsonl``:
 
 - ``samples_per_s``: samples received by the trainer per second of wall time (after step 0,
   so process start-up and the first generation are not counted);
 - ``samples_to_target`` / ``seconds_to_target``: samples generated (and seconds since step 0)
   until the 5-step moving mean of the reward first reaches ``--target``; missing when never
   reached. (Records before commit 51e6882's successor counted these seconds from trainer start.)
+
+Each run's summary (and the record's config, where every run agrees) names the ``engine`` and its
+``update_mode`` as the run resolved them in its own ``run_config.yaml`` (``rollout@_global_=vllm``
+included), and the batch is explicit: ``--groups`` x ``--group-size`` samples of up to
+``--new-tokens`` (default 16 x 8 and the task preset's 48 new tokens: the learning study's shape,
+kept so that its records compare; ``--new-tokens`` past ~1000 needs
+``trainer.micro_batch.max_seq_len`` raised to hold prompt and response). The runs keep one final
+checkpoint (``loop.keep_checkpoints=1``, none on the way) and each run's ``checkpoints/`` is
+deleted once its summary is kept, so a long plan does not fill the disk.
 
 The baseline is ``sync`` with trainer and rollout sharing one GPU (``cluster=gpu1``); every
 variant runs with the trainer on GPU 0 and the rollout worker on GPU 1 (``cluster=gpu2``), so
@@ -41,12 +50,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.record import print_table, write_result  # noqa: E402
+from benchmarks.record import print_table, run_config_facts, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+MEASURE = ("loop.keep_checkpoints=1", "loop.checkpoint_interval=0")  # one final checkpoint, none on the way
 SIZES = {  # warm-started policy shapes (megatron_darl/loop/warmstart.py TinyModelConfig)
     "tiny": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
@@ -76,10 +87,12 @@ def parse_splits(text: str) -> list[str]:
     return labels
 
 
-def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path, fresh: bool = True) -> dict:
+def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path, fresh: bool = True,
+             extra: Sequence[str] = ()) -> dict:
     """One ``launch.train`` run in a fresh ``run_dir`` (``fresh=False``: the caller passes
     ``loop.resume=true`` and the run goes on from its latest checkpoint there); returns its
-    per-step metrics rows."""
+    per-step metrics rows. ``args.group_size`` and ``args.new_tokens`` set the batch where the
+    caller has them; ``extra`` overrides go before ``args.overrides`` (which win)."""
     if fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
     shape = [f"warmstart.model.{k}={v}" for k, v in SIZES[args.size].items()]
@@ -89,7 +102,8 @@ def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path, fresh: 
            "cluster.master_port=0", f"algorithm.seed={seed}", f"sampling.seed={seed}",
            f"trainer.seed={1234 + seed}", f"warmstart.lr={args.warmstart_lr}",
            f"trainer.optimizer.lr={args.lr}", f"algorithm.groups_per_step={args.groups}",
-           f"worker.groups_per_batch={args.groups}", *shape, *args.overrides]
+           f"worker.groups_per_batch={args.groups}", *shape, *batch_overrides(args), *extra,
+           *args.overrides]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -98,6 +112,23 @@ def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path, fresh: 
                            + proc.stdout[-2000:] + proc.stderr[-2000:])
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"rows": rows, "launch_seconds": time.monotonic() - start}
+
+
+def batch_overrides(args) -> list[str]:
+    """Group size and new tokens of the batch, for the callers that set them (variant_study sets
+    its own in its overrides)."""
+    out = []
+    if getattr(args, "group_size", None) is not None:
+        out.append(f"algorithm.group_size={args.group_size}")
+    if getattr(args, "new_tokens", None) is not None:
+        out.append(f"sampling.max_new_tokens={args.new_tokens}")
+    return out
+
+
+def agreed(summaries: list[dict], key: str) -> Any:
+    """The value of ``key`` every summary has (None where they differ or lack it: older partial files)."""
+    values = {s.get(key) for s in summaries}
+    return values.pop() if len(values) == 1 else None
 
 
 def summarize_run(rows: list[dict], target: float) -> dict:
@@ -155,7 +186,10 @@ def main() -> None:
     parser.add_argument("--variants", default="sync,async,decoupled,darl")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--groups", type=int, default=16, help="groups per step (G = 8 each)")
+    parser.add_argument("--groups", type=int, default=16, help="groups per step")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per group (G)")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="new tokens per sample at most (default: the task preset's, 48 for the built-in task)")
     parser.add_argument("--target", type=float, default=0.5, help="reward target (5-step mean)")
     parser.add_argument("--size", choices=sorted(SIZES), default="57m")
     parser.add_argument("--lr", type=float, default=3e-5, help="RL learning rate")
@@ -177,6 +211,7 @@ def main() -> None:
     clusters = parse_splits(args.splits) or ["cpu" if args.cpu else "gpu2"]
     plan += [(v, s, c) for c in clusters for v in variants for s in seeds]
     run_config = {"target": args.target, "steps": args.steps, "groups": args.groups,
+                  "group_size": args.group_size, "new_tokens": args.new_tokens,
                   "size": args.size, "lr": args.lr,
                   "warmstart_lr": args.warmstart_lr, "overrides": args.overrides}
     done = load_partial(args.partial, run_config)
@@ -189,11 +224,15 @@ def main() -> None:
                 left = [f"{v}_{c}_s{s}" for v, s, c in plan if f"{v}_{c}_s{s}" not in done]
                 print(f"budget of {args.budget:.0f} s reached; {len(left)} runs left: {', '.join(left)}")
                 sys.exit(3)
-            result = run_once(variant, seed, cluster, args, args.run_root / key)
+            run_dir = args.run_root / key
+            result = run_once(variant, seed, cluster, args, run_dir, extra=MEASURE)
             slowest = max(slowest, result["launch_seconds"])
+            facts = run_config_facts(run_dir)
             done[key] = summarize_run(result["rows"], args.target) | {
-                "seed": seed, "launch_seconds": result["launch_seconds"]}
+                "seed": seed, "launch_seconds": result["launch_seconds"],
+                **{k: facts.get(k) for k in ("engine", "update_mode", "new_tokens")}}
             save_partial(args.partial, run_config, done)
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         summary = done[key]
         runs.setdefault((variant, cluster), []).append(summary)
         print(f"{variant:10s} {cluster} seed {seed}: {summary['samples_per_s']:.1f} samples/s, reward "
@@ -217,8 +256,11 @@ def main() -> None:
                       "samples_to_target": to_target["mean"], "reached": f"{to_target['n']}/{to_target['of']}",
                       "reward_last5": metrics[name]["reward_last5"]["mean"]})
     print_table(table)
+    summaries = [r for rs in runs.values() for r in rs]
     config = {"variants": variants, "seeds": seeds, "steps": args.steps, "groups_per_step": args.groups,
-              "group_size": 8, "target": args.target, "size": args.size, "model": SIZES[args.size],
+              "group_size": args.group_size, "new_tokens": args.new_tokens or agreed(summaries, "new_tokens"),
+              "engine": agreed(summaries, "engine"), "update_mode": agreed(summaries, "update_mode"),
+              "target": args.target, "size": args.size, "model": SIZES[args.size],
               "lr": args.lr, "warmstart_lr": args.warmstart_lr, "overrides": args.overrides,
               "splits": args.splits or "1:1",
               "baseline": f"sync on {base_cluster}"}

@@ -2,6 +2,11 @@
 
 Every script in ``benchmarks/`` prints its own table and calls ``write_result`` once per run so
 that ``tools/benchmarks_table.py`` can render docs/benchmarks.md from ``benchmarks/results/``.
+A record names what ran as the run resolved it, not as the command line suggested:
+``run_config_facts`` reads the engine, its update mode and the batch from a ``launch.train`` run's
+own ``run_config.yaml`` (a ``rollout@_global_=vllm`` run was once recorded as ``hf`` because the
+engine was guessed from an ``engine.backend=`` override). ``amend_result`` adds metrics to a
+record already written (a comparison that needs a later run), leaving the rest as it was.
 """
 
 from __future__ import annotations
@@ -14,6 +19,13 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RUN_FACTS = {  # record config field -> its path in a run's run_config.yaml (RunConfig)
+    "engine": ("engine", "backend"),
+    "update_mode": ("worker", "update_mode"),
+    "groups": ("algorithm", "groups_per_step"),
+    "group_size": ("algorithm", "group_size"),
+    "new_tokens": ("sampling", "max_new_tokens"),
+}
 
 
 def device_name() -> str:
@@ -71,6 +83,37 @@ def write_result(
         path = directory / f"{stem}_{n}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def amend_result(path: Path, metrics: dict[str, Any]) -> Path:
+    """Merge ``metrics`` into the record at ``path`` (written by ``write_result``); the rest stays."""
+    record = json.loads(Path(path).read_text())
+    record["metrics"].update(metrics)
+    Path(path).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return Path(path)
+
+
+def run_config_facts(run_dir: Path) -> dict[str, Any]:
+    """The ``RUN_FACTS`` fields of ``<run_dir>/run_config.yaml`` that it holds; ``{}`` without one.
+
+    A malformed file is a ``ValueError`` naming it."""
+    import yaml
+
+    path = Path(run_dir) / "run_config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a mapping at the top, got {type(cfg).__name__}")
+    facts = {}
+    for name, (section, key) in RUN_FACTS.items():
+        value = (cfg.get(section) or {}).get(key)
+        if value is not None:
+            facts[name] = value
+    return facts
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:

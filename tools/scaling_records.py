@@ -1,93 +1,185 @@
-"""The loop's scaling by GPU count and split, from ``benchmarks/loop_profile.py`` records.
+"""The loop's scaling by trainer:rollout split, from ``benchmarks/loop_profile.py`` records.
 
 ``python tools/scaling_report.py --records benchmarks/results --out docs/img`` (this module does the
-work): per device, engine (hf, vllm) and variant, the newest record of each trainer:rollout split;
-a markdown table (samples/s, step time, the speedup over the 1:1 split of the same device and
-engine measured in the same call, i.e. the same commit, and where the step goes) and one picture,
-``loop_profile.png``, which ``tools/benchmarks_table.py`` shows under the loop_profile table of
-docs/benchmarks.md.
+work). One table and one picture, ``loop_profile.png`` (``tools/benchmarks_table.py`` shows it
+under the loop_profile table of docs/benchmarks.md), of samples/s by split and batch shape, for
+each variant (darl, decoupled) of each engine and update mode on each device. Each row has its
+samples/s over the 1:1 split's of the same device, engine, update mode, variant and batch
+(``vs 1:1``: what the extra GPUs bought) and, on darl's rows, darl's step seconds over
+decoupled's at the same split (``darl/decoupled step``: what D-ARL's candidate pass and backfill
+cost). ``hf`` is not the production engine: its records are a regression guard, in the table's
+second part and drawn in grey.
+
+Per (device, engine, update mode, variant, batch, split) the newest record is shown; what it is
+compared with (the 1:1 split, decoupled) is the newest such record of the same commit, i.e. of the
+same call, and only without one the newest of any commit (its ratio then carries a ``*``: a
+different commit's run, which may differ by more than the split). A record
+names the engine and update mode its run resolved; older ones guessed the engine from an
+``engine.backend=`` override and called a ``rollout@_global_=vllm`` run ``hf``, so for them both
+are read from the overrides again (the update mode: ``finish``, both presets' default, unless
+``worker.update_mode=`` was given). Records of the shared-GPU layout ``gpu1`` (trainer
+and rollout on one GPU: no split) and those without GPU counts are left out. The batch is the one
+asked for (``groups_requested``: a 3:1 split runs 32 groups as 33, its DP size's multiple).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+GUARD_ENGINE = "hf"  # the reference engine: a regression guard, not the production path
+VARIANT_STYLE = {"darl": ("-", "o"), "decoupled": ("--", "s")}  # line, marker; others dash-dot
+
+
+def _from_overrides(config: dict[str, Any], prefixes: tuple[str, ...], default: str) -> str:
+    value = default
+    for override in config.get("overrides") or []:
+        for prefix in prefixes:
+            if override.startswith(prefix):
+                value = override[len(prefix):]  # the last one wins, as in Hydra
+    return value
+
+
+def record_engine(config: dict[str, Any]) -> str:
+    """The engine a record's run used (see the module docstring for older records)."""
+    if config.get("update_mode") and config.get("engine"):  # read from the run's own config
+        return config["engine"]
+    return _from_overrides(config, ("rollout@_global_=", "engine.backend="), config.get("engine") or GUARD_ENGINE)
+
+
+def record_update_mode(config: dict[str, Any]) -> str:
+    """The run's ``worker.update_mode``; for older records its override, else both presets' ``finish``."""
+    return config.get("update_mode") or _from_overrides(config, ("worker.update_mode=",), "finish")
+
+
+def batch_label(config: dict[str, Any]) -> str:
+    """``groups x group size x new tokens`` as asked for."""
+    groups = config.get("groups_requested") or config.get("groups")
+    return f"{groups}x{config.get('group_size')}x{config.get('new_tokens')}"
+
+
+def _key(r: dict[str, Any]) -> tuple:
+    c = r["config"]
+    return (r["device"], record_engine(c), record_update_mode(c), c.get("variant"), batch_label(c),
+            c["trainer_gpus"], c["rollout_gpus"])
 
 
 def load(results: Path) -> list[dict[str, Any]]:
-    """The newest loop_profile record per (device, engine, variant, split) that names its split."""
-    newest: dict[tuple, dict] = {}
+    """Every loop_profile record of ``results`` that names a trainer:rollout split."""
+    out = []
     for path in sorted(results.glob("loop_profile_*.json")):
         r = json.loads(path.read_text())
         c = r["config"]
-        if not c.get("trainer_gpus"):
-            continue  # records from before GPU counts (gpu1/gpu2 layouts)
-        key = (r["device"], c.get("engine", "hf"), c.get("variant"), c["trainer_gpus"], c["rollout_gpus"])
-        if key not in newest or r["date"] > newest[key]["date"]:
-            newest[key] = r
-    return sorted(newest.values(), key=lambda r: (r["device"], r["config"].get("engine", "hf"),
-                                                  r["config"]["trainer_gpus"] + r["config"]["rollout_gpus"]))
-
-
-def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per record, with its speedup over the 1:1 record of the same call."""
-    base = {(r["device"], r["config"].get("engine", "hf"), r["commit"]): r for r in records
-            if (r["config"]["trainer_gpus"], r["config"]["rollout_gpus"]) == (1, 1)}
-    out = []
-    for r in records:
-        c, m = r["config"], r["metrics"]
-        one = base.get((r["device"], c.get("engine", "hf"), r["commit"]))
-        out.append({
-            "device": r["device"], "engine": c.get("engine", "hf"), "variant": c.get("variant"),
-            "split": f"{c['trainer_gpus']}:{c['rollout_gpus']}", "gpus": c["trainer_gpus"] + c["rollout_gpus"],
-            "samples_per_s": m["samples_per_s"], "step_seconds": m["step_seconds"],
-            "speedup": m["samples_per_s"] / one["metrics"]["samples_per_s"] if one else None,
-            "receive_wait_seconds": m.get("receive_wait_seconds"), "generation_seconds": m.get("generation_seconds"),
-            "trainer_seconds": sum(m.get(k) or 0.0 for k in ("logprob_seconds", "plan_seconds",
-                                                             "backfill_seconds", "train_seconds")),
-            "date": r["date"][:10], "commit": str(r["commit"])[:8]})
+        if c.get("trainer_gpus") and c.get("rollout_gpus") and c.get("layout") != "gpu1":
+            out.append(r)  # not: before GPU counts, CPU, or trainer and rollout sharing one GPU
     return out
 
 
+def _pick(records: list[dict[str, Any]], key: tuple, commit: Optional[str] = None) -> Optional[dict]:
+    """The newest record of ``key``, of ``commit`` where there is one."""
+    found = [r for r in records if _key(r) == key]
+    same = [r for r in found if r["commit"] == commit]
+    return max(same or found, key=lambda r: r["date"], default=None)
+
+
+def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    return num / den if num is not None and den else None
+
+
+def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per newest record with its ratio to the 1:1 split and (darl) its step over decoupled's."""
+    out = []
+    for key in dict.fromkeys(_key(r) for r in records):
+        r = _pick(records, key)
+        m = r["metrics"]
+        device, engine, update, variant, batch, t, n = key
+        one = _pick(records, (device, engine, update, variant, batch, 1, 1), r["commit"])
+        dec = _pick(records, (device, engine, update, "decoupled", batch, t, n), r["commit"]) \
+            if variant == "darl" else None
+        out.append({
+            "device": device, "engine": engine, "update_mode": update, "variant": variant,
+            "batch": batch, "split": f"{t}:{n}", "trainer_gpus": t, "gpus": t + n,
+            "samples_per_s": m["samples_per_s"], "step_seconds": m["step_seconds"],
+            "vs_1to1": _ratio(m["samples_per_s"], one["metrics"]["samples_per_s"] if one else None),
+            "darl_to_decoupled": _ratio(m["step_seconds"], dec["metrics"]["step_seconds"] if dec else None),
+            "other_commit": [name for name, ref in (("vs_1to1", one), ("darl_to_decoupled", dec))
+                             if ref is not None and ref["commit"] != r["commit"]],
+            "receive_wait_seconds": m.get("receive_wait_seconds") or 0.0,
+            "generation_seconds": m.get("generation_seconds") or 0.0,
+            "trainer_seconds": sum(m.get(k) or 0.0 for k in ("logprob_seconds", "plan_seconds",
+                                                             "backfill_seconds", "train_seconds")),
+            "date": r["date"][:10], "commit": str(r["commit"])[:8]})
+    out.sort(key=lambda d: (d["engine"] == GUARD_ENGINE, d["device"], d["engine"], d["update_mode"],
+                            d["batch"], d["variant"], d["gpus"], d["trainer_gpus"]))
+    return out
+
+
+def _fmt(d: dict[str, Any], name: str, spec: str, suffix: str = "") -> str:
+    """A ratio cell; ``*``: its reference is another commit's record."""
+    value = d[name]
+    star = "*" if name in d["other_commit"] else ""
+    return "-" if value is None else f"{value:{spec}}{suffix}{star}"
+
+
 def table(data: list[dict[str, Any]]) -> str:
-    head = ["device", "engine", "variant", "split (trainer:rollout GPUs)", "samples/s", "step s",
-            "vs 1:1", "trainer idle s", "generation s/worker", "trainer work s", "date", "commit"]
+    """The markdown table: production engines first, then the hf regression guard; a ``*`` marks
+    a ratio whose reference record is of another commit."""
+    head = ["device", "engine", "update", "variant", "batch (groups x G x tokens)", "split (trainer:rollout)",
+            "samples/s", "vs 1:1", "step s", "darl/decoupled step", "trainer idle s", "generation s/worker",
+            "trainer work s", "date", "commit"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    guard = False
     for d in data:
-        speed = f"{d['speedup']:.2f}x" if d["speedup"] else "-"
-        lines.append(f"| {d['device']} | {d['engine']} | {d['variant']} | {d['split']} | {d['samples_per_s']:.1f} | "
-                     f"{d['step_seconds']:.2f} | {speed} | {d['receive_wait_seconds'] or 0:.2f} | "
-                     f"{d['generation_seconds'] or 0:.2f} | {d['trainer_seconds']:.2f} | {d['date']} | {d['commit']} |")
+        if d["engine"] == GUARD_ENGINE and not guard:
+            guard = True
+            lines.append("| **hf: regression guard** |" + " |" * (len(head) - 1))
+        lines.append(f"| {d['device']} | {d['engine']} | {d['update_mode']} | {d['variant']} | {d['batch']} | "
+                     f"{d['split']} | {d['samples_per_s']:.1f} | {_fmt(d, 'vs_1to1', '.2f', 'x')} | "
+                     f"{d['step_seconds']:.2f} | {_fmt(d, 'darl_to_decoupled', '.2f')} | "
+                     f"{d['receive_wait_seconds']:.2f} | {d['generation_seconds']:.2f} | "
+                     f"{d['trainer_seconds']:.2f} | {d['date']} | {d['commit']} |")
     return "\n".join(lines)
 
 
 def plot(data: list[dict[str, Any]], path: Path) -> Path:
-    """Samples/s and step time by split, one line per device and engine."""
+    """Samples/s by split: a line per device, engine, update mode, variant and batch (the newest
+    records), each point labelled with its ratio to the 1:1 split (``*``: another commit's); hf
+    lines in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    splits = sorted({(d["gpus"], d["trainer_gpus"], d["split"]) for d in data})
+    x_of = {s[2]: i for i, s in enumerate(splits)}
     series: dict[tuple, list[dict]] = {}
     for d in data:
-        series.setdefault((d["device"], d["engine"], d["variant"]), []).append(d)
-    for (device, engine, variant), points in series.items():
-        points.sort(key=lambda d: (d["gpus"], d["split"]))
-        labels = [f"{d['split']}\n({d['gpus']} GPUs)" for d in points]
-        name = f"{engine}, {variant}, {device}"
-        line, = axes[0].plot(labels, [d["samples_per_s"] for d in points], marker="o", label=name)
-        first = points[0]  # linear in the GPU count from the smallest split: the goal
-        axes[0].plot(labels, [first["samples_per_s"] * d["gpus"] / first["gpus"] for d in points],
-                     linestyle=":", color=line.get_color(), label=f"{name}: linear")
-        axes[1].plot(labels, [d["step_seconds"] for d in points], marker="o", label=name)
-    axes[0].set(title="loop throughput (Qwen3-1.7B shape)", ylabel="samples / s", xlabel="trainer:rollout GPUs")
-    axes[1].set(title="trainer step", ylabel="seconds per step", xlabel="trainer:rollout GPUs")
-    for ax in axes:
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize="small", loc="lower right")
+        series.setdefault((d["engine"], d["device"], d["update_mode"], d["batch"], d["variant"]), []).append(d)
+    colors = iter(plt.get_cmap("tab10").colors)
+    color_of: dict[tuple, Any] = {}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for (engine, device, update, batch, variant), points in series.items():
+        points.sort(key=lambda d: x_of[d["split"]])
+        guard = engine == GUARD_ENGINE
+        shade = (engine, device, update, batch)
+        if shade not in color_of:
+            color_of[shade] = "0.55" if guard else next(colors, "black")
+        style, marker = VARIANT_STYLE.get(variant, ("-.", "^"))
+        xs, ys = [x_of[d["split"]] for d in points], [d["samples_per_s"] for d in points]
+        ax.plot(xs, ys, linestyle=style, marker=marker, color=color_of[shade], alpha=0.6 if guard else 1.0,
+                label=f"{variant}, {batch}, {engine}/{update}, {device}" + (" (guard)" if guard else ""))
+        for x, y, d in zip(xs, ys, points):
+            if d["vs_1to1"] is not None and d["split"] != "1:1":
+                ax.annotate(_fmt(d, "vs_1to1", ".2f", "x"), (x, y), textcoords="offset points", xytext=(4, 4),
+                            fontsize="x-small", color=color_of[shade])
+    ax.set_xticks(range(len(splits)), [f"{s[2]}\n({s[0]} GPUs)" for s in splits])
+    ax.set_xlim(-0.3, len(splits) - 0.5)  # room for the last point's ratio
+    ax.set(title="loop throughput by split (ratio: vs the 1:1 split)", ylabel="samples / s",
+           xlabel="trainer:rollout GPUs")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -95,7 +187,7 @@ def plot(data: list[dict[str, Any]], path: Path) -> Path:
 
 
 def report(results: Path, out: Path) -> str:
-    """Write ``out/loop_profile.png``; the markdown table."""
+    """Write ``out/loop_profile.png``; return the markdown table."""
     data = rows(load(results))
     if not data:
         raise ValueError(f"{results}: no loop_profile record names its trainer:rollout split")

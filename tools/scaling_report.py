@@ -3,8 +3,10 @@
     python tools/scaling_report.py RUN_DIR [RUN_DIR ...] --out DIR [--skip-steps 1]
     python tools/scaling_report.py --records benchmarks/results --out docs/img
 
-The second form reports ``benchmarks/loop_profile.py`` records by GPU count and split instead
-(``tools/scaling_records.py``): a table, and ``loop_profile.png`` for docs/benchmarks.md.
+The second form reports ``benchmarks/loop_profile.py`` records by trainer:rollout split and batch
+shape instead (``tools/scaling_records.py``): one markdown table (the production engines' darl and
+decoupled rows, each with its samples/s over the 1:1 split's and darl's step over decoupled's;
+then the ``hf`` rows, a regression guard) and one plot, ``loop_profile.png``, for docs/benchmarks.md.
 
 Each RUN_DIR is a run's ``loop.run_dir`` (``slurm/scaling_study.sh`` makes one per node count):
 ``metrics.jsonl`` (one record per step, written by the training loop), ``summary.json`` (its

@@ -1,8 +1,10 @@
 """The tools that turn benchmark runs into records and pages: async_speedup's per-run summary and
-its resumable partial file, the benchmarks page with per-case rows and pictures, and the plot."""
+its resumable partial file, what a record reads back from a run's config, the benchmarks page with
+per-case rows and pictures, the plot, and the scaling report over loop_profile records."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -13,8 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import async_speedup  # noqa: E402
-from tools import benchmarks_table, plot_async_speedup  # noqa: E402
+from benchmarks import async_speedup, record  # noqa: E402
+from tools import benchmarks_table, plot_async_speedup, scaling_records  # noqa: E402
 
 
 def _rows(rewards, per_step=128, dt=0.5, start=10.0):
@@ -110,3 +112,92 @@ def test_vllm_profile_measures_the_hf_way_and_goes_on_past_a_way_that_fails(tmp_
     hf = record["metrics"]["hf"]
     assert hf["full_s_min"] <= hf["full_s"] <= hf["full_s_max"] and hf["over_hf"] == 1.0
     assert hf["tokens_per_s"] == pytest.approx(3 * 6 / hf["full_s"])
+
+
+def test_a_record_reads_what_ran_from_the_runs_own_config(tmp_path):
+    assert record.run_config_facts(tmp_path) == {}  # no run_config.yaml: nothing claimed
+    (tmp_path / "run_config.yaml").write_text(
+        "engine:\n  backend: vllm\nworker:\n  update_mode: interrupt\n  chunk_tokens: 0\n"
+        "algorithm:\n  groups_per_step: 32\n  group_size: 8\nsampling:\n  max_new_tokens: 1024\n")
+    assert record.run_config_facts(tmp_path) == {"engine": "vllm", "update_mode": "interrupt", "groups": 32,
+                                                 "group_size": 8, "new_tokens": 1024}
+    (tmp_path / "run_config.yaml").write_text("engine: [unclosed\n")
+    with pytest.raises(ValueError, match="run_config.yaml: not valid YAML"):
+        record.run_config_facts(tmp_path)
+
+
+def test_amend_result_adds_metrics_and_keeps_the_rest(tmp_path):
+    path = record.write_result("loop_profile", {"layout": "t1r1"}, {"step_seconds": 2.0}, tmp_path, device="cpu")
+    before = json.loads(path.read_text())
+    record.amend_result(path, {"step_to_decoupled": 1.5})
+    after = json.loads(path.read_text())
+    assert after["metrics"] == {"step_seconds": 2.0, "step_to_decoupled": 1.5}
+    assert {k: v for k, v in after.items() if k != "metrics"} == {k: v for k, v in before.items() if k != "metrics"}
+
+
+def test_async_speedup_sets_the_batch_it_is_given_and_names_the_engine_all_runs_agree_on():
+    assert async_speedup.batch_overrides(argparse.Namespace(group_size=4, new_tokens=1024)) == [
+        "algorithm.group_size=4", "sampling.max_new_tokens=1024"]
+    assert async_speedup.batch_overrides(argparse.Namespace(group_size=8, new_tokens=None)) == [
+        "algorithm.group_size=8"]  # the task preset's new tokens
+    assert async_speedup.batch_overrides(argparse.Namespace()) == []  # variant_study sets its own
+    assert async_speedup.agreed([{"engine": "vllm"}, {"engine": "vllm"}], "engine") == "vllm"
+    assert async_speedup.agreed([{"engine": "vllm"}, {"engine": "hf"}], "engine") is None
+    assert async_speedup.agreed([{"engine": "vllm"}, {}], "engine") is None  # an older partial file's run
+
+
+def _profile(tmp_path, name, variant, split, samples_per_s, step_seconds, engine="vllm", commit="c1",
+             date="2026-12-01T00:00:00+00:00", batch=(32, 8, 1024), **config):
+    t, r = split
+    cfg = {"variant": variant, "layout": f"t{t}r{r}", "trainer_gpus": t, "rollout_gpus": r, "engine": engine,
+           "update_mode": "finish", "groups": batch[0], "group_size": batch[1], "new_tokens": batch[2],
+           "overrides": [], **config}
+    cfg = {k: v for k, v in cfg.items() if v is not None}  # None: a field older records lack
+    rec = {"benchmark": "loop_profile", "device": "NVIDIA H100", "date": date, "commit": commit, "config": cfg,
+           "metrics": {"samples_per_s": samples_per_s, "step_seconds": step_seconds, "train_seconds": 1.0}}
+    (tmp_path / f"loop_profile_{name}.json").write_text(json.dumps(rec))
+
+
+def test_scaling_report_gives_each_split_its_ratio_to_one_to_one_and_darl_over_decoupled(tmp_path):
+    _profile(tmp_path, "a", "darl", (1, 1), 10.0, 4.0)
+    _profile(tmp_path, "b", "darl", (2, 2), 18.0, 2.4)
+    _profile(tmp_path, "c", "darl", (3, 1), 12.0, 3.0, groups_requested=32, batch=(33, 8, 1024))
+    _profile(tmp_path, "d", "decoupled", (1, 1), 12.5, 3.2)
+    _profile(tmp_path, "e", "decoupled", (2, 2), 20.0, 2.0)
+    _profile(tmp_path, "f", "darl", (1, 1), 5.0, 8.0, batch=(8, 8, 512))  # another batch: its own 1:1
+    _profile(tmp_path, "g", "darl", (2, 2), 7.5, 6.0, batch=(8, 8, 512))
+    _profile(tmp_path, "h", "darl", (1, 1), 8.0, 5.0, engine="hf")  # the regression guard
+    _profile(tmp_path, "i", "darl", (2, 2), 16.0, 2.5, engine="hf")
+    _profile(tmp_path, "j", "darl", (1, 1), 99.0, 1.0, layout="gpu1")  # one shared GPU: not a split
+    # an older record that named a vLLM run hf: its overrides tell
+    _profile(tmp_path, "k", "darl", (1, 1), 11.0, 3.6, engine="hf", commit="c0", date="2026-11-01T00:00:00+00:00",
+             update_mode=None, overrides=["rollout@_global_=vllm"])
+    data = scaling_records.rows(scaling_records.load(tmp_path))
+    got = {(d["engine"], d["variant"], d["batch"], d["split"]): d for d in data}
+    assert len(data) == 9 and ("vllm", "darl", "32x8x1024", "1:1") in got
+    assert got[("vllm", "darl", "32x8x1024", "1:1")]["samples_per_s"] == 10.0  # newest of the two 1:1s
+    assert got[("vllm", "darl", "32x8x1024", "2:2")]["vs_1to1"] == pytest.approx(1.8)
+    assert got[("vllm", "darl", "32x8x1024", "3:1")]["vs_1to1"] == pytest.approx(1.2)  # ran 33, asked 32
+    assert got[("vllm", "decoupled", "32x8x1024", "2:2")]["vs_1to1"] == pytest.approx(1.6)
+    assert got[("vllm", "darl", "8x8x512", "2:2")]["vs_1to1"] == pytest.approx(1.5)
+    assert got[("hf", "darl", "32x8x1024", "2:2")]["vs_1to1"] == pytest.approx(2.0)
+    assert got[("vllm", "darl", "32x8x1024", "2:2")]["darl_to_decoupled"] == pytest.approx(1.2)
+    assert got[("vllm", "darl", "32x8x1024", "1:1")]["darl_to_decoupled"] == pytest.approx(1.25)
+    assert got[("vllm", "darl", "32x8x1024", "3:1")]["darl_to_decoupled"] is None  # no decoupled at 3:1
+    assert [d["engine"] for d in data][-2:] == ["hf", "hf"]  # the guard comes last
+    text = scaling_records.table(data)
+    guard = text.index("hf: regression guard")
+    assert text.index("| 1.80x |") < guard < text.index("| 2.00x |")
+    assert scaling_records.report(tmp_path, tmp_path / "img").startswith("| device |")
+    assert (tmp_path / "img" / "loop_profile.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_scaling_report_compares_with_the_same_commits_one_to_one_first(tmp_path):
+    _profile(tmp_path, "a", "darl", (1, 1), 18.0, 3.0, commit="old", date="2026-11-01T00:00:00+00:00")
+    _profile(tmp_path, "b", "darl", (2, 2), 27.0, 2.0, commit="old", date="2026-11-01T00:10:00+00:00")
+    _profile(tmp_path, "c", "darl", (1, 1), 12.0, 4.0, commit="new", date="2026-11-02T00:00:00+00:00")
+    _profile(tmp_path, "d", "darl", (3, 1), 24.0, 4.0, commit="other", date="2026-11-03T00:00:00+00:00")
+    got = {d["split"]: d for d in scaling_records.rows(scaling_records.load(tmp_path))}
+    assert got["2:2"]["vs_1to1"] == pytest.approx(1.5) and got["2:2"]["other_commit"] == []  # 27 / 18
+    assert got["3:1"]["vs_1to1"] == pytest.approx(2.0) and got["3:1"]["other_commit"] == ["vs_1to1"]
+    assert "| 2.00x* |" in scaling_records.table(list(got.values()))
