@@ -58,6 +58,7 @@ class LoopConfig:
     checkpoint_interval: Optional[int] = None
     checkpoint_overhead: float = 0.015  # null interval: periodic saves' share of wall time (~67x a save apart)
     keep_checkpoints: int = 2  # newest complete checkpoints kept once a new one is; 0 = keep all
+    save_at_end: bool = True  # false: no checkpoint after the last step (benchmarks; a stop still saves)
     resume: bool = False  # continue from the latest checkpoint in run_dir when there is one
     receive_timeout_s: float = 600.0  # longest wait for a step's groups before naming the workers
     progress_bar: bool = True  # live tqdm bar (step, reward, staleness, tokens/s)

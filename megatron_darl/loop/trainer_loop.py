@@ -163,7 +163,10 @@ class TrainerLoop:
             # the checkpoint first: the last publish can hang on a worker that died mid-transfer
             # (a blocked collective until the transfer timeout), past a stop signal's grace, and
             # what the workers hold is no part of it (a resumed run publishes again)
-            if not self.diverged:  # NaN weights are never checkpointed: the newest one stays the last good
+            # NaN weights are never checkpointed: the newest one stays the last good; a run that
+            # finished its steps skips the final one only with loop.save_at_end=false (benchmarks)
+            finished = step >= self.cfg.loop.steps and not self.fatal
+            if not self.diverged and (self.cfg.loop.save_at_end or not finished):
                 saved = self.checkpoints.save(step)
             self._finish_publish()
             self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
