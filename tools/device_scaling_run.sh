@@ -1,61 +1,83 @@
 #!/usr/bin/env bash
-# The scaling runs of the loop (issue 29) on a 4-GPU host, in one device call:
+# The loop's scaling runs on a 4-GPU host, in one device call (docs/benchmarks.md, loop scaling):
 #
-#   DARL_COMMIT=<sha> bash tools/device_scaling_run.sh [PART ...]      (carry .whl)
+#   DARL_COMMIT=<sha> bash tools/device_scaling_run.sh RUN [RUN ...]      (carry .whl)
 #
-# Parts (default: hf):
-#   hf        benchmarks/loop_profile.py at Qwen3-1.7B shape, hf engine, splits 1:1 and 2:2 in
-#             one invocation, with the weight-sync broadcast bound of each rollout count
-#   hf_block  the same 2:2 with the weight sync blocking (transport.weight_sync.background=false)
-#   vllm      the same splits with engine.backend=vllm (needs /tmp/vsite: ../shared/vllm-kit)
-#   sync      the main job's tests on 1 and 2 GPUs (tests/gpu/test_main_job.py) and the trainer's
-#             GPU tests (tests/gpu/test_trainer_gpu.py: bf16 log-probs, device snapshots)
-#   trainer   only tests/gpu/test_trainer_gpu.py
-#   variants  darl against decoupled at the same shape, disaggregated on 2 GPUs (gpu2): the step
-#             cost of D-ARL's candidate pass and backfill (step_to_decoupled, per_sample_to_decoupled)
-# Records and logs go to $OUT (at most 8 files come back); a part that fails prints its log tail
-# and the script goes on. DARL_BUDGET_S (default 560) bounds the whole call.
+# RUN is VARIANT@T:R[@ENGINE][@quick]: benchmarks/loop_profile.py at Qwen3-1.7B shape with that
+# variant (configs/algorithm), T trainer and R rollout GPUs, ENGINE vllm (default; needs /tmp/vsite,
+# ../shared/vllm-kit) or hf, at the realistic batch 32 x 8 x 1024 (quick: 8 x 8 x 512).
+#   e.g. darl@2:2 darl@1:1 decoupled@2:2 decoupled@1:1 darl@3:1 darl@1:3 darl@2:2@hf darl@2:2@vllm@quick
+# or `tests`: tests/gpu/test_main_job.py and test_trainer_gpu.py.
+# Each run writes its record as it ends; its run dir's launch timeline, the tail of each process's
+# log and the records go into $OUT/runs.tgz (one file: at most 8 come back), the summary lines into
+# $OUT/summary.txt. The policy is built once per call (/tmp/darl_lp/policy) and runs skip the final
+# checkpoint (loop.save_at_end=false). DARL_STEPS (default 8) steps per run, the first 3 left out;
+# DARL_BUDGET_S (default 570) bounds the whole call: a run that cannot start in what is left is
+# skipped, and one that runs out of time is killed with what it measured so far lost (say so).
 set -u
 OUT=${OUT:-/tmp/darl_scaling_out}
-mkdir -p "$OUT"
+mkdir -p "$OUT/rec" "$OUT/runs"
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-BUDGET=${DARL_BUDGET_S:-560}
+BUDGET=${DARL_BUDGET_S:-570}
 # shellcheck source=tools/device_env.sh
 source tools/device_env.sh
-nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
-# run NAME LOG CMD...: CMD under timeout (time left), its tail printed when it fails
-run() {
-  local name=$1 log=$2; shift 2
-  local t; t=$(left)
-  if [ "$t" -lt 60 ]; then echo "$name: SKIPPED (budget spent)"; return 0; fi
-  local s; s=$(date +%s)
-  timeout --kill-after=15 "$t" "$@" > "$log" 2>&1
-  local rc=$?
-  echo "$name: rc $rc, $(( $(date +%s) - s )) s"
-  [ $rc -ne 0 ] && tail -40 "$log"
-  grep -E "^(t[0-9]r[0-9]|gpu|layout)" "$log" | cut -c1-400
-  return 0
+# keep NAME RUN_DIR: the run's timeline and log tails under $OUT/runs/NAME
+keep() {
+  local dest="$OUT/runs/$1" dir=$2
+  mkdir -p "$dest"
+  cp "$dir"/launch_timeline.json "$dir"/metrics.jsonl "$dest"/ 2>/dev/null
+  cp -r "$dir"/timeline "$dest"/ 2>/dev/null
+  for f in "$dir"/logs/*.log; do [ -f "$f" ] && tail -c 30000 "$f" > "$dest/$(basename "$f")"; done
 }
 
-# DARL_STEPS (default 10) steps per run, the first 3 left out; DARL_BOUND=0 skips the bound
-PROFILE=(python3 benchmarks/loop_profile.py --model qwen3_1.7b --steps "${DARL_STEPS:-10}" --skip 3
-         --out-dir "$OUT" --work-dir /tmp/darl_lp --timeout 500)
-BOUND=(--bound); [ "${DARL_BOUND:-1}" = 0 ] && BOUND=()
-for part in "${@:-hf}"; do
-  case "$part" in
-    hf) run hf "$OUT/hf.log" "${PROFILE[@]}" --splits 1:1,2:2 "${BOUND[@]}" ;;
-    hf_block) run hf_block "$OUT/hf_block.log" "${PROFILE[@]}" --splits 2:2 transport.weight_sync.background=false ;;
-    vllm) run vllm "$OUT/vllm.log" "${PROFILE[@]}" --splits 1:1,2:2 "rollout@_global_=vllm" ;;
-    sync) run sync "$OUT/sync.log" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s \
-            tests/gpu/test_main_job.py tests/gpu/test_trainer_gpu.py ;;
-    trainer) run trainer "$OUT/trainer.log" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s tests/gpu/test_trainer_gpu.py ;;
-    variants) run variants "$OUT/variants.log" "${PROFILE[@]}" --layouts gpu2 --variant darl,decoupled ;;
-    *) echo "unknown part $part" ;;
-  esac
+profile() {  # profile NAME VARIANT SPLIT ENGINE QUICK
+  local name=$1 variant=$2 split=$3 engine=$4 quick=$5 t
+  t=$(left)
+  if [ "$t" -lt 150 ]; then say "$name: SKIPPED (${t}s left)"; return 0; fi
+  local args=(--model qwen3_1.7b --splits "$split" --variant "$variant" --steps "${DARL_STEPS:-8}" --skip 3
+              --out-dir "$OUT/rec" --work-dir /tmp/darl_lp --timeout $(( t - 20 )) loop.save_at_end=false)
+  [ "$quick" = quick ] && args+=(--quick)
+  [ "$engine" = vllm ] && args+=("rollout@_global_=vllm")
+  local s; s=$(date +%s)
+  timeout --kill-after=15 "$t" python3 benchmarks/loop_profile.py "${args[@]}" > "$OUT/runs/$name.log" 2>&1
+  local rc=$?
+  say "$name: rc $rc, $(( $(date +%s) - s )) s"
+  [ $rc -ne 0 ] && tail -25 "$OUT/runs/$name.log"
+  grep -hE "first trained step|compiled in|dynamo" /tmp/darl_lp/*/logs/*.log /tmp/darl_lp/*/*.log 2>/dev/null | tail -3
+  for d in /tmp/darl_lp/t*r*_"$variant"; do [ -d "$d" ] && keep "$name" "$d"; done
+  python3 - "$OUT/rec" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys, pathlib
+recs = sorted(pathlib.Path(sys.argv[1]).glob("loop_profile_*.json"), key=lambda p: p.stat().st_mtime)
+if recs:
+    r = json.loads(recs[-1].read_text()); m, c = r["metrics"], r["config"]
+    keys = ("step_seconds", "samples_per_s", "receive_wait_seconds", "prefetch_seconds", "logprob_seconds",
+            "backfill_seconds", "train_seconds", "logprob_cache_hit_rate", "launch_to_first_step_seconds",
+            "launch_engine_start_seconds", "launch_trainer_compile_seconds", "launch_first_step_seconds",
+            "dynamo_compiles_after_first_step")
+    print(c.get("variant"), c.get("layout"), c.get("engine"), c.get("groups"), c.get("new_tokens"),
+          " ".join(f"{k}={m[k]:.3g}" for k in keys if isinstance(m.get(k), (int, float))))
+EOF
+  rm -rf /tmp/darl_lp/t*r*_*/checkpoints
+}
+
+for run in "$@"; do
+  if [ "$run" = tests ]; then
+    t=$(left); s=$(date +%s)
+    timeout --kill-after=15 "$t" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s \
+      tests/gpu/test_main_job.py tests/gpu/test_trainer_gpu.py > "$OUT/runs/tests.log" 2>&1
+    say "tests: rc $?, $(( $(date +%s) - s )) s"; tail -5 "$OUT/runs/tests.log"
+    continue
+  fi
+  IFS=@ read -r variant split engine quick <<< "$run"
+  name=${run//[:@]/_}
+  [ -e "$OUT/runs/$name.log" ] && name=${name}_again  # the same run twice: caches warm the second time
+  profile "$name" "$variant" "$split" "${engine:-vllm}" "${quick:-}"
 done
-# run dirs' worker logs of the last profile, for a look at what the workers did
-for f in /tmp/darl_lp/t2r2/logs/rollout0.log; do [ -f "$f" ] && tail -c 20000 "$f" > "$OUT/rollout0_t2r2.log"; done
-echo "total $(( $(date +%s) - T0 )) s; commit $DARL_COMMIT"
+cp "$OUT"/rec/*.json "$OUT/runs/" 2>/dev/null
+tar -czf "$OUT/runs.tgz" -C "$OUT" runs && rm -rf "$OUT/runs" "$OUT/rec"
+say "total $(( $(date +%s) - T0 )) s; commit $DARL_COMMIT"

@@ -277,6 +277,7 @@ class TrainerLoop:
         take part in those passes."""
         received = self._wait(step) if self.ps.is_hub else self._follow_wait(step)
         if received.stopped or received.fatal:
+            publisher = self.ep.publisher
             failed = publisher.failure(wait_s=5.0 if received.fatal else 0.0) if publisher is not None else None
             self.fatal = f"trainer rank {self.ps.rank}: {failed}" if failed is not None else received.fatal
             if self.fatal:

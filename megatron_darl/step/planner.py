@@ -24,9 +24,17 @@ cut from the groups as the buffer packed them on arrival (``BufferEntry.packed``
 concatenation per pass, one for the mini-batches (views of it), no re-pack of samples.
 
 Order note: scores only need pi_t (the pass) and mu_{v_i} (the engine row), so backfill runs
-after selection and only for the selected samples x V(S), not for every candidate. A group
-scored in an earlier step keeps that score (``BufferEntry.score``): scaled by its age, the bound
-that lets a step re-score only the old groups that could beat the quota.
+after selection and only for the selected samples x V(S), not for every candidate. By default
+(``replay.rescore=all``, the spec) every candidate is scored at t, in one pass. A group scored
+in an earlier step keeps that score (``BufferEntry.score``): scaled by its age it is the
+*prediction* the opt-in rules rank old groups by, re-scoring only those predicted to make the
+quota (``candidates.py``; not a bound: a group whose score fell can be missed).
+
+The wait before the step (``prefetch``, ``prefetch.py``): while the trainer waits for the step's
+groups, the rows the step will need are computed one short pass at a time (log pi_t of the
+groups received so far and of the candidates, then snapshot rows of the predicted selection), so
+the step's own pass and backfill compute only what the wait did not reach. Every row is computed
+once (``rows_duplicate`` counts any that is not) and the step reports where its rows came from.
 
 Samples whose tokens span versions (interruptible rollout): the engine row, each token's log-prob
 under the version that sampled it, is stored under the sample's behavior version
@@ -51,9 +59,7 @@ from megatron_darl.algorithms import (
 )
 from megatron_darl.step.candidates import audit_rule, extrapolate, rescore
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
-from megatron_darl.step.prefetch import (
-    CurrentRows, RowCounts, Work, entry_pieces, group_pieces, snapshot_pieces, store_rows, take,
-)
+from megatron_darl.step.prefetch import CurrentRows, RowCounts, Work, entry_pieces, next_work, store_rows, take
 from megatron_darl.step.sequences import (
     pack, packed_batch, response_lengths, sample_index, sequence_batch,
 )
@@ -150,7 +156,7 @@ class ShardPlanner:
         self.current = CurrentRows()  # log pi_t by sample at the trainer's version t
         self.counts = RowCounts()  # rows of the step so far, by where they came from
         self._pending = StepStats.empty(self.hist_bins)  # what the wait before the step did
-        self._predicted: tuple[tuple[int, int, int], list[BufferEntry]] | None = None
+        self.predicted: tuple[tuple[int, int, int], list[BufferEntry]] | None = None  # the wait's guess
 
     # ---- the step ---------------------------------------------------------------------------
     def step(self, groups: Sequence[SampleGroup], step: int, version: int, logprobs: LogProbFn,
@@ -191,7 +197,7 @@ class ShardPlanner:
         """Drop groups left of the window at ``version`` with their cache rows; end the step."""
         before = len(self.buffer)
         self._keep_current_rows()
-        self._predicted = None
+        self.predicted = None
         stats.rows_evicted = float(self.cache.evict(self.buffer.evict(version)))
         stats.groups_evicted = float(before - len(self.buffer))
         stats.buffer_groups, stats.cache_bytes = float(len(self.buffer)), float(self.cache.bytes())
@@ -225,7 +231,7 @@ class ShardPlanner:
                     stats.mixed_version_samples += 1
 
     @staticmethod
-    def _candidates(entries: list[BufferEntry], packed: PackedSamples | None = None) -> Candidates:
+    def candidates_of(entries: list[BufferEntry], packed: PackedSamples | None = None) -> Candidates:
         """``entries`` as candidates; their engine rows from ``packed`` (their concatenation, when
         a pass made it) or concatenated here."""
         samples = [s for e in entries for s in e.group.samples]
@@ -241,7 +247,7 @@ class ShardPlanner:
         are, the rest in one pass (none when every row is known)."""
         if not entries:
             return None
-        cand = self._candidates(entries)
+        cand = self.candidates_of(entries)
         missing = [s for s in cand.samples if not self.current.has(s)]
         self.counts.reused += sum(1 for s in cand.samples if s.num_tokens) - len(missing)
         if missing:
@@ -281,59 +287,13 @@ class ShardPlanner:
         if not self.needs_pass:
             return False
         self.current.at(version)
-        work = self._next_work(received, step, version, set(exact_versions), max_tokens)
+        work = next_work(self, received, step, version, set(exact_versions), max_tokens)
         if work is None:
             return False
         self._compute(work, logprobs, self._pending)
         self.counts.prefetched += len(work.samples)
         self._pending.prefetch_passes += 1
         return True
-
-    def _next_work(self, received: Sequence[SampleGroup], step: int, version: int, exact: set[int],
-                   max_tokens: int) -> Work | None:
-        """Most certain first: the received groups at t, the candidates the step will score at t,
-        then older versions (snapshots) of the groups predicted to be selected."""
-        lacks = lambda s: not self.current.has(s)  # noqa: E731
-        oldest = self.window.oldest(version)
-        fresh = [g for g in received if g.behavior_version >= oldest and g.group_id not in self.buffer]
-        work = take(group_pieces(fresh, lacks), max_tokens, version)
-        if work is None:
-            work = take(entry_pieces(self._likely_scored(step, version), lacks), max_tokens, version)
-        if work is not None or self.spec.weight_rule is not WeightRule.MIXTURE:
-            return work
-        older = sorted((v for v in self.window.versions(version) if v != version and v in exact), reverse=True)
-        return snapshot_pieces(self._predicted_selection(step, version), older, self.cache, max_tokens)
-
-    def _likely_scored(self, step: int, version: int) -> list[BufferEntry]:
-        """Buffered groups the step will pass at t: every candidate a ratio score scores
-        (``replay.rescore``), else those the variant will likely select."""
-        entries = self.buffer.candidates(self.shard)
-        if self.spec.score in RATIO_SCORES and not self.buffer.in_warmup(step):
-            if self.replay.rescore == "all" or self.replay.rescore_audit:
-                return entries
-            return [e for e in entries if e.score is None]
-        return self._predicted_selection(step, version)
-
-    def _predicted_selection(self, step: int, version: int) -> list[BufferEntry]:
-        """The selection the shard would make from what is known now (a ratio score: the
-        candidates with every row at t), best first; remembered until another row is known."""
-        key = (step, version, len(self.current))
-        if self._predicted is not None and self._predicted[0] == key:
-            return self._predicted[1]
-        entries = self.buffer.candidates(self.shard)
-        scores: dict[int, float] | None = None
-        if entries and not self.buffer.in_warmup(step):
-            if self.spec.score in RATIO_SCORES:
-                entries = [e for e in entries if all(self.current.has(s) for s in e.group.samples)]
-                cand = self._candidates(entries) if entries else None
-                if cand is not None:
-                    cand.logp_t = pack([self.current.get(s) for s in cand.samples])
-            else:
-                cand = self._candidates(entries)
-            scores = self._score(cand, step) if cand is not None else {}
-        chosen = self.buffer.rank(step, self.quota, scores, [self.shard]) if entries else []
-        self._predicted = (key, chosen)
-        return chosen
 
     def _keep_current_rows(self) -> None:
         """The step made a new version: its rows at the old one go into the cache for the
@@ -363,11 +323,11 @@ class ShardPlanner:
         if not entries or self.buffer.in_warmup(step):
             return {}
         if self.spec.score not in RATIO_SCORES:
-            return self._score(self._candidates(entries), step)
+            return self.score(self.candidates_of(entries), step)
 
         def score(ids: list[int]) -> dict[int, float]:
             chosen = [self.buffer.entry(gid) for gid in ids]
-            out = self._score(passes(chosen), step)
+            out = self.score(passes(chosen), step)
             for e in chosen:
                 e.score, e.scored_version = out[e.group_id], version
             return out
@@ -390,7 +350,7 @@ class ShardPlanner:
         return scores
 
     # ---- score and selection ----------------------------------------------------------------
-    def _score(self, cand: Candidates, step: int) -> dict[int, float]:
+    def score(self, cand: Candidates, step: int) -> dict[int, float]:
         """group_id -> score (lower is selected first) with the variant's score kind."""
         lb = cand.behavior  # (n,)
         lc = lb  # read only by the ratio scores, which need the pass

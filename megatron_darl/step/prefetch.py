@@ -25,12 +25,17 @@ nothing here runs: a trainer-bound loop (no wait) does exactly the work it did b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import torch
 
+from megatron_darl.algorithms import RATIO_SCORES, WeightRule
 from megatron_darl.replay import BufferEntry, LogProbCache, RowSource
 from megatron_darl.samples import PackedSamples, Sample, SampleGroup, pack_samples
+from megatron_darl.step.sequences import pack
+
+if TYPE_CHECKING:
+    from megatron_darl.step.planner import ShardPlanner
 
 
 class CurrentRows:
@@ -161,3 +166,55 @@ def store_rows(samples: Sequence[Sample], logp: torch.Tensor, version: int, curr
             duplicates += int(exact)
             cache.put(s.sample_id, version, row, RowSource.SNAPSHOT)
     return rows, duplicates
+
+
+def next_work(planner: "ShardPlanner", received: Sequence[SampleGroup], step: int, version: int,
+              exact: set[int], max_tokens: int) -> Work | None:
+    """The wait's next pass for ``planner``'s shard, most certain first: the received groups at
+    t, the candidates the step will score at t, then the older versions (snapshots) the predicted
+    selection lacks, newest first; None when nothing is left."""
+    current = planner.current
+    lacks = lambda s: not current.has(s)  # noqa: E731
+    oldest = planner.window.oldest(version)
+    fresh = [g for g in received if g.behavior_version >= oldest and g.group_id not in planner.buffer]
+    work = take(group_pieces(fresh, lacks), max_tokens, version)
+    if work is None:
+        work = take(entry_pieces(likely_scored(planner, step, version), lacks), max_tokens, version)
+    if work is not None or planner.spec.weight_rule is not WeightRule.MIXTURE:
+        return work
+    older = sorted((v for v in planner.window.versions(version) if v != version and v in exact), reverse=True)
+    return snapshot_pieces(predicted_selection(planner, step, version), older, planner.cache, max_tokens)
+
+
+def likely_scored(planner: "ShardPlanner", step: int, version: int) -> list[BufferEntry]:
+    """Buffered groups the step will pass at t: every candidate a ratio score scores
+    (``replay.rescore``), else those the variant will likely select."""
+    entries = planner.buffer.candidates(planner.shard)
+    if planner.spec.score in RATIO_SCORES and not planner.buffer.in_warmup(step):
+        if planner.replay.rescore == "all" or planner.replay.rescore_audit:
+            return entries
+        return [e for e in entries if e.score is None]
+    return predicted_selection(planner, step, version)
+
+
+def predicted_selection(planner: "ShardPlanner", step: int, version: int) -> list[BufferEntry]:
+    """The selection the shard would make from what is known now (a ratio score: the candidates
+    with every row at t), best first; remembered by the planner until another row is known."""
+    key = (step, version, len(planner.current))
+    if planner.predicted is not None and planner.predicted[0] == key:
+        return planner.predicted[1]
+    buffer, current = planner.buffer, planner.current
+    entries = buffer.candidates(planner.shard)
+    scores: dict[int, float] | None = None
+    if entries and not buffer.in_warmup(step):
+        if planner.spec.score in RATIO_SCORES:
+            entries = [e for e in entries if all(current.has(s) for s in e.group.samples)]
+            cand = planner.candidates_of(entries) if entries else None
+            if cand is not None:
+                cand.logp_t = pack([current.get(s) for s in cand.samples])
+        else:
+            cand = planner.candidates_of(entries)
+        scores = planner.score(cand, step) if cand is not None else {}
+    chosen = buffer.rank(step, planner.quota, scores, [planner.shard]) if entries else []
+    planner.predicted = (key, chosen)
+    return chosen

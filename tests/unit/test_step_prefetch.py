@@ -16,6 +16,7 @@ from test_step_planner import algo, fake_logprobs, make_group
 from megatron_darl.loop.metrics import step_metrics
 from megatron_darl.step.config import ReplayConfig
 from megatron_darl.step.planner import ShardPlanner
+from megatron_darl.step.prefetch import predicted_selection
 from megatron_darl.trainer.batch import TrainBatch
 
 STEPS, K = 7, 4
@@ -111,7 +112,7 @@ def test_the_wait_takes_received_groups_first_then_candidates_then_snapshots():
     assert {ids for ids, _ in trainer.rows[: len(first_ids)]} == first_ids  # received first
     assert versions[:2] == [3, 3]  # then every buffered candidate at t
     assert versions[2:] == [2, 1]  # then the predicted selection at the older versions, newest first
-    chosen = [s.sample_id for e in p._predicted_selection(3, 3) for s in e.group.samples]
+    chosen = [s.sample_id for e in predicted_selection(p, 3, 3) for s in e.group.samples]
     assert not p.cache.missing(chosen, [1, 2])
     assert not p.prefetch(received, 3, 3, trainer, exact_versions=(1, 2))  # nothing left
 
