@@ -83,7 +83,7 @@ from benchmarks.async_speedup import cluster_overrides, parse_splits  # noqa: E4
 from benchmarks.record import amend_result, print_table, run_config_facts, write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("generation_seconds", "receive_wait_seconds", "logprob_seconds", "plan_seconds",
+PARTS = ("generation_seconds", "receive_wait_seconds", "prefetch_seconds", "logprob_seconds", "plan_seconds",
          "backfill_seconds", "train_seconds", "publish_seconds", "weight_sync_seconds",
          "weight_sync_wait_seconds", "weight_sync_transfer_seconds", "worker_sync_seconds",
          "worker_idle_gate_seconds", "worker_idle_weights_seconds")
@@ -92,7 +92,7 @@ TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hid
 REALISTIC = {"groups": 32, "group_size": 8, "new_tokens": 1024}  # the scaling study's batch
 QUICK = {"groups": 8, "group_size": 8, "new_tokens": 512}  # --quick: the batch of the first records
 # measure the loop, not the checkpoint: one final checkpoint kept, none on the way
-MEASURE = ("loop.keep_checkpoints=1", "loop.checkpoint_interval=0")
+MEASURE = ("loop.keep_checkpoints=1", "loop.checkpoint_interval=0", "loop.save_at_end=false")
 TAIL_CHARS = 3000  # of a failed run's stdout and of its stderr, in the report
 
 
@@ -142,6 +142,11 @@ def build_policy(model: str, out: Path) -> Path:
     fields.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                   bos_token_id=tokenizer.bos_token_id)
     cfg = transformers.Qwen3Config(**fields)
+    weights = (out / "model.safetensors").exists() or (out / "model.safetensors.index.json").exists()
+    if weights and (out / "config.json").exists():
+        saved = json.loads((out / "config.json").read_text())
+        if all(saved.get(k) == v for k, v in fields.items()):
+            return out  # built by an earlier invocation in the same work dir (a device call: 20-30 s)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -254,8 +259,11 @@ def profile(rows: list[dict], skip: int = 1) -> dict:
     out["generation_per_worker"] = [statistics.fmean(float(r.get(k) or 0.0) for r in steady) for k in workers]
     out["weight_sync_rounds"] = statistics.fmean(float(r.get("weight_sync_rounds") or 0.0) for r in steady)
     for count in ("samples_selected", "candidate_groups", "groups_scored", "logprob_passes",
-                  "backfill_snapshot"):  # per step: what the trainer's work scales with
+                  "backfill_snapshot", "prefetch_passes", "logprob_rows_computed", "logprob_rows_prefetched",
+                  "logprob_rows_reused", "logprob_rows_duplicate"):  # per step: what the trainer's work scales with
         out[count] = statistics.fmean(float(r.get(count) or 0.0) for r in steady)
+    needed = out["logprob_rows_reused"] + out["logprob_rows_computed"]  # rows the steps needed
+    out["logprob_cache_hit_rate"] = out["logprob_rows_reused"] / needed if needed else 0.0
     out["seconds_per_trained_sample"] = step / max(out["samples_selected"], 1e-9)
     calls = [float(r["engine_batch_groups"]) for r in steady if r.get("engine_batch_groups")]
     out["engine_batch_groups"] = statistics.fmean(calls) if calls else 0.0  # steps where a call ended
