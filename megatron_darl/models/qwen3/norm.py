@@ -36,7 +36,7 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if _compiled_rms_norm is None:
         _compiled_rms_norm = torch.compile(rms_norm_reference, dynamic=True)
     rows = x.reshape(-1, x.shape[-1]).contiguous()  # (rows, hidden): see the module docstring
-    return _compiled_rms_norm(rows, weight, eps).view(x.shape)
+    return _compiled_rms_norm(rows, weight, eps).reshape(x.shape)
 
 
 class Qwen3RMSNorm(torch.nn.RMSNorm):
