@@ -2,9 +2,9 @@
 
 Why a model and not a rule of thumb: the async loop overlaps the trainer's step with the engines'
 generation, so a step takes about the longer of the two, and which one is longer depends on the
-model, the engine, the batch and the variant (Qwen3-1.7B, hf, 4 GPUs: 1:3 predicts 1.44 s a
-step, 2:2 1.96 s), and the balance point moves with every one of those. So we predict both sides
-per candidate split from measured rates and take the fastest.
+model, the engine, the batch and the variant (Qwen3-1.7B, hf, 8 x 8 samples of 512 tokens on 4
+H200: 2.37 s a step at 1:3, 2.77 s at 2:2); the balance point moves with every one of those. So
+we predict both sides per candidate split from measured rates and take the fastest.
 
 The model, per step (B groups x G samples, each P prompt + M new tokens; T trainer and R rollout
 GPUs, T + R = N):
@@ -16,11 +16,12 @@ GPUs, T + R = N):
 
 ``c + d / T`` is the trainer's seconds per train-step token at T GPUs (``d`` the part that the
 data-parallel ranks share, ``c`` what they don't: gradient all-reduce, optimizer; 1 / (c + d/T)
-is the ``trainer_tokens_per_s`` of the records), and ``work`` the trainer's busy time over its
-train step (the log-prob pass over the candidates, the plan, the backfill and the publish on top:
-``WORK_BY_VARIANT``). Generation is not 1/R: an engine's decode step reads all the weights
-whatever its batch (``a``, memory-bound) and adds a little per sequence (``b``); at small batches
-``a`` dominates (Qwen3-1.7B on vLLM: one engine 5.65 s for a 64-sample step, each of two engines
+is the ``trainer_tokens_per_s`` of the records; with records at one T only, c = 0: linear), and
+``work`` the trainer's busy time (a record's step less its receive wait) over its train step: the
+log-prob pass over the candidates, the plan, the backfill and the publish on top
+(``WORK_BY_VARIANT`` without a record of the variant). Generation is not 1/R: an engine's decode
+step reads all the weights whatever its batch (``a``, memory-bound) and adds a little per sequence
+(``b``); at small batches ``a`` dominates (Qwen3-1.7B on vLLM: one engine 5.65 s for a 64-sample step, each of two engines
 5.35-5.77 s for half of it), while ``hf``'s fixed-size generate calls make it nearly proportional.
 Both sides assume responses run to M (a trained policy stops earlier on both sides alike).
 
@@ -30,6 +31,14 @@ preferred; nearest batch shape; a fit over the records' layouts), else a FLOPs p
 in the log line). A candidate needs a valid trainer layout (T a multiple of TP x PP, B a multiple
 of the DP size); within ``TIE`` of the fastest, the one with more rollout GPUs wins (fresher
 samples, and generation is where the model is least sure: engines vary most with the batch).
+
+What the model misses, and why measured steps win: the trainer's idle time when the engines'
+fixed-size calls and the staleness gate deliver groups in bursts (a 2:2 step on H200 waited 0.6 s
+although each engine generated only 1.8 of the trainer's 2.2 busy seconds), and darl's extra
+scoring of the candidates that more engines deliver. So with rates from records, a candidate that a
+record measured at the run's exact shape and variant takes that record's ``step_seconds``, and the
+others their prediction times the mean measured / predicted ratio of those records (the
+calibration; it leaves the order among predicted candidates as it was).
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import json
 import math
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -47,10 +56,11 @@ from megatron_darl.loop.run_config import SplitRatesConfig
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 PROMPT_TOKENS = 64  # assumed mean prompt tokens when cluster.rates.prompt_tokens = 0
 TIE = 0.01  # predicted step times within 1% of the fastest count as tied
-# trainer busy seconds per train-step second, measured (loop_profile, Qwen3-1.7B, 1:1 on H200,
-# commit 95771ae): darl 1.50 (one log-prob pass over the scored groups + backfill), decoupled 1.17.
-# Others: one forward (a third of a train step by FLOPs) + the train step.
-WORK_BY_VARIANT = {"darl": 1.5, "decoupled": 1.17}
+# trainer busy seconds per train-step second, measured (loop_profile, Qwen3-1.7B, H200): darl 1.52
+# at 1:1 (commit 95771ae: one log-prob pass over the scored groups + backfill), 2.0 at 2:2 and 2.5
+# at 1:3 (2bdde42 + the candidate prefetch: more engines, more candidates scored); decoupled 1.17
+# at 1:1. Others: one forward (a third of a train step by FLOPs) + the train step.
+WORK_BY_VARIANT = {"darl": 2.0, "decoupled": 1.17}
 WORK_DEFAULT = 4.0 / 3.0
 ONE_SOURCE_FIXED_SHARE = 0.5  # engine records at one batch size only: half its time assumed fixed
 # prior: dense bf16 peak (TFLOP/s) and HBM bandwidth (TB/s) by GPU name (longest key first)
@@ -108,7 +118,8 @@ class Candidate:
     rollout_gpus: int
     trainer_s: float  # predicted trainer busy seconds per step
     generation_s: float  # predicted seconds per step of each engine
-    step_s: float  # predicted step seconds
+    step_s: float  # step seconds: measured, else predicted (x the calibration)
+    measured: str = ""  # the record whose step_seconds this is; "" = predicted
 
 
 @dataclass(frozen=True)
@@ -139,23 +150,37 @@ def predict(req: SplitRequest, rates: Rates, t: int, prompt_tokens: int) -> Cand
     return Candidate(t, r, trainer, generation, step)
 
 
-def choose_split(req: SplitRequest, rates: Rates, prompt_tokens: int = PROMPT_TOKENS) -> SplitChoice:
-    """The fastest predicted split of ``req.n_gpus``; ties (``TIE``) go to more rollout GPUs."""
+def choose_split(req: SplitRequest, rates: Rates, prompt_tokens: int = PROMPT_TOKENS,
+                 measured: Sequence[ProfileRecord] = (), scale: float = 1.0) -> SplitChoice:
+    """The fastest split of ``req.n_gpus``: a split in ``measured`` takes its record's step, the
+    others their prediction x ``scale``; ties (``TIE``) go to more rollout GPUs."""
     ts = valid_trainer_gpus(req.n_gpus, req.tp, req.pp, req.groups)
     if not ts:
         raise ValueError(f"cluster.split=auto: no split of {req.n_gpus} GPUs leaves >= 1 rollout GPU and a "
                          f"trainer layout with T a multiple of parallel.tp x parallel.pp = {req.tp * req.pp} "
                          f"and algorithm.groups_per_step={req.groups} a multiple of the DP size")
-    cands = tuple(predict(req, rates, t, prompt_tokens) for t in ts)
+    steps = {(r.trainer_gpus, r.rollout_gpus): r for r in measured}
+    cands = []
+    for t in ts:
+        c = predict(req, rates, t, prompt_tokens)
+        rec = steps.get((t, req.n_gpus - t))
+        cands.append(replace(c, step_s=rec.step_seconds, measured=rec.path) if rec
+                     else replace(c, step_s=c.step_s * scale))
+    cands = tuple(cands)
     fastest = min(c.step_s for c in cands)
     best = max((c for c in cands if c.step_s <= fastest * (1 + TIE)), key=lambda c: c.rollout_gpus)
-    return SplitChoice(best.trainer_gpus, best.rollout_gpus, cands, why_line(req, rates, best, cands, prompt_tokens))
+    why = why_line(req, rates, best, cands, prompt_tokens, scale)
+    return SplitChoice(best.trainer_gpus, best.rollout_gpus, cands, why)
 
 
-def why_line(req: SplitRequest, rates: Rates, best: Candidate, cands: Sequence[Candidate], prompt: int) -> str:
-    """One log line: the choice, every candidate's prediction, the rates and their sources."""
-    preds = ", ".join(f"{c.trainer_gpus}:{c.rollout_gpus} {c.step_s:.2f} s (train {c.trainer_s:.2f}, "
-                      f"gen {c.generation_s:.2f})" for c in cands)
+def why_line(req: SplitRequest, rates: Rates, best: Candidate, cands: Sequence[Candidate], prompt: int,
+             scale: float = 1.0) -> str:
+    """One log line: the choice, every candidate's step, the rates and their sources."""
+    preds = ", ".join(f"{c.trainer_gpus}:{c.rollout_gpus} {c.step_s:.2f} s "
+                      + (f"measured [{c.measured}]" if c.measured else
+                         f"(train {c.trainer_s:.2f}, gen {c.generation_s:.2f}"
+                         + (f", x{scale:.2f} calibrated)" if scale != 1.0 else ")"))
+                      for c in cands)
     tok = "/".join(_k(rates.trainer_tokens_per_s(c.trainer_gpus)) for c in cands)
     gpus = "/".join(str(c.trainer_gpus) for c in cands)
     return (f"cluster.split=auto on {req.n_gpus} GPUs -> {best.trainer_gpus}:{best.rollout_gpus} "
@@ -201,6 +226,7 @@ class ProfileRecord:
     trainer_tokens_per_s: float  # all trainer GPUs together, train step
     generation_seconds: float  # per engine per step
     work: float  # trainer busy / train seconds; 0 = unknown
+    step_seconds: float = 0.0  # measured step (0 = not recorded)
 
     @property
     def samples_per_engine(self) -> float:
@@ -235,13 +261,15 @@ def read_records(results_dir: Path, model: str, engine: str) -> list[ProfileReco
         tok_s, gen_s = float(m.get("trainer_tokens_per_s") or 0), float(m.get("generation_seconds") or 0)
         if tok_s <= 0 or gen_s <= 0:
             continue
-        train = float(m.get("train_seconds") or 0)
-        busy = sum(float(m.get(f"{k}_seconds") or 0) for k in ("train", "logprob", "plan", "backfill", "publish"))
+        train, step = float(m.get("train_seconds") or 0), float(m.get("step_seconds") or 0)
+        busy = (step - float(m["receive_wait_seconds"]) if step > 0 and "receive_wait_seconds" in m else
+                sum(float(m.get(f"{k}_seconds") or 0) for k in ("train", "logprob", "plan", "backfill", "publish")))
         out.append(ProfileRecord(
             path=path.name, device=str(rec.get("device", "")), date=str(rec.get("date", "")),
             variant=str(cfg.get("variant", "")), samples=int(cfg["groups"]) * int(cfg["group_size"]),
             new_tokens=int(cfg["new_tokens"]), trainer_gpus=t, rollout_gpus=r,
-            trainer_tokens_per_s=tok_s, generation_seconds=gen_s, work=busy / train if train > 0 else 0.0))
+            trainer_tokens_per_s=tok_s, generation_seconds=gen_s, work=busy / train if train > 0 else 0.0,
+            step_seconds=step))
     return out
 
 
@@ -362,15 +390,31 @@ def resolve_rates(req: SplitRequest, explicit: SplitRatesConfig, records: Sequen
     return Rates(c, d, work, a, b, t_src, w_src, e_src)
 
 
+def calibration(req: SplitRequest, rates: Rates, records: Sequence[ProfileRecord],
+                prompt_tokens: int) -> tuple[list[ProfileRecord], float]:
+    """Records that measured a step at ``req``'s exact shape and variant, and the mean of their
+    measured / predicted step (1.0 without any)."""
+    same = [r for r in records if r.step_seconds > 0 and r.variant == req.variant
+            and r.samples == req.samples and r.new_tokens == req.new_tokens]
+    if not same:
+        return [], 1.0
+    ratios = [r.step_seconds / predict(replace(req, n_gpus=r.trainer_gpus + r.rollout_gpus), rates,
+                                       r.trainer_gpus, prompt_tokens).step_s for r in same]
+    return same, sum(ratios) / len(ratios)
+
+
 def decide(req: SplitRequest, explicit: SplitRatesConfig, device: str | None = None,
            results_dir: Path | None = None) -> SplitChoice:
-    """Rates (config, records, prior) and the choice for ``req``."""
+    """Rates (config, records, prior) and the choice for ``req``; measured steps and the
+    calibration only when every rate came from the records (module docstring)."""
     directory = Path(explicit.results_dir) if explicit.results_dir else (results_dir or RESULTS_DIR)
-    needs_records = not (explicit.trainer_tokens_per_s > 0 and explicit.trainer_work > 0 and
-                         (explicit.engine_decode_s > 0 or explicit.engine_decode_s_per_sample > 0))
-    records = select_records(read_records(directory, req.model, req.engine), req, device) if needs_records else []
+    given = (explicit.trainer_tokens_per_s > 0, explicit.trainer_work > 0,
+             explicit.engine_decode_s > 0 or explicit.engine_decode_s_per_sample > 0)
+    records = select_records(read_records(directory, req.model, req.engine), req, device) if not all(given) else []
     rates = resolve_rates(req, explicit, records, device)
-    return choose_split(req, rates, explicit.prompt_tokens or PROMPT_TOKENS)
+    prompt = explicit.prompt_tokens or PROMPT_TOKENS
+    measured, scale = calibration(req, rates, records, prompt) if records and not any(given) else ([], 1.0)
+    return choose_split(req, rates, prompt, measured, scale)
 
 
 # ---------------------------------------------------------------- "T:R" and this machine

@@ -107,13 +107,15 @@ def test_gpu_name_reads_nvidia_smi_or_none():
 
 def record(tmp, name, *, model="qwen3_1.7b", engine="hf", device="NVIDIA H200", date="2026-01-02T00:00:00",
            t=1, r=1, layout=None, groups=8, tok_s=10000.0, gen_s=6.4, new_tokens=100, train=1.0, logprob=0.5,
-           variant="darl"):
+           variant="darl", step=None, wait=0.0):
     cfg = {"model": model, "engine": engine, "variant": variant, "groups": groups, "group_size": 8,
            "new_tokens": new_tokens, "layout": layout or f"t{t}r{r}"}
     if layout is None:
         cfg.update(trainer_gpus=t, rollout_gpus=r)
     metrics = {"trainer_tokens_per_s": tok_s, "generation_seconds": gen_s, "train_seconds": train,
-               "logprob_seconds": logprob, "step_seconds": 9.9}
+               "logprob_seconds": logprob}
+    if step is not None:  # busy = step - receive wait (else the sum of the trainer's parts)
+        metrics.update(step_seconds=step, receive_wait_seconds=wait)
     (tmp / f"loop_profile_{name}.json").write_text(json.dumps(
         {"benchmark": "loop_profile", "device": device, "date": date, "config": cfg, "metrics": metrics}))
 
@@ -167,6 +169,26 @@ def test_decide_from_records_and_explicit_rates_override_them(results):
     choice = sp.decide(req, fixed, device="NVIDIA H200")  # engine 1.2 s whatever R: the trainer decides
     assert [c.step_s for c in choice.candidates] == pytest.approx([1.6384, 1.2])
     assert (choice.trainer_gpus, choice.rollout_gpus) == (2, 2) and "engine 100 x (12 + 0 x" in choice.why
+
+
+def test_measured_steps_win_and_calibrate_the_predictions(tmp_path):
+    record(tmp_path, "a", t=1, r=1, tok_s=10000.0, gen_s=6.4, step=9.6, wait=8.1)
+    record(tmp_path, "b", t=2, r=2, tok_s=16000.0, gen_s=3.2, step=2.0, wait=0.0, date="2026-01-03T00:00:00")
+    record(tmp_path, "c", t=1, r=3, tok_s=10000.0, gen_s=1.0, step=0.5, new_tokens=200)  # other shape: not a step
+    req = request(groups=8)
+    assert [r.work for r in sp.read_records(tmp_path, "qwen3_1.7b", "hf")] == pytest.approx([1.5, 2.0, 0.5])
+    choice = sp.decide(req, SplitRatesConfig(prompt_tokens=28, results_dir=str(tmp_path)), device="NVIDIA H200")
+    # predicted (work 2 of b): 1:1 max(1.6384, 6.4) = 6.4 -> a measured 9.6: x1.5; 2:2 3.2 -> b 2.0: x0.625;
+    # mean 1.0625; 1:3 max(1.6384, 6.4 / 3) = 2.1333 x 1.0625 = 2.2667 against 2:2's measured 2.0
+    by_split = {f"{c.trainer_gpus}:{c.rollout_gpus}": c for c in choice.candidates}
+    assert by_split["1:3"].step_s == pytest.approx(6.4 / 3 * 1.0625) and by_split["1:3"].measured == ""
+    assert by_split["2:2"].step_s == 2.0 and by_split["2:2"].measured == "loop_profile_b.json"
+    assert (choice.trainer_gpus, choice.rollout_gpus) == (2, 2)
+    assert "2:2 2.00 s measured [loop_profile_b.json]" in choice.why and "x1.06 calibrated" in choice.why
+    # a rate given in the config: its model alone decides (no measured steps, no calibration)
+    given = sp.decide(req, SplitRatesConfig(prompt_tokens=28, trainer_work=2.0, results_dir=str(tmp_path)))
+    assert [c.measured for c in given.candidates] == ["", ""]
+    assert [c.step_s for c in given.candidates] == pytest.approx([6.4 / 3, 3.2]) and given.trainer_gpus == 1
 
 
 def test_one_engine_batch_size_assumes_half_fixed(tmp_path):
