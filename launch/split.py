@@ -21,8 +21,9 @@ is the ``trainer_tokens_per_s`` of the records; with records at one T only, c = 
 log-prob pass over the candidates, the plan, the backfill and the publish on top
 (``WORK_BY_VARIANT`` without a record of the variant). Generation is not 1/R: an engine's decode
 step reads all the weights whatever its batch (``a``, memory-bound) and adds a little per sequence
-(``b``); at small batches ``a`` dominates (Qwen3-1.7B on vLLM: one engine 5.65 s for a 64-sample step, each of two engines
-5.35-5.77 s for half of it), while ``hf``'s fixed-size generate calls make it nearly proportional.
+(``b``); at small batches ``a`` dominates (Qwen3-1.7B on vLLM: one engine 5.65 s for a
+64-sample step, each of two engines 5.35-5.77 s for half of it), while ``hf``'s fixed-size
+generate calls make it nearly proportional.
 Both sides assume responses run to M (a trained policy stops earlier on both sides alike).
 
 Rates come from, in order: explicit ``cluster.rates`` (0 = unknown), the newest matching
