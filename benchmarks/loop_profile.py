@@ -185,10 +185,11 @@ def launch_command(layout: str, variant: str, policy: Path | None, a: argparse.N
     if policy is None:
         return [sys.executable, "-m", "launch.train", *common, *a.overrides]
     groups = dp_groups(a.groups, layout, a.overrides)
+    per_worker = -(-groups // max(1, split_counts(layout)[1]))  # a batch engine takes its share, not all
     return [sys.executable, "-m", "launch.train", *cluster_overrides(layout, cpu=layout == "cpu"),
             *trainer_overrides(layout, a.new_tokens), f"model.path={policy}", f"model.name={a.model}",
             *common, f"algorithm.groups_per_step={groups}", f"algorithm.group_size={a.group_size}",
-            f"worker.groups_per_batch={groups}", f"sampling.max_new_tokens={a.new_tokens}",
+            f"worker.groups_per_batch={per_worker}", f"sampling.max_new_tokens={a.new_tokens}",
             "replay.drop_degenerate=false", *a.overrides]
 
 
@@ -221,6 +222,8 @@ def run_layout(layout: str, variant: str, policy: Path | None, a: argparse.Names
     except subprocess.TimeoutExpired as err:
         raise RunFailed(f"{layout} {variant}: no exit within --timeout {a.timeout:.0f} s:\n"
                         f"{_tail(err.stdout)}{_tail(err.stderr)}") from None
+    if run_dir.is_dir():  # the launcher's own output (trainer rank 0's log): kept with the run
+        (run_dir / "launch_train.log").write_text((proc.stdout or "") + (proc.stderr or ""))
     if proc.returncode != 0:
         raise RunFailed(f"{layout} {variant} failed (exit {proc.returncode}):\n"
                         f"{_tail(proc.stdout)}{_tail(proc.stderr)}")

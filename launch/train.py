@@ -204,13 +204,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cli.help:
         print(usage())
         return 0
+    # before the config: composing it can already say why (cluster.split=auto: launch.split)
+    setup_logging("launch.train", verbose="loop.verbose=true" in cli.overrides)
     cfg = _load(cli.overrides)
     if cli.print_config:
         from omegaconf import OmegaConf
 
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return 0
-    setup_logging("launch.train", verbose=cfg.loop.verbose)
     run_dir = Path(cfg.loop.run_dir)
     try:
         preflight(cfg)  # values, task, files, model shape: nothing in the run dir yet

@@ -22,6 +22,7 @@ T0=$(date +%s)
 BUDGET=${DARL_BUDGET_S:-570}
 # shellcheck source=tools/device_env.sh
 source tools/device_env.sh
+export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # why a kernel recompiled, in the trainer logs
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -31,6 +32,7 @@ keep() {
   local dest="$OUT/runs/$1" dir=$2
   mkdir -p "$dest"
   cp "$dir"/launch_timeline.json "$dir"/metrics.jsonl "$dest"/ 2>/dev/null
+  [ -f "$dir/launch_train.log" ] && tail -c 60000 "$dir/launch_train.log" > "$dest/launch_train.log"
   cp -r "$dir"/timeline "$dest"/ 2>/dev/null
   for f in "$dir"/logs/*.log; do [ -f "$f" ] && tail -c 30000 "$f" > "$dest/$(basename "$f")"; done
 }

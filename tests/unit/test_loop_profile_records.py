@@ -101,7 +101,9 @@ def test_batch_defaults_are_the_realistic_shape_and_quick_is_the_small_one():
     q = loop_profile.parse_args(["--quick", "--new-tokens", "64"])
     assert (q.groups, q.group_size, q.new_tokens) == (8, 8, 64)
     cmd = loop_profile.launch_command("t3r1", "darl", Path("/p"), a, Path("/run"))
-    assert "algorithm.groups_per_step=33" in cmd and "worker.groups_per_batch=33" in cmd
+    assert "algorithm.groups_per_step=33" in cmd and "worker.groups_per_batch=33" in cmd  # one worker
+    spread = loop_profile.launch_command("t1r3", "darl", Path("/p"), a, Path("/run"))
+    assert "worker.groups_per_batch=11" in spread  # three workers: a third of the step's groups each
     assert "loop.keep_checkpoints=1" in cmd and "sampling.max_new_tokens=1024" in cmd
     with pytest.raises(SystemExit):
         loop_profile.parse_args(["--groups", "0"])
