@@ -154,8 +154,17 @@ def _profile(tmp_path, name, variant, split, samples_per_s, step_seconds, engine
            "overrides": [], **config}
     cfg = {k: v for k, v in cfg.items() if v is not None}  # None: a field older records lack
     rec = {"benchmark": "loop_profile", "device": "NVIDIA H100", "date": date, "commit": commit, "config": cfg,
-           "metrics": {"samples_per_s": samples_per_s, "step_seconds": step_seconds, "train_seconds": 1.0}}
+           "metrics": {"samples_per_s": samples_per_s, "sustained_samples_per_s": samples_per_s,
+                       "step_seconds": step_seconds, "train_seconds": 1.0}}
     (tmp_path / f"loop_profile_{name}.json").write_text(json.dumps(rec))
+
+
+def test_the_scaling_rate_is_b_times_g_per_step_where_the_batch_is_known():
+    rec = {"config": {"groups": 32, "group_size": 8}, "metrics": {"samples_per_s": 19.8, "step_seconds": 16.0}}
+    assert scaling_records.rate(rec) == 16.0  # 256 a step, not the backlog a short run received
+    assert scaling_records.rate({"config": {}, "metrics": {"samples_per_s": 19.8, "step_seconds": 16.0}}) == 19.8
+    rec["metrics"]["sustained_samples_per_s"] = 17.0
+    assert scaling_records.rate(rec) == 17.0
 
 
 def test_scaling_report_gives_each_split_its_ratio_to_one_to_one_and_darl_over_decoupled(tmp_path):
