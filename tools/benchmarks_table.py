@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tools.scaling_records, when run as a script
 
 
 def load_records(results: Path) -> list[dict]:
@@ -72,6 +73,38 @@ def per_case(records: list[dict]) -> list[dict]:
     return out
 
 
+LAUNCH = ("launch_to_first_step_seconds", "launch_processes_started_seconds", "launch_trainer_ready_seconds",
+          "launch_trainer_compile_seconds", "launch_engine_start_seconds", "launch_first_weights_seconds",
+          "launch_first_groups_seconds", "launch_first_step_seconds", "dynamo_compiles_after_first_step")
+
+
+def loop_summary(rows: list[dict]) -> list[str]:
+    """``loop_profile``: samples/s by split (``tools/scaling_records.py``), then the launch
+    timeline of the records that carry one (seconds from the launch; first step: the step itself)."""
+    from tools import scaling_records
+
+    lines = ["Samples/s by trainer:rollout split (B x G per step over the step's seconds):", "",
+             scaling_records.table(scaling_records.rows(scaling_records.with_split(rows))), ""]
+    timed = [r for r in rows if "launch_to_first_step_seconds" in r["metrics"]]
+    if timed:
+        head = ["device", "engine", "variant", "layout", "batch", *(k.removeprefix("launch_").removesuffix("_seconds")
+                                                                  for k in LAUNCH), "date", "commit"]
+        lines += ["Launch to the first trained step, by phase (seconds since the launch; `first_step`: the "
+                  "step itself; `trainer_compile`: the warm-up before the first wait):", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in timed:
+            c, m = r["config"], r["metrics"]
+            batch = f"{c.get('groups')}x{c.get('group_size')}x{c.get('new_tokens')}"
+            cells = [r["device"], str(c.get("engine")), c.get("variant", ""), c.get("layout", ""), batch,
+                     *(_cell(m[k]) if k in m else "" for k in LAUNCH), r["date"][:16], str(r["commit"])[:8]]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "Every metric of each record:", ""]
+    return lines
+
+
+SUMMARIES = {"loop_profile": loop_summary}  # benchmark -> the readable table(s) above its full one
+
+
 def render(records: list[dict], docs: Path | None = None) -> str:
     """The markdown page; a picture ``docs/img/<benchmark>.png`` (drawn by a tool) goes under its heading."""
     lines = ["# Benchmarks", "",
@@ -87,6 +120,7 @@ def render(records: list[dict], docs: Path | None = None) -> str:
         lines += [f"## {name}", ""]
         if docs is not None and (docs / "img" / f"{name}.png").exists():
             lines += [f"![{name}](img/{name}.png)", ""]
+        lines += SUMMARIES.get(name, lambda rs: [])(rows)
         lines += ["| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
         for r in rows:

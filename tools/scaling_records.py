@@ -65,15 +65,16 @@ def _key(r: dict[str, Any]) -> tuple:
             c["trainer_gpus"], c["rollout_gpus"])
 
 
+def with_split(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records that name a trainer:rollout split (not: before GPU counts, CPU, or trainer and
+    rollout sharing one GPU)."""
+    return [r for r in records if r["config"].get("trainer_gpus") and r["config"].get("rollout_gpus")
+            and r["config"].get("layout") != "gpu1"]
+
+
 def load(results: Path) -> list[dict[str, Any]]:
     """Every loop_profile record of ``results`` that names a trainer:rollout split."""
-    out = []
-    for path in sorted(results.glob("loop_profile_*.json")):
-        r = json.loads(path.read_text())
-        c = r["config"]
-        if c.get("trainer_gpus") and c.get("rollout_gpus") and c.get("layout") != "gpu1":
-            out.append(r)  # not: before GPU counts, CPU, or trainer and rollout sharing one GPU
-    return out
+    return with_split([json.loads(p.read_text()) for p in sorted(results.glob("loop_profile_*.json"))])
 
 
 def _pick(records: list[dict[str, Any]], key: tuple, commit: Optional[str] = None) -> Optional[dict]:

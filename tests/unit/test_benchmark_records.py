@@ -69,6 +69,21 @@ def test_benchmarks_page_has_a_row_per_case_and_the_picture(tmp_path):
     assert "![" not in benchmarks_table.render([rec], tmp_path / "absent")
 
 
+def test_the_loop_profile_section_leads_with_splits_and_the_launch_timeline(tmp_path):
+    _profile(tmp_path, "a", "darl", (1, 1), 16.0, 16.0)
+    _profile(tmp_path, "b", "darl", (2, 2), 29.0, 8.8)
+    recs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("loop_profile_*.json"))]
+    recs[1]["metrics"].update(launch_to_first_step_seconds=94.4, launch_engine_start_seconds=58.9,
+                              dynamo_compiles_after_first_step=0.0)
+    page = benchmarks_table.render(recs)
+    summary = page.index("Samples/s by trainer:rollout split")
+    launch, full = page.index("Launch to the first trained step"), page.index("Every metric of each record")
+    assert summary < launch < full
+    timed = [line for line in page[launch:full].splitlines() if line.startswith("| NVIDIA")]
+    assert len(timed) == 1 and "| 94.4 |" in timed[0] and "| 58.9 |" in timed[0]
+    assert "| 1.81x |" in page[summary:launch]  # 29 / 16
+
+
 def test_plot_draws_mean_band_over_seeds(tmp_path):
     grid, mean, std = plot_async_speedup.mean_band(
         [([0.0, 1.0, 2.0], [0.0, 1.0, 2.0]), ([0.0, 1.0], [2.0, 3.0])], points=3)
