@@ -232,14 +232,15 @@ class PolicyTrainer:
             dist.broadcast(out, src=self._last_stage_rank(), group=self.ps.pp_group)
         return out.cpu()
 
-    def warm_up(self, lengths: list[int]) -> float:
+    def warm_up(self, lengths: list[int], force: bool = False) -> float:
         """Compile what the first step would: a log-prob pass and a forward/backward over a
         synthetic batch of sequences of ``lengths`` tokens (each scoring its second half), then
         the gradients are zeroed; no optimizer step, so weights, optimizer state, schedule and
-        version are untouched. On GPU with ``compile_warmup`` only (elsewhere nothing compiles);
-        every rank of the trainer calls it (the passes are collectives). Returns the seconds spent.
+        version are untouched. On GPU with ``compile_warmup`` only (elsewhere nothing compiles;
+        ``force``: run it anyway, as the tests do on CPU); every rank of the trainer calls it (the
+        passes are collectives). Returns the seconds spent.
         """
-        if self.ps.device.type != "cuda" or not self.cfg.compile_warmup:
+        if not force and (self.ps.device.type != "cuda" or not self.cfg.compile_warmup):
             return 0.0
         start = time.perf_counter()
         cap = self.cfg.micro_batch.max_seq_len
@@ -259,7 +260,8 @@ class PolicyTrainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        torch.cuda.synchronize()
+        if self.ps.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     def logprob_flops(self, batch: TrainBatch) -> float:
