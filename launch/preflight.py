@@ -12,6 +12,8 @@ by ``launch.validate.check_inputs`` once the policy is resolved.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,15 @@ def check_paths(cfg) -> None:
         raise ValueError(f"trainer.init_checkpoint={init}: no such directory")
 
 
+def check_engine(cfg) -> None:
+    """The rollout engine can be imported where the launch runs (the children share its Python):
+    a missing vLLM is one line here, not a traceback per worker after the trainer started."""
+    if cfg.engine.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"engine.backend=vllm: vLLM is not installed for {sys.executable}; install it with "
+                         "pip install -e .[vllm] (vllm>=0.20,<0.27, GPU machines), or run the hf engine: "
+                         "rollout@_global_=hf (Slurm: ENGINE=hf)")
+
+
 def check_task(cfg) -> None:
     """``data.task`` names a reward the registry has (imported here, not in every child's config load)."""
     from megatron_darl.rewards.registry import Task
@@ -94,6 +105,7 @@ def preflight(cfg) -> None:
     from launch.validate import check_values
 
     check_values(cfg)
+    check_engine(cfg)
     check_task(cfg)
     check_paths(cfg)
     check_model(cfg)

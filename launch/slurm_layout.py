@@ -71,7 +71,7 @@ class Knobs:
     algorithm: str = "darl"  # ALGORITHM: configs/algorithm preset
     data: str = ""  # DATA: configs/data preset ("" = gsm8k for Qwen3, builtin for tiny)
     data_path: str = ""  # DATA_PATH: dataset file replacing the preset's path
-    engine: str = ""  # ENGINE: rollout preset hf|vllm ("" = the config's default, hf)
+    engine: str = ""  # ENGINE: rollout preset vllm|hf ("" = vllm on GPU nodes, hf on a CPU run)
     trainer: str = ""  # TRAINER: configs/trainer preset ("" = default on GPU, cpu_tiny on CPU)
     train_nodes: Optional[int] = None  # TRAIN_NODES: nodes of the trainer step
     rollout_nodes: Optional[int] = None  # ROLLOUT_NODES: nodes of rollout engines; 0 = share
@@ -113,6 +113,8 @@ class Knobs:
             knobs.data = "gsm8k"
         if not knobs.trainer and knobs.gpus_per_node > 0:
             knobs.trainer = "default"
+        if not knobs.engine:  # vLLM is the production engine; a CPU run has only hf
+            knobs.engine = "vllm" if knobs.gpus_per_node > 0 else "hf"
         knobs.validate()
         return knobs
 

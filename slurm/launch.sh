@@ -12,7 +12,8 @@
 #   ALGORITHM      configs/algorithm preset (the darl, async and decoupled scripts: their *_paper preset);
 #                  others: darl sync async decoupled darl_nofilter darl_nomis async_is_paper
 #   DATA, DATA_PATH  configs/data preset (default gsm8k; builtin for MODEL=tiny) and its file
-#   ENGINE         rollout preset hf | vllm (default: the config's, hf)
+#   ENGINE         rollout preset vllm | hf (default: vllm on GPU nodes, hf on a CPU run; a missing
+#                  vLLM stops the job before any step: pip install -e .[vllm], or ENGINE=hf)
 #   TRAINER        configs/trainer preset (default: "default" on GPU, cpu_tiny on CPU)
 #   OUTPUT_DIR     run dir: metrics, checkpoints, logs (default runs/<job name>_<job id>);
 #                  resubmitting with the same OUTPUT_DIR resumes from its latest checkpoint

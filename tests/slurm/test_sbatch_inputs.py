@@ -6,6 +6,7 @@ or torch import); the layout tests call ``launch.slurm_layout`` directly.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 
 import pytest
@@ -23,6 +24,10 @@ SCRIPT = "slurm/qwen3_4b_darl.sbatch"
     ({"MODEL": "tiny", "TRAIN_NODES": "3"},
      "TRAIN_NODES=3 + ROLLOUT_NODES=1 must equal the allocation's 2 node(s)"),
     ({"MODEL": "tiny", "TP": "two"}, "TP='two' is not an integer"),
+    pytest.param({"MODEL": "tiny", "ENGINE": "vllm"},
+                 "engine.backend=vllm: vLLM is not installed for", id="vllm-missing",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
+                                          reason="vLLM is installed here")),
 ])
 def test_bad_knob_fails_the_job_with_one_line(slurm_cluster, tmp_path, knobs, message):
     env = job_env(slurm_cluster, OUTPUT_DIR=str(tmp_path / "run"), **knobs)
@@ -79,6 +84,12 @@ def test_layout_errors_name_the_knob():
         plan_layout(_knobs(), ["a"], cpus_on_node=1)
     with pytest.raises(ValueError, match=r"ENGINE='sglang': use hf or vllm"):
         _knobs(ENGINE="sglang")
+
+
+def test_vllm_is_the_engine_on_gpu_nodes_and_hf_stays_a_choice():
+    assert _knobs(GPUS_PER_NODE="8").engine == "vllm"
+    assert _knobs(GPUS_PER_NODE="8", ENGINE="hf").engine == "hf"
+    assert _knobs().engine == "hf"  # a CPU run: vLLM needs GPUs
 
 
 def test_a_second_job_on_a_busy_output_dir_is_refused_naming_the_job(slurm_cluster, warm_policy, tmp_path):

@@ -1,6 +1,7 @@
 """Hydra composition into the typed RunConfig: presets, the variant table, validation, round trip."""
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,14 @@ def test_density_temperature():
     assert density_temperature(1.0, 1.0, 0) == 1.0  # top_k 0 is "off" too
     with pytest.raises(ValueError, match="sampling.temperature"):
         density_temperature(-1.0, 1.0, -1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_a_missing_vllm_is_refused_before_launch_in_one_line():
+    from launch.preflight import check_engine
+
+    with pytest.raises(ValueError) as err:
+        check_engine(load_run_config(["rollout@_global_=vllm"]))
+    line = str(err.value)
+    assert "\n" not in line and "pip install -e .[vllm]" in line and "rollout@_global_=hf" in line
+    check_engine(load_run_config(["rollout@_global_=hf"]))  # hf needs nothing more
