@@ -23,10 +23,12 @@ at a step boundary by one of two rules (``loop.checkpoint_interval``):
   next checkpoint's bytes (``disk.checkpoint_bytes``: it grows while the window's parameter
   snapshots fill) at the slowest seconds per byte of the last four saves (a save slower than all
   of them is what can push the share over the target). Before the first save its speed is
-  unknown and taken as ``PRIOR_BYTES_PER_S`` (1 GB/s a rank, a local disk): a tiny model's first
-  save still follows the first step, but a 1.7B D-ARL checkpoint (~32 GB with its snapshots) is
-  not written before the second step any more, where it cost the first minutes of every launch
-  (and of every benchmark); it comes about 35 minutes in, then at the measured pace.
+  unknown and taken as ``PRIOR_BYTES_PER_S`` (1 GB/s a rank, a local disk): a save expected to
+  take at most ``FIRST_SAVE_S`` follows the first step (learning the speed costs nothing, and a
+  crash soon after loses one step), a longer one waits for the time rule at the prior speed. So a
+  1.7B D-ARL checkpoint (~32 GB with its snapshots) is no longer written before the second step,
+  where it cost the first minutes of every launch (and of every benchmark); it comes about 35
+  minutes in, then at the measured pace.
 * ``N > 0``: every N steps; ``0``: only at the end and on a signal.
 
 Every rank must save together (the save is collective), so only rank 0's clock decides and the
@@ -56,6 +58,7 @@ from megatron_darl.trainer.policy_trainer import PolicyTrainer
 
 log = logging.getLogger(__name__)
 PRIOR_BYTES_PER_S = 1e9  # a rank's save speed assumed before its first save measured one
+FIRST_SAVE_S = 2.0  # a first save expected to take at most this long follows the first step
 
 
 @dataclass
@@ -78,8 +81,11 @@ class CheckpointSchedule:
             return self.interval > 0 and step % self.interval == 0
         if self.overhead <= 0:
             return False
+        expected = self.expected_seconds(next_bytes)
+        if not self.recent and expected <= FIRST_SAVE_S:
+            return True
         now = time.monotonic() if now is None else now
-        return now - self.last_end >= self.expected_seconds(next_bytes) / self.overhead
+        return now - self.last_end >= expected / self.overhead
 
     def expected_seconds(self, nbytes: int) -> float:
         """A save of ``nbytes`` at the slowest speed of the last saves (the prior before any)."""

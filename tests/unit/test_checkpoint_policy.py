@@ -14,14 +14,14 @@ from megatron_darl.trainer.checksums import (
 )
 
 
-def test_by_time_the_first_save_at_a_prior_speed_then_50x_its_duration():
+def test_by_time_a_small_first_save_follows_the_first_step_a_big_one_a_prior_speed():
     big = CheckpointSchedule(interval=None, overhead=0.02, last_end=100.0)
     assert not big.due(1, 0, 40, 32 * 10**9, now=101.0)  # 32 GB at 1 GB/s: 32 s / 0.02 = 1600 s
     assert not big.due(1, 0, 40, 32 * 10**9, now=100.0 + 1599.0)
     assert big.due(1, 0, 40, 32 * 10**9, now=100.0 + 1600.0)
     s = CheckpointSchedule(interval=None, overhead=0.02, last_end=100.0)
     assert not s.due(0, 0, 40, now=100.0)  # nothing trained yet
-    assert s.due(1, 0, 40, 10**6, now=100.5)  # 1 MB: due after the first step
+    assert s.due(1, 0, 40, 2 * 10**9, now=100.0)  # 2 GB (2 s at the prior): after the first step
     s.saved(0.4, nbytes=1000, now=101.0)
     assert not s.due(2, 0, 40, 1000, now=101.0 + 19.9)  # 0.4 s / 0.02 = 20 s
     assert s.due(2, 0, 40, 1000, now=101.0 + 20.0)
