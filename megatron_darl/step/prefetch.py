@@ -1,8 +1,8 @@
 """Log-prob rows a step will need, computed while the trainer waits for the step's groups.
 
-An async trainer waits for groups every step (``receive_wait_seconds``: 1.0 s of a 7.0 s step at
-Qwen3-1.7B, 2:2 GPUs, 32 x 8 x 1024), and then does the step's forward passes on the critical
-path: log pi_t of every scored candidate, then the backfill rows of older versions for the
+An async trainer that outpaces its engines waits for groups every step (Qwen3-1.7B, 2:2 H200s,
+vLLM, 32 x 8 x 1024: decoupled waited 1.3 s of a 6.4 s step), and then does the step's forward
+passes on the critical path: log pi_t of every scored candidate, then the backfill rows of older versions for the
 selected samples. Most of those rows do not depend on the groups still to come: the buffered
 candidates are known, and so are the groups already received in this wait. So while it waits,
 the hub computes them, one bounded pass at a time, most certain first:
@@ -19,7 +19,9 @@ Rows land where the step reads them: ``CurrentRows`` (log pi_t by sample, whatev
 own version) and the log-prob cache (older versions), so no row is ever computed twice and the
 step's own pass covers only what the wait did not reach. A pass is at most ``max_tokens`` tokens,
 so a step whose groups arrive mid-pass waits at most one short pass. Once the groups are in,
-nothing here runs: a trainer-bound loop (no wait) does exactly the work it did before.
+nothing here runs: a trainer-bound loop (no wait) does exactly the work it did before. Measured
+on that decoupled run: 0.39 s of passes a step moved into the wait; darl with exact selection is
+trainer-bound there (no wait to use).
 """
 
 from __future__ import annotations
