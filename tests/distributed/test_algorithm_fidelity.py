@@ -32,15 +32,10 @@ EPS = 0.2
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    import transformers
-
     from megatron_darl.trainer.parallel import run_local_gloo
 
     work = tmp_path_factory.mktemp("fidelity")
-    cfg = {k: v for k, v in trainer_procs.tiny_hf_config_dict().items() if k != "model_type"}
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg, initializer_range=0.2))
-    model.save_pretrained(work / "hf")
+    trainer_procs.save_tiny_hf(work / "hf")
     run_local_gloo(fidelity_procs.fidelity_worker, 1, args=(str(work / "hf"), str(work / "out.pt")),
                    timeout_s=600)
     return work, torch.load(work / "out.pt", weights_only=False)

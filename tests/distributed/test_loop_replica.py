@@ -24,14 +24,10 @@ PARAM_TOL = 5e-5  # fp32 CPU, TP2/PP2 vs TP1 after four Adam steps
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    import transformers
-
     from megatron_darl.trainer.parallel import run_local_gloo
 
     work = tmp_path_factory.mktemp("replica")
-    cfg = {k: v for k, v in trainer_procs.tiny_hf_config_dict().items() if k != "model_type"}
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg, initializer_range=0.2)).save_pretrained(work / "hf")
+    trainer_procs.save_tiny_hf(work / "hf")
     out = {}
     for name, (tp, pp) in {"tp1": (1, 1), "tp2": (2, 1), "tp2pp2": (2, 2)}.items():
         path = work / f"{name}.pt"

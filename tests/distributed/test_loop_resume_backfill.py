@@ -30,15 +30,10 @@ pytestmark = pytest.mark.slow  # ~50 s: three 2-rank runs of 3 to 7 steps
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    import transformers
-
     from megatron_darl.trainer.parallel import run_local_gloo
 
     work = tmp_path_factory.mktemp("resume_backfill")
-    cfg = {k: v for k, v in trainer_procs.tiny_hf_config_dict().items() if k != "model_type"}
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg, initializer_range=0.2))
-    model.save_pretrained(work / "hf")
+    trainer_procs.save_tiny_hf(work / "hf")
     out = {}
     for mode in ("straight", "resume", "nosnap"):
         args = (mode, str(work / "hf"), str(work / "ckpt"), str(work / "groups.pt"),

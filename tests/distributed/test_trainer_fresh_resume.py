@@ -35,13 +35,9 @@ def _run(rank: int, world: int, mode: str, hf_dir: str, ckpt: str, out: str) -> 
 
 
 def test_resume_into_fresh_processes_is_bitwise(tmp_path):
-    import transformers
-
     from megatron_darl.trainer.parallel import run_local_gloo
 
-    cfg = {k: v for k, v in trainer_procs.tiny_hf_config_dict().items() if k != "model_type"}
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg)).save_pretrained(tmp_path / "hf")
+    trainer_procs.save_tiny_hf(tmp_path / "hf", initializer_range=None)
     args = (str(tmp_path / "hf"), str(tmp_path / "ckpt"))
     run_local_gloo(_run, 2, args=("straight", *args, str(tmp_path / "a.pt")), timeout_s=400)
     run_local_gloo(_run, 2, args=("resume", *args, str(tmp_path / "b.pt")), timeout_s=400)

@@ -45,14 +45,10 @@ def warm_worker(rank: int, world_size: int, hf_dir: str, out_path: str, warm: bo
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    import transformers
-
     from megatron_darl.trainer.parallel import run_local_gloo
 
     work = tmp_path_factory.mktemp("warmup")
-    cfg = {k: v for k, v in trainer_procs.tiny_hf_config_dict().items() if k != "model_type"}
-    torch.manual_seed(0)
-    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg, initializer_range=0.2)).save_pretrained(work / "hf")
+    trainer_procs.save_tiny_hf(work / "hf")
     out = {}
     for warm in (False, True):
         path = work / f"warm{int(warm)}.pt"

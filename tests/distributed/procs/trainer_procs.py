@@ -38,6 +38,20 @@ class ToyInputs:
     adv: torch.Tensor  # (n,) the sequence's advantage, per token
 
 
+def save_tiny_hf(path, initializer_range: float | None = 0.2):
+    """The tiny Qwen3 (``tiny_hf_config_dict``, seed 0) saved as an HF checkpoint at ``path``;
+    returns the transformers model. ``initializer_range`` None: transformers' default init."""
+    import transformers
+
+    cfg = {k: v for k, v in tiny_hf_config_dict().items() if k != "model_type"}
+    if initializer_range is not None:
+        cfg["initializer_range"] = initializer_range
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg))
+    model.save_pretrained(path)
+    return model
+
+
 def make_batch(indices: list[int] | None = None):
     """The fixed test batch (or the sequences ``indices`` of it), with typed loss inputs."""
     from megatron_darl.trainer.batch import TrainBatch
