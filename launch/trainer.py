@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
     from megatron_darl.trainer.disk import CheckpointFailed
     from megatron_darl.trainer.parallel import destroy_parallel
+    from megatron_darl.trainer.weight_check import WeightsNotFinite
 
     env = dist_env(os.environ)
     cfg = start_child(f"trainer{env.rank}", args.config, overrides)
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("launch.trainer").error("run aborted: %s", exc)
         write_exit_reason(reason, str(exc))
         return 1
-    except (CheckpointFailed, CheckpointDamaged) as exc:  # a full disk at the end, a damaged resume: no traceback
+    except (CheckpointFailed, CheckpointDamaged, WeightsNotFinite) as exc:  # a full disk, a damaged resume: one line
         logging.getLogger("launch.trainer").error("%s", exc)
         write_exit_reason(reason, str(exc))
         return 1

@@ -23,8 +23,8 @@ agrees on it at the next step boundary, the run checkpoints the same way and ``r
 Failures that leave no chance to checkpoint are covered by checkpoints between steps
 (``checkpoint_policy.RunCheckpoints``: by default once the time since the last one reaches about
 67 times a save's duration, ``loop.checkpoint_overhead``): a killed or frozen trainer rank (every rank is
-watched, ``endpoints``), or a loss or gradient norm gone NaN/Inf, whose weights are neither
-published nor checkpointed. Either way the line names the newest checkpoint to resume from.
+watched, ``endpoints``), or a loss, gradient norm or weight norm gone NaN/Inf, whose weights
+are neither published nor checkpointed (``trainer.weight_check``; a save refuses them too). Either way the line names the newest checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -255,11 +255,14 @@ class TrainerLoop:
         return True
 
     def _diverged(self, step: int, result: StepResult) -> bool:
-        """A loss or gradient norm that is NaN/Inf stops the run before the weights it produced
-        are published or checkpointed (the same numbers on every rank: all ranks stop here)."""
+        """A loss, gradient norm or weight norm that is NaN/Inf stops the run before the weights it
+        produced are published or checkpointed (the same numbers on every rank: all ranks stop
+        here). The weights themselves are checked too: an update with a finite loss and gradient
+        can still write NaN into them (Adam with ``eps=0`` on a zero gradient)."""
         clipped = self.cfg.trainer.optimizer.clip_grad > 0  # else Megatron computes no norm (NaN stands in)
         bad = [f"{name} {value}" for name, value, on in (("loss", result.loss, True),
-                                                          ("gradient norm", result.grad_norm, clipped))
+                                                          ("gradient norm", result.grad_norm, clipped),
+                                                          ("weight norm", result.weight_norm, True))
                if on and not math.isfinite(value)]
         if not bad:
             return False
@@ -322,7 +325,7 @@ class TrainerLoop:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
         trainer = {
-            "loss": result.loss, "grad_norm": result.grad_norm, "lr": result.lr,
+            "loss": result.loss, "grad_norm": result.grad_norm, "weight_norm": result.weight_norm, "lr": result.lr,
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
             "rollout_tokens_per_s": reduced.response_tokens_received / gen_s,
             "step_seconds": wall_s, **self._sync_metrics(), **laps,

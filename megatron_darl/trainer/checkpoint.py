@@ -25,7 +25,9 @@ code on resume. ``megatron_darl.json``
 step/version/layout under ``extra["trainer"]``) is written once all ranks are done, then
 ``checksums.json`` (the size and SHA-256 of every file, ``checksums.py``), which a load verifies
 before it parses anything; the loaded weights are checked for NaN/Inf too. Either failure is one
-``CheckpointDamaged`` line naming the file (or weight) and the checkpoint. Everything is written
+``CheckpointDamaged`` line naming the file (or weight) and the checkpoint. Weights that are not
+finite are never saved: the save refuses them first (``weight_check.WeightsNotFinite``, on every
+rank, nothing written), so a resume point is never a poisoned one. Everything is written
 under ``<dir>.tmp`` and renamed to ``<dir>`` only when all ranks are done. A checkpoint the disk
 cannot hold is refused before the write, and a write (or its sealing) that fails is reported
 with the disk's state and its ``.tmp`` removed (``disk.py``: both raise ``disk.CheckpointFailed``
@@ -57,6 +59,7 @@ from megatron_darl.trainer import checksums, disk
 from megatron_darl.trainer.checkpoint_io import (
     check_shards, chunked_model_state_dict, damaged, save_sharded,
 )
+from megatron_darl.trainer.weight_check import require_finite
 
 OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
 
@@ -141,6 +144,7 @@ def save_checkpoint(
     if final.exists():
         raise ValueError(f"checkpoint directory {final} already exists")
     check_plain(extra_state, "extra_state")
+    require_finite(trainer, f"checkpoint {final}")  # collective: every rank refuses a NaN version together
     snapshots = len([v for v in trainer.snapshots.versions if v != trainer.version]) if with_snapshots else 0
     need = disk.check_room(trainer, final, snapshots)  # every rank refuses together, before any write
     if ps.rank == 0:

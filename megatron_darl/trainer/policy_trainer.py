@@ -7,7 +7,8 @@ contract and nothing else:
 * ``compute_logprobs(batch)`` forward-only log-probs of the scored tokens, of the sampler's
   distribution ``softmax(logits / temperature)`` (``temperature`` given at construction);
 * ``train_steps(minibatches, loss_fn)`` one optimizer step per mini-batch (PPO mini-batches),
-  then one new weight version; ``train_step(batch, loss_fn)`` is the one-mini-batch case;
+  then one new weight version, whose norm the result carries (``weight_check``: the loop
+  publishes and saves no version whose weights are not finite); ``train_step(batch, loss_fn)`` is the one-mini-batch case;
   ``loss_fn(logp, batch_slice)`` returns the
   *sum* of per-token losses of a micro-batch and a dict of float stats. The trainer divides by
   the number of scored tokens of the whole step (all micro-batches, all DP ranks), so the update
@@ -45,6 +46,7 @@ from megatron_darl.trainer.flops import forward_flops, mfu, train_flops
 from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, wrap_ddp
 from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
+from megatron_darl.trainer.weight_check import weight_norm
 
 # (logp (n,) fp32 differentiable, batch_slice) -> (loss_sum scalar tensor, {stat: float})
 LossFn = Callable[[torch.Tensor, TrainBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -64,6 +66,7 @@ class StepResult:
     mfu: float  # model FLOPs utilisation, full-attention convention (see flops.py)
     stats: dict[str, float] = field(default_factory=dict)  # loss_fn stats, token-weighted mean
     optimizer_steps: int = 1  # optimizer steps (mini-batches x epochs) behind this version
+    weight_norm: float = 0.0  # L2 norm of the new weights (``weight_check``): NaN/Inf = never publish
 
 
 def compiled_frames() -> int:
@@ -295,12 +298,13 @@ class PolicyTrainer:
             grad_norm, lr = self._optimizer_step(batch, loss_fn, records)
             grad_norms.append(grad_norm)
         self.version += 1
-        if self.ps.device.type == "cuda":
-            torch.cuda.synchronize()
+        weights = weight_norm(self.model_chunks, self.ps)  # one fused norm; its host sync ends the step
         seconds = time.perf_counter() - start
         norms = [g for g in grad_norms if g is not None]
         grad_norm = sum(float(g) for g in norms) / len(norms) if norms else None
-        return self._step_result(minibatches, records, grad_norm, lr, seconds)
+        result = self._step_result(minibatches, records, grad_norm, lr, seconds)
+        result.weight_norm = weights
+        return result
 
     def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFn, records: list) -> tuple[Any, float]:
         """Forward/backward over one mini-batch and one optimizer step; (grad_norm, lr)."""

@@ -175,3 +175,22 @@ def test_a_nan_loss_stops_the_run_before_the_weights_spread(tmp_path, fault_reco
     fault_record["observed"] = ("step 2's loss and gradient norm were NaN: the run stopped with that line, "
                                 "version 3 was not published, step_000001 (periodic) stays the newest checkpoint")
     fault_record["lost"] = "step 1 (after the checkpoint) and the diverged step"
+
+
+@pytest.mark.fault(kind="numerics", name="an update with a finite loss writes NaN weights (Adam eps=0)")
+def test_nan_weights_from_a_finite_loss_are_neither_published_nor_saved(tmp_path, fault_record):
+    """The weight norm after the update is NaN: the run stops at that step naming it; no worker loads the version, no checkpoint holds it, and resume is not offered a poisoned one."""
+    run = tmp_path / "run"
+    code, out = _run(run, "loop.steps=8", "trainer.optimizer.adam_eps=0")
+    verdict = _verdict(out)
+    assert code == 1, out[-3000:]
+    # Adam's 0/0 on the weights whose gradient is zero: the loss and the gradient norm are finite
+    assert "trainer step 0: weight norm nan: the weights of version 1" in verdict, verdict
+    assert "neither published nor checkpointed" in verdict, verdict
+    assert f"no checkpoint was written in {run / 'checkpoints'}" in verdict, verdict
+    assert not _checkpoints(run) and "Traceback" not in out, (_checkpoints(run), out[-3000:])
+    assert "last weights version loaded 0" in (run / "logs" / "rollout0.log").read_text()  # never version 1
+    fault_record["observed"] = ("trainer.optimizer.adam_eps=0: step 0's loss and gradient norm were finite, "
+                                "its weight norm NaN; the run stopped with that line, version 1 was never "
+                                "published and no checkpoint was written of it")
+    fault_record["lost"] = "the diverged step (nothing before it: no checkpoint is poisoned)"
