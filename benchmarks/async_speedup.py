@@ -11,7 +11,7 @@ started from the same warm-started policy. Per variant and seed it reads the run
   reached. (Records before commit 51e6882's successor counted these seconds from trainer start.)
 
 Each run's summary (and the record's config, where every run agrees) names the ``engine`` and its
-``update_mode`` as the run resolved them in its own ``run_config.yaml`` (``rollout@_global_=vllm``
+``update_mode`` as the run resolved them in its own ``run_config.yaml`` (``rollout=vllm``
 included), and the batch is explicit: ``--groups`` x ``--group-size`` samples of up to
 ``--new-tokens`` (default 16 x 8 and the task preset's 48 new tokens: the learning study's shape,
 kept so that its records compare; ``--new-tokens`` past ~1000 needs

@@ -14,7 +14,7 @@ random policy earns no reward, so every group would be degenerate and dropped: t
 ``replay.drop_degenerate=false`` so that the log-prob pass and the train step do their full work.
 
 What ran is read back from the run's own ``run_config.yaml``, not guessed from the command line:
-the record's config names the ``engine`` (``hf``, ``vllm``: ``rollout@_global_=vllm`` included),
+the record's config names the ``engine`` (``hf``, ``vllm``: ``rollout=vllm`` included),
 its ``update_mode`` (``finish``, ``interrupt``) and the batch. From the run's ``metrics.jsonl``
 (steps after the first ``--skip``, which compile and warm up), per step in seconds:
 ``generation`` (engine time per worker, mean over workers, and each worker's in

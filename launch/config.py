@@ -24,6 +24,18 @@ from megatron_darl.loop.run_config import (  # noqa: F401 (the schema, re-export
 )
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Group spellings that older commands, scripts and saved records use, and the group they mean:
+# configs/rollout/ was selected as ``rollout@_global_=vllm`` before its presets said
+# ``@package _global_`` themselves; ``rollout=vllm`` is the name ``--help`` prints.
+GROUP_ALIASES = {"rollout@_global_": "rollout"}
+
+
+def canonical_override(item: str) -> str:
+    """``item`` with an old group spelling (``GROUP_ALIASES``) replaced by the group's name."""
+    key, sep, value = item.partition("=")
+    prefix = key[: len(key) - len(key.lstrip("+~"))]
+    name = key[len(prefix):]
+    return f"{prefix}{GROUP_ALIASES[name]}{sep}{value}" if sep and name in GROUP_ALIASES else item
 
 
 def register_schema() -> None:
@@ -41,7 +53,7 @@ def compose(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Dic
 
     register_schema()
     with initialize_config_dir(config_dir=str(config_dir), version_base=None, job_name="darl"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+        return hydra_compose(config_name="config", overrides=[canonical_override(o) for o in overrides])
 
 
 def apply_gpu_counts(node: DictConfig) -> DictConfig:

@@ -131,7 +131,10 @@ def _q(value: object) -> str:
 
 def _groups(overrides: Sequence[str]) -> set[str]:
     """Config groups the user selected on the command line (``model=...`` etc.)."""
-    return {o.split("=", 1)[0] for o in overrides if "=" in o and "." not in o.split("=", 1)[0]}
+    from launch.config import canonical_override
+
+    keys = (canonical_override(o).split("=", 1)[0] for o in overrides if "=" in o)
+    return {k for k in keys if "." not in k}
 
 
 def compose_overrides(knobs: Knobs, layout: Layout, user: Sequence[str], env: Mapping[str, str],
@@ -142,7 +145,7 @@ def compose_overrides(knobs: Knobs, layout: Layout, user: Sequence[str], env: Ma
     if knobs.model != "tiny" and "model" not in mine:
         out.append(f"model={knobs.model}")
     for group, value in (("algorithm", knobs.algorithm), ("data", knobs.data),
-                         ("rollout@_global_", knobs.engine), ("trainer", knobs.trainer)):
+                         ("rollout", knobs.engine), ("trainer", knobs.trainer)):
         if value and group not in mine:
             out.append(f"{group}={value}")
     if knobs.model_path:

@@ -152,14 +152,26 @@ def _num_gpus() -> int:
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
+def config_groups(config_dir: Path = CONFIG_DIR) -> dict[str, list[str]]:
+    """The groups ``configs/config.yaml``'s defaults list selects (each one overridable as
+    ``GROUP=PRESET``) and their presets; folders it does not name (``configs/eval/``: the table of
+    ``tools/eval.py``) are not run groups."""
+    import yaml
+
+    defaults = yaml.safe_load((config_dir / "config.yaml").read_text())["defaults"]
+    names = [next(iter(d)).split("@")[0] for d in defaults if isinstance(d, dict)]
+    return {n: sorted(f.stem for f in (config_dir / n).glob("*.yaml"))
+            for n in sorted(names) if (config_dir / n).is_dir()}
+
+
 def usage() -> str:
-    """Usage text: the config groups under ``configs/`` and their presets."""
+    """Usage text: the config groups of ``configs/config.yaml`` and their presets."""
     lines = ["usage: python -m launch.train [--print-config] [--verbose] [GROUP=PRESET | KEY=VALUE ...]", "",
              __doc__.strip().splitlines()[0], "", "config groups (GROUP=PRESET):"]
-    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir()):
-        presets = sorted(f.stem for f in group.glob("*.yaml"))
-        lines.append(f"  {group.name:<10} {' | '.join(presets)}")
+    for group, presets in config_groups().items():
+        lines.append(f"  {group:<10} {' | '.join(presets)}")
     lines += ["", "examples:", "  python -m launch.train algorithm=sync",
+              "  python -m launch.train rollout=vllm model=qwen3_1.7b model.path=/path/to/Qwen3-1.7B",
               "  python -m launch.train experiment=smoke          # a fresh runs/smoke_<variant>_<time>",
               "  python -m launch.train --print-config algorithm=darl replay.k=8",
               "  python -m launch.train --verbose                 # Megatron's own logs and warnings too"]

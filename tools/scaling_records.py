@@ -45,7 +45,7 @@ def record_engine(config: dict[str, Any]) -> str:
     """The engine a record's run used (see the module docstring for older records)."""
     if config.get("update_mode") and config.get("engine"):  # read from the run's own config
         return config["engine"]
-    return _from_overrides(config, ("rollout@_global_=", "engine.backend="), config.get("engine") or GUARD_ENGINE)
+    return _from_overrides(config, ("rollout=", "rollout@_global_=", "engine.backend="), config.get("engine") or GUARD_ENGINE)
 
 
 def record_update_mode(config: dict[str, Any]) -> str:

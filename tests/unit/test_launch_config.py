@@ -140,7 +140,7 @@ def test_a_missing_vllm_is_refused_before_launch_in_one_line():
     from launch.preflight import check_engine
 
     with pytest.raises(ValueError) as err:
-        check_engine(load_run_config(["rollout@_global_=vllm"]))
+        check_engine(load_run_config(["rollout=vllm"]))
     line = str(err.value)
-    assert "\n" not in line and "pip install -e .[vllm]" in line and "rollout@_global_=hf" in line
-    check_engine(load_run_config(["rollout@_global_=hf"]))  # hf needs nothing more
+    assert "\n" not in line and "pip install -e .[vllm]" in line and "rollout=hf" in line
+    check_engine(load_run_config(["rollout=hf"]))  # hf needs nothing more
