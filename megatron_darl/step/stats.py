@@ -84,6 +84,7 @@ class StepStats:
     # backfill: rows filled exactly (snapshots) and approximately (nearest version)
     backfill_snapshot: float = _sum()
     backfill_nearest: float = _sum()
+    backfill_own: float = _sum()  # of both: rows of a sample's own version (the posterior's, ``backfill.py``)
     # behavior weights of the selection
     w_sum: float = _sum()
     w_sq_sum: float = _sum()
