@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron_darl.models.kernels import fused
+
 
 def _all_reduce(tensor: torch.Tensor, op, group) -> None:
     if group is not None and dist.get_world_size(group) > 1:
@@ -54,11 +56,12 @@ _COMPILED: dict = {}
 
 def _kernel(fn, x: torch.Tensor):
     """``fn`` fused by ``torch.compile`` on CUDA (one read of the bf16 chunk per pass, no fp32
-    copy of it); eager elsewhere, so CPU results are plain PyTorch arithmetic."""
+    copy of it), compiled once for every chunk size and pass (``models/kernels.py``); eager
+    elsewhere, so CPU results are plain PyTorch arithmetic."""
     if not x.is_cuda:
         return fn
     if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+        _COMPILED[fn] = fused(fn, rows=(0, 1, 2, 3, 4))  # every tensor argument is per row
     return _COMPILED[fn]
 
 
@@ -89,7 +92,7 @@ class _VocabParallelLogProb(torch.autograd.Function):
     def backward(ctx, grad_out):
         logits, local, in_range, lse = ctx.saved_tensors
         grad_logits = torch.empty_like(logits)
-        grad_out = grad_out.to(lse.dtype)
+        grad_out = grad_out.to(lse.dtype).contiguous()  # a sum's gradient arrives with stride 0
         for start in range(0, logits.shape[0], ctx.chunk_tokens):
             end = min(start + ctx.chunk_tokens, logits.shape[0])
             x = logits[start:end]

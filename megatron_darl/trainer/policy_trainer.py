@@ -236,26 +236,37 @@ class PolicyTrainer:
         return out.cpu()
 
     def warm_up(self, lengths: list[int], force: bool = False) -> float:
-        """Compile what the first step would: a log-prob pass and a forward/backward over a
+        """Compile what the first steps would: a log-prob pass and a forward/backward over a
         synthetic batch of sequences of ``lengths`` tokens (each scoring its second half), then
-        the gradients are zeroed; no optimizer step, so weights, optimizer state, schedule and
-        version are untouched. On GPU with ``compile_warmup`` only (elsewhere nothing compiles;
-        ``force``: run it anyway, as the tests do on CPU); every rank of the trainer calls it (the
-        passes are collectives). Returns the seconds spent.
+        the same at three quarters of the lengths, so that kernels dynamo specialises on their
+        first size (Megatron's fused SwiGLU and bias-dropout-add) compile their dynamic-shape
+        graph here and not after the first step. The gradients are zeroed; no optimizer step, so
+        weights, optimizer state, schedule and version are untouched. On GPU with
+        ``compile_warmup`` only (elsewhere nothing compiles; ``force``: run it anyway, as the
+        tests do on CPU); every rank of the trainer calls it (the passes are collectives).
+        Returns the seconds spent.
         """
         if not force and (self.ps.device.type != "cuda" or not self.cfg.compile_warmup):
             return 0.0
         start = time.perf_counter()
         cap = self.cfg.micro_batch.max_seq_len
-        lens = torch.tensor([max(2, min(int(n), cap)) for n in lengths], dtype=torch.int64)  # (N,)
+        for scale in (1.0, 0.75):
+            lens = [max(2, min(int(int(n) * scale), cap)) for n in lengths]
+            self._warm_pass(torch.tensor(lens, dtype=torch.int64))
+        if self.ps.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def _warm_pass(self, lens: torch.Tensor) -> None:
+        """One log-prob pass and one forward/backward (zero loss) over sequences of ``lens``."""
         gen = torch.Generator().manual_seed(0)  # the same tokens on every rank of a replica
         ids = torch.randint(0, self.spec.vocab_size, (int(lens.sum()),), generator=gen)
         pos = torch.cat([torch.arange(int(n)) for n in lens])
         mask = pos >= torch.repeat_interleave(lens // 2, lens)  # (L,) each sequence's second half
         batch = TrainBatch(ids, lens, mask, None)
         self.compute_logprobs(batch)
-        zero = lambda logp, mb: (logp.sum() * 0.0, torch.tensor(logp.shape[0], dtype=torch.int,  # noqa: E731
-                                                                device=logp.device), {})
+        zero = lambda logp, mb: ((logp * 0.0).sum(), torch.tensor(logp.shape[0], dtype=torch.int,  # noqa: E731
+                                                                  device=logp.device), {})
         for chunk in self.model:
             chunk.train()
             chunk.zero_grad_buffer()
@@ -263,9 +274,6 @@ class PolicyTrainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        if self.ps.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
 
     def logprob_flops(self, batch: TrainBatch) -> float:
         """Forward FLOPs of a log-prob pass over ``batch`` (for MFU of that pass)."""
