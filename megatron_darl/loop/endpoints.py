@@ -34,7 +34,7 @@ from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig,
     WeightSender, connect_store, register, serve_store,
 )
-from megatron_darl.transport.staleness import groups_dropped, release_reservations
+from megatron_darl.transport.staleness import admit_fresh, groups_dropped, groups_refused, release_reservations
 from megatron_darl.transport.store import Keys, describe_peer, get_int, published_version, wait_key
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from megatron_darl.transport.weight_protocol import SyncKeys, SyncReport
@@ -78,7 +78,7 @@ def _release_on_loss(transport: TransportConfig, leave: Callable[[PeerLoss], Non
             log.error("lost %s at step %d: it died and %s beats in its place (restarted); its groups in "
                       "flight are dropped", loss.peer, loss.step, loss.replaced_by)
         else:
-            released = release_reservations(store, loss.rank)
+            released = release_reservations(store, loss.rank)  # fences it, should it come back
             log.error("lost %s at step %d: no heartbeat for %.1f s (killed, crashed or frozen); %d groups "
                       "in flight dropped; training goes on with the other workers", loss.peer, loss.step,
                       loss.silent_s, released)
@@ -88,12 +88,16 @@ def _release_on_loss(transport: TransportConfig, leave: Callable[[PeerLoss], Non
 
 def worker_health(ep: "TrainerEndpoints", num_workers: int) -> dict[str, float]:
     """Rank 0's per-step rollout-side health: workers beating now, worker processes lost and
-    restarted so far, and the groups that died with them (started, never delivered)."""
+    restarted so far, the groups that died with them (started, never delivered), and the groups
+    refused so far: sent by a worker after it was declared lost (``groups_fenced``), or over
+    ``max_staleness`` when they reached the trainer (``groups_refused_stale``); neither is trained."""
     hb = ep.heartbeat
+    refused = groups_refused(ep.store)
     return {"workers_alive": float(sum(hb.is_alive(WORKER, w) for w in range(num_workers))),
             "workers_lost": float(hb.losses(WORKER)),
             "worker_restarts": float(sum(max(0, hb.incarnations(WORKER, w) - 1) for w in range(num_workers))),
-            "groups_dropped": float(groups_dropped(ep.store))}
+            "groups_dropped": float(groups_dropped(ep.store)),
+            "groups_fenced": float(refused["fenced"]), "groups_refused_stale": float(refused["stale"])}
 
 
 def _leave_on_trainer_loss(rank: int, say_why: Callable[[str], None]) -> Callable[[PeerLoss], None]:
@@ -239,7 +243,11 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     replica's other ranks learn the outcome from the hub, ``StepRunner.follow_wait``).
 
     Hubs poll their shard and sum the counts over DP until ``need`` arrived (so an uneven hash
-    split never stalls a hub waiting for its "share"). Between polls a hub calls ``idle(groups so
+    split never stalls a hub waiting for its "share"). This is where groups enter the trainer: a
+    group more than ``max_staleness`` versions behind the weights the step trains (version
+    ``step``: version v is the weights after v steps) is refused here and counted, its start given
+    back (``staleness.admit_fresh``), so no step trains a group over the bound, whatever the
+    workers did. Between polls a hub calls ``idle(groups so
     far)`` and sleeps ``poll_s`` only when it returns False: the trainer computes the rows the
     step will need while it waits (``step/prefetch.py``), one short pass per call. Every hub
     leaves with ``stopped`` when any hub's ``stop()`` turned true while waiting (a signal), and
@@ -252,7 +260,8 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     watch = ProgressWatch(ep, num_workers, timeout_s, step, need) if ps.rank == 0 else None
     verdict = ""
     while True:
-        out.groups += [r.group for r in ep.hub.poll()]
+        out.groups += admit_fresh(ep.store, [r.group for r in ep.hub.poll()], step, ep.hub.cfg.max_staleness,
+                                  who=f"hub {ep.hub.hub}, trainer step {step}")
         counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict))], dtype=torch.int64))
         total = int(counts[0])
         if watch is not None:

@@ -52,7 +52,7 @@ from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleSender, StalenessGate, StartTicket,
     TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
-    release_reservations, stop_requested,
+    stop_requested,
 )
 from megatron_darl.transport.cuda_ipc import device_uuid
 from megatron_darl.transport.store import Keys
@@ -215,11 +215,12 @@ class RolloutWorker:
         os._exit(EXIT_TRAINER_LOST)
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
-        dropped = release_reservations(store, self.cfg.worker_id)  # a predecessor's, before we reserve
-        if dropped:
-            log.warning("%s: the previous process of rollout %d died with %d groups in flight: dropped, "
-                        "their staleness reservations given back", self.me.describe(), self.cfg.worker_id, dropped)
+        # joining as a new generation fences a predecessor's and gives back its starts in flight
         gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
+        if gate.dropped:
+            log.warning("%s: the previous process of rollout %d died with %d groups in flight: dropped, "
+                        "their staleness reservations given back", self.me.describe(), self.cfg.worker_id,
+                        gate.dropped)
         engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
         sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id,
                               gate=gate, device=channel_device(engine_device))

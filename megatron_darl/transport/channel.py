@@ -20,13 +20,16 @@ on back-pressure (during which it keeps serving weight syncs), never on a transf
 Exactly once: sequence numbers are per (worker, hub); a hub link takes seq s only after s - 1,
 acks s, then deletes its header; a restarted worker resumes after the last acked seq (with the
 data plane it re-posts there: a dead incarnation's unsent payloads died with it; with the store,
-its posted groups are still delivered) and the hub drops any group id it already delivered. A
+its posted groups still arrive, and are refused as its predecessor's generation: their starts
+were given back when the new process joined) and the hub drops any group id it already delivered. A
 group goes to hub ``shard_of(group_id, num_hubs)``, the replay buffer's own shard function.
 Back-pressure: a worker waits while ``max_unacked_per_hub`` of its groups to one hub are unacked,
 looking again after 0.5 ms and backing off to ``poll_interval_s``: once a whole window crosses in
 one transfer, the link idles from its ack to the worker's next look, so that look comes soon.
-Staleness accounting: a group stops being "outstanding" (``staleness.mark_delivered``) when it is
-durable at the hub's side: stored (``store``) or received (``dataplane``).
+Staleness accounting: a group stops being "outstanding" (``staleness.mark_delivered``) when its
+hub takes it, with either transport; a group of a fenced worker generation (the worker was
+declared lost, its starts given back) is refused there: acked, so the worker goes on, counted
+(``SampleHub.fenced``), never handed over.
 """
 
 from __future__ import annotations
@@ -65,8 +68,7 @@ class SampleSender:
     """Worker side of the channel.
 
     Args:
-        gate: the worker's staleness gate; with the ``store`` transport a posted group is marked
-            delivered through it (the hub does that on receipt with the data plane).
+        gate: the worker's staleness gate (its tickets carry the generation the hub checks).
         device: the worker's GPU (its engine's), or CPU: NCCL is used only between two GPUs.
     """
 
@@ -161,10 +163,9 @@ class SampleSender:
                 nap = min(2 * nap, self._control.poll_interval_s)
         self._check(hub)
         seq = self._next[hub]
-        meta = GroupMeta(seq=seq, start_version=ticket.version, started_index=ticket.index)
-        posted = (lambda: self._gate.posted(ticket)) if self._gate is not None and self.cfg.transport == "store" \
-            else (lambda: None)
-        self._links[hub].put(Outgoing(seq, frame_group(group, meta).to_buffer(), group.group_id, posted))
+        meta = GroupMeta(seq=seq, start_version=ticket.version, started_index=ticket.index,
+                         generation=ticket.generation)
+        self._links[hub].put(Outgoing(seq, frame_group(group, meta).to_buffer(), group.group_id))
         self._next[hub] = seq + 1
         return hub
 
@@ -207,6 +208,11 @@ class SampleHub:
         self._stop = threading.Event()
         self._links = [InLink(control, cfg, hub, w, device, self._arrived.put, self._stop)
                        for w in range(control.num_workers)]
+
+    @property
+    def fenced(self) -> int:
+        """Groups refused over all links: sent by a worker generation declared lost (fenced)."""
+        return sum(link.fenced for link in self._links)
 
     @property
     def transfers_received(self) -> int:

@@ -20,12 +20,15 @@ by the launcher). ``get`` refuses a value without a valid tag (``ForeignValueErr
 ``read`` treats it as absent (logged once per key), so a process without the secret cannot make
 the run act on its writes: not stop it, not join it (the server's signed run record is checked
 on connect; rendezvous records and heartbeats are checked by their readers), not post samples,
-acks, versions or weight-sync headers. What a TCPStore cannot enforce (it has no access control,
-and ``list_keys`` shows every key, so secret key names would not help): a process that reaches
-the port can still read values, delete or overwrite keys, replay the run's own earlier values of
-a key, move the ``add`` counters (staleness bound) and the presence-only keys, and write the
-data-plane (gloo) rendezvous keys. That disrupts a run (a named timeout or error) but cannot
-steer it; keep the port on a private network or behind a firewall (docs/reliability.md).
+acks, versions or weight-sync headers. The staleness counters, the published version and the
+workers' generations are not in the TCPStore at all: they live in the run's ledger on trainer
+rank 0, which applies only requests of a connection that proved it holds the secret (``add`` of
+a ``stale/`` key goes there; ``ledger.py``). What a TCPStore cannot enforce (it has no access
+control, and ``list_keys`` shows every key, so secret key names would not help): a process that
+reaches the port can still read values, delete or overwrite keys, replay the run's own earlier
+values of a key, move the presence-only keys, and write the data-plane (gloo) rendezvous keys.
+That disrupts a run (a named timeout or error) but cannot steer it or loosen the staleness
+bound; keep the port on a private network or behind a firewall (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -44,19 +47,15 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from megatron_darl.transport.config import ControlPlaneConfig
+from megatron_darl.transport.errors import ForeignValueError, TransportTimeout  # noqa: F401 (re-exported)
+from megatron_darl.transport.ledger import PREFIX as LEDGER_PREFIX
+from megatron_darl.transport.ledger import LedgerClient, LedgerServer, LocalLedger
 
 log = logging.getLogger(__name__)
 RUN_KEY = "darl/run"  # signed record the server writes first: who serves this run's store
+LEDGER_KEY = "darl/ledger"  # signed: the port of the run's ledger (``ledger.py``), on the store's host
 _TAG_BYTES = 16  # truncated HMAC-SHA256 tag in front of every signed value
 _WAIT_SLICE_S = 1.0  # a long wait is a series of native waits this long (each with a deadline)
-
-
-class TransportTimeout(TimeoutError):
-    """A store wait, a collective or a handshake ran past its timeout."""
-
-
-class ForeignValueError(ValueError):
-    """A store value without a valid tag of this run's secret: written by a foreign process."""
 
 
 class _Job:
@@ -119,8 +118,10 @@ class ControlStore:
         server: the serving ``TCPStore`` on trainer rank 0 (kept alive here), else None.
     """
 
-    def __init__(self, cfg: ControlPlaneConfig, who: str, server: dist.TCPStore | None = None) -> None:
-        self.cfg, self.who, self._server = cfg, who, server
+    def __init__(self, cfg: ControlPlaneConfig, who: str, server: dist.TCPStore | None = None,
+                 ledger: LedgerServer | None = None) -> None:
+        self.cfg, self.who, self._server, self._ledger_server = cfg, who, server, ledger
+        self._ledger: LedgerClient | LocalLedger | None = LocalLedger(ledger.ledger) if ledger else None
         self.address = f"{cfg.host}:{cfg.port}"
         self.peer = f"trainer 0 (serving the control store at {self.address})"  # refined on connect
         self._key = cfg.secret.encode()
@@ -175,8 +176,22 @@ class ControlStore:
         return bool(self._call(f"check {keys}", lambda s: s.check(keys), timeout_s))
 
     def add(self, key: str, amount: int, timeout_s: float | None = None) -> int:
-        """Atomic counter (unsigned: counters cannot carry a tag)."""
+        """Atomic counter. One under ``stale/`` lives in the run's ledger, which takes only
+        authenticated requests (``ledger.py``); any other is a plain TCPStore counter, which a
+        process outside the run could move (it carries no tag)."""
+        if key.startswith(LEDGER_PREFIX):
+            return int(self.ledger.call("add", key=key, amount=int(amount))["value"])
         return int(self._call(f"add {key}", lambda s: s.add(key, amount), timeout_s))
+
+    @property
+    def ledger(self) -> LedgerClient | LocalLedger:
+        """The run's ledger (``ledger.py``): in process on trainer rank 0, else an authenticated
+        connection to the port the server posted, signed, under ``LEDGER_KEY``."""
+        if self._ledger is None:
+            self.wait([LEDGER_KEY], self.cfg.store_timeout_s, "the run's ledger (trainer rank 0)")
+            port = int(self.get(LEDGER_KEY))
+            self._ledger = LedgerClient(self.cfg.host, port, self.cfg.secret, self.who, self.cfg.call_timeout_s)
+        return self._ledger
 
     def delete_key(self, key: str, timeout_s: float | None = None) -> bool:
         return bool(self._call(f"delete {key}", lambda s: s.delete_key(key), timeout_s))
@@ -215,6 +230,8 @@ class ControlStore:
         return self._data_plane
 
     def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -293,8 +310,11 @@ class ControlStore:
 
     # ---- the run record ---------------------------------------------------------------------
     def post_run_record(self, server: str) -> None:
-        """Server side: say who serves this run's store (the first signed key)."""
+        """Server side: say who serves this run's store and where its ledger listens (a client
+        that found the run record finds the ledger's port)."""
         self.peer = f"{server} serving the control store at {self.address}"
+        if self._ledger_server is not None:
+            self.set(LEDGER_KEY, str(self._ledger_server.port))
         self.set(RUN_KEY, json.dumps({"server": server}))
 
     def check_run_record(self) -> None:

@@ -7,10 +7,12 @@ point-to-point gloo/NCCL send on the data plane, or bytes in a store key. Float3
 recomputed.
 
 Layout of ``ints`` (int64): ``[MAGIC, VERSION, group_id, prompt_id, worker_id, worker_index,
-seq, start_version, started_index, G, (sample_id, P, T, truncated) * G, rewards (G, float64
-bits), prompt ids..., response ids..., token versions...]``; ``floats`` (float32): behavior
-log-probs. Rewards keep their float64 value exactly. ``worker_index`` (format 2) is the group's
-ordinal among its worker's groups: the trainer counts each worker's groups from it for a resume.
+seq, start_version, started_index, generation, G, (sample_id, P, T, truncated) * G, rewards (G,
+float64 bits), prompt ids..., response ids..., token versions...]``; ``floats`` (float32):
+behavior log-probs. Rewards keep their float64 value exactly. ``worker_index`` (format 2) is the
+group's ordinal among its worker's groups: the trainer counts each worker's groups from it for a
+resume. ``generation`` (format 3) is the worker generation that reserved the group's start: the
+hub refuses a fenced one's groups (``staleness.py``).
 
 Host-side copies (framing, splitting) go through numpy, single-threaded: a ``torch.cat`` of a
 megabyte runs on the process's intra-op pool, and with one pool per process on a many-core
@@ -31,8 +33,8 @@ import torch
 from megatron_darl.samples import Sample, SampleGroup
 
 MAGIC = 0x44415231  # "DAR1"
-FORMAT_VERSION = 2  # 2: worker_index in the head
-_HEAD = 10  # ints before the per-sample table
+FORMAT_VERSION = 3  # 2: worker_index in the head; 3: the worker's generation
+_HEAD = 11  # ints before the per-sample table
 _PER_SAMPLE = 4
 
 
@@ -43,6 +45,7 @@ class GroupMeta:
     seq: int  # per (worker, hub) sequence number: the exactly-once key
     start_version: int  # published version the worker read when it started the group
     started_index: int  # global groups_started count taken by this group (staleness bound)
+    generation: int = 0  # the worker generation that reserved its start (0: a gate keeping no count)
 
 
 @dataclass
@@ -116,7 +119,7 @@ def frame_group(group: SampleGroup, meta: GroupMeta) -> GroupFrame:
     """Pack ``group`` and ``meta`` into a ``GroupFrame``."""
     samples = group.samples
     head = [MAGIC, FORMAT_VERSION, group.group_id, group.prompt_id, group.worker_id, group.worker_index,
-            meta.seq, meta.start_version, meta.started_index, len(samples)]
+            meta.seq, meta.start_version, meta.started_index, meta.generation, len(samples)]
     table = []
     for s in samples:
         table += [s.sample_id, s.prompt_ids.numel(), s.num_tokens, int(s.truncated)]
@@ -143,7 +146,7 @@ def unframe_group(frame: GroupFrame) -> ReceivedGroup:
     if ints.numel() < _HEAD or int(ints[0]) != MAGIC or int(ints[1]) != FORMAT_VERSION:
         raise ValueError("not a sample-group frame (bad magic or format version)")
     head = ints[:_HEAD].tolist()
-    group_id, prompt_id, worker_id, worker_index, seq, start_version, started_index, g = head[2:]
+    group_id, prompt_id, worker_id, worker_index, seq, start_version, started_index, generation, g = head[2:]
     table = ints[_HEAD : _HEAD + _PER_SAMPLE * g].view(g, _PER_SAMPLE).tolist() if g else []
     lens_p = [row[1] for row in table]
     lens_t = [row[2] for row in table]
@@ -163,7 +166,7 @@ def unframe_group(frame: GroupFrame) -> ReceivedGroup:
     ]
     group = SampleGroup(group_id=group_id, prompt_id=prompt_id, samples=samples, worker_id=worker_id,
                         worker_index=worker_index)
-    return ReceivedGroup(group=group, meta=GroupMeta(seq, start_version, started_index))
+    return ReceivedGroup(group=group, meta=GroupMeta(seq, start_version, started_index, generation))
 
 
 def _split(t: torch.Tensor, off: int, lengths: list[int]) -> tuple[list[torch.Tensor], int]:

@@ -125,6 +125,7 @@ class InLink:
         self._epoch = -1  # epoch of ``_pair``
         self._dead: set[int] = set()  # epochs whose pair failed: never built again
         self.transfers = 0  # transfers taken (each one header, one payload, one ack)
+        self.fenced = 0  # groups refused: sent by a generation declared lost (``staleness.py``)
         self.thread = threading.Thread(target=self._run, name=f"channel-in-{hub}-{worker}", daemon=True)
         self.thread.start()
 
@@ -172,16 +173,30 @@ class InLink:
             if g.meta.seq != seq + i or g.group.worker_id != self.worker:
                 raise ValueError(f"key {key}: group {i} of {head.count} holds seq {g.meta.seq} of worker "
                                  f"{g.group.worker_id}, expected seq {seq + i} of worker {self.worker}")
-        for g in got:
+        for g in self._admitted(store, got):
             self._deliver(g)
         # ack, then delete: a missing header at or below the ack is then never a consumed one in
         # between (a restarting worker reads a missing key above the ack as a free seq)
         store.set(Keys.sample_ack(self.hub, self.worker), str(seq + head.count - 1))
         store.delete_key(key)
-        if head.backend != "store":  # at the hub now: no longer outstanding (staleness.py)
-            mark_delivered(store, self.worker, head.count)
         self.transfers += 1
         return head.count
+
+    def _admitted(self, store: ControlStore, got: list[ReceivedGroup]) -> list[ReceivedGroup]:
+        """The groups of a transfer no longer outstanding (``staleness.mark_delivered``), one
+        ledger request per generation in it; those of a fenced generation are refused (logged,
+        counted in ``fenced``) but acked like the rest, so the worker moves on."""
+        out = []
+        for gen in sorted({g.meta.generation for g in got}):
+            mine = [g for g in got if g.meta.generation == gen]
+            if mark_delivered(store, self.worker, len(mine), gen):
+                out += mine
+                continue
+            self.fenced += len(mine)
+            log.warning("hub %d: refused %d group(s) of rollout %d (group %s): its generation %d was declared "
+                        "lost and its starts given back; groups started in their place are trained instead",
+                        self.hub, len(mine), self.worker, ", ".join(str(g.group.group_id) for g in mine), gen)
+        return sorted(out, key=lambda g: g.meta.seq)
 
     def _receive(self, store: ControlStore, head: Header) -> torch.Tensor | None:
         """The payload over the pair of ``head.epoch`` (built first when new), or None on failure."""
@@ -211,7 +226,6 @@ class Outgoing:
     seq: int  # per (worker, hub) sequence number
     buffer: torch.Tensor  # (B,) uint8 ``GroupFrame.to_buffer``
     group_id: int  # for error messages
-    posted: Callable[[], None]  # called once the group is durable at the hub's side of the store
 
 
 class OutLink:
@@ -288,7 +302,6 @@ class OutLink:
                 store.set(Keys.sample(self.hub, self.worker, item.seq),
                           Header(item.seq, 0, "store", int(item.buffer.numel()), item.group_id)
                           .to_bytes(item.buffer.numpy().tobytes()))
-                item.posted()
             return
         payload = host_cat([item.buffer for item in batch], torch.uint8)
         nbytes, count = int(payload.numel()), len(batch)

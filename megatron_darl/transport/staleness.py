@@ -1,28 +1,51 @@
-"""The staleness bound, enforced by rollout workers before each group (docs/architecture.md).
+"""The staleness bound: enforced by rollout workers before each group, and checked again by the trainer.
 
 A worker may start a prompt group only while ``groups_started <= (t + eta + 1) * B``, with t the
-published version and B the groups per step. ``groups_started`` is one counter in the store shared
-by all workers, so the bound holds globally, not per worker. A reservation increments it
-atomically; a reservation that would exceed the bound is returned at once. The published version
-only grows, so reading it before reserving is conservative. A batch engine reserves its whole
-batch at once or nothing (``try_start_batch``): a batch cut short by the bound would generate at
-another batch size, which a compiled engine pays for with a recompilation.
+published version and B the groups per step. ``groups_started`` is one counter shared by all
+workers, so the bound holds globally, not per worker. It lives in the run's ledger on trainer
+rank 0 (``ledger.py``), which takes only requests signed with the run's secret, so no process
+outside the run can move it. A reservation is one atomic ledger request: granted whole, or not
+at all. A batch engine reserves its whole batch at once or nothing (``try_start_batch``): a batch
+cut short by the bound would generate at another batch size, which a compiled engine pays for
+with a recompilation.
+
+Generations: every worker process joins under a new generation number, and every start it
+reserves and every group it sends carries it. A worker declared lost (heartbeat timeout) has its
+generation fenced and its outstanding starts given back (``release_reservations``), so the
+others may start groups in their place. If it was only frozen and comes back, it holds starts it
+no longer owns: its reservations under the fenced generation are refused (it joins again, as a
+new generation, and goes on), and its groups of that generation are refused at the hub and
+counted (``Keys.FENCED``), never trained: the groups started in their place already are. A
+restarted process (the same worker id) joins the same way, which fences its predecessor.
+
+The bound on starts is a bound on what is generated; the trainer checks what it trains.
+``admit_fresh`` is called where groups enter the trainer: a group whose oldest token is more
+than ``max_staleness`` versions behind the trainer is not trained, its start is given back and
+it is counted (``Keys.REFUSED``). A worker paused, frozen or slow in ways the gate cannot see
+costs that group, never the bound.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Sequence
 
+from megatron_darl.samples import SampleGroup
 from megatron_darl.transport.config import ChannelConfig
-from megatron_darl.transport.store import ControlStore, Keys, published_version
+from megatron_darl.transport.ledger import outstanding_key
+from megatron_darl.transport.store import ControlStore, Keys
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StartTicket:
     """Permission to start one group."""
 
-    version: int  # published version t read before reserving
+    version: int  # published version t when the start was reserved
     index: int  # this group's position in the global groups_started count (1-based)
+    generation: int = 0  # the reserving worker's generation (0: a gate that keeps no count)
 
 
 def staleness_capacity(version: int, max_staleness: int, groups_per_step: int) -> int:
@@ -30,60 +53,78 @@ def staleness_capacity(version: int, max_staleness: int, groups_per_step: int) -
     return (version + max_staleness + 1) * groups_per_step
 
 
-def _outstanding_key(worker_id: int) -> str:
-    return f"stale/outstanding/{worker_id}"
-
-
 def release_reservations(store: ControlStore, worker_id: int) -> int:
-    """Give back the group starts a dead worker reserved but never posted; returns how many.
+    """Fence a lost worker's generation and give back the starts it reserved but never delivered;
+    returns how many (counted in ``Keys.DROPPED``).
 
-    Called when a worker is reported lost (by the trainer) and by a restarted worker for its
-    predecessor, before it reserves anything: otherwise a dead worker's in-flight reservations
-    would shrink the window for good (and with eta = 0 starve the next step). Two callers at once
-    give back each reservation once (each keeps only what its own decrement took). The groups
-    given back are dropped: counted in ``Keys.DROPPED``.
+    Called by the trainer when a worker is reported lost: otherwise a dead worker's in-flight
+    reservations would shrink the window for good (and with eta = 0 starve the next step). Once
+    fenced, what that generation still does is refused (module docstring); a second call gives
+    back nothing.
     """
-    n = store.add(_outstanding_key(worker_id), 0)
-    if n <= 0:
-        return 0
-    left = store.add(_outstanding_key(worker_id), -n)
-    if left < 0:  # another caller took some of them first: keep only ours
-        store.add(_outstanding_key(worker_id), min(n, -left))
-        n -= min(n, -left)
-    if n > 0:
-        store.add(Keys.STARTED, -n)
-        store.add(Keys.DROPPED, n)
-    return n
+    return int(store.ledger.call("fence", worker=int(worker_id))["released"])
 
 
 def groups_dropped(store: ControlStore) -> int:
-    """Groups started by workers that died before delivering them, over the run so far."""
+    """Groups started by workers that were lost or replaced before delivering them, so far."""
     return store.add(Keys.DROPPED, 0)
 
 
-def mark_delivered(store: ControlStore, worker_id: int, count: int = 1) -> None:
-    """``count`` groups started by ``worker_id`` are at their hub: no longer outstanding.
+def groups_refused(store: ControlStore) -> dict[str, int]:
+    """Groups refused so far: sent by a fenced generation (``fenced``), or over the bound when
+    they reached the trainer (``stale``)."""
+    return {"fenced": store.add(Keys.FENCED, 0), "stale": store.add(Keys.REFUSED, 0)}
 
-    Called by whoever makes the group durable: the worker once its group sits in the store
-    (``store`` transport), the hub once it received it (``dataplane``), so a worker that dies with
-    groups in flight has exactly those given back by ``release_reservations``. A worker that keeps
-    no count (a gate without ``worker_id``) is left at zero.
+
+def mark_delivered(store: ControlStore, worker_id: int, count: int = 1, generation: int = 0) -> bool:
+    """``count`` groups of ``worker_id``'s ``generation`` reached their hub: no longer outstanding.
+
+    Called by the hub when it takes them, so a worker that dies with groups in flight has exactly
+    those given back by ``release_reservations``. False when that generation is fenced: its starts
+    were given back already, so the groups are refused (counted in ``Keys.FENCED``); the caller
+    must not hand them on. Generation 0 (a gate without ``worker_id``) keeps no count.
     """
-    left = store.add(_outstanding_key(worker_id), -count)
-    if left < 0:
-        store.add(_outstanding_key(worker_id), min(count, -left))
+    return bool(store.ledger.call("arrive", worker=int(worker_id), generation=int(generation),
+                                  count=int(count))["accepted"])
+
+
+def admit_fresh(store: ControlStore, groups: Sequence[SampleGroup], version: int, max_staleness: int,
+                who: str = "trainer") -> list[SampleGroup]:
+    """The ``groups`` the trainer at ``version`` may train: those whose oldest token is at most
+    ``max_staleness`` versions old. The others are refused: logged, their starts given back and
+    counted in ``Keys.REFUSED``. A group without tokens has no age and is kept."""
+    fresh, stale = [], []
+    for g in groups:
+        (fresh if g.behavior_version < 0 or version - g.behavior_version <= max_staleness else stale).append(g)
+    if stale:
+        total = store.ledger.call("refuse", count=len(stale))["refused"]
+        for g in stale:
+            log.warning("%s at version %d: refused group %d of rollout %d: its oldest token is of version "
+                        "%d, %d versions old (max_staleness %d); not trained, its start given back "
+                        "(%d refused so far)", who, version, g.group_id, g.worker_id, g.behavior_version,
+                        version - g.behavior_version, max_staleness, total)
+    return fresh
 
 
 class StalenessGate:
     """Reserve group starts against the global staleness bound.
 
     Args:
-        worker_id: when given, the worker's reserved-but-not-posted count is kept in the store
-            so that ``release_reservations`` can return it if the worker dies.
+        worker_id: when given, the gate joins the ledger as that worker's next generation (which
+            fences its predecessor's and gives back the starts it left outstanding: ``dropped``),
+            and its reservations are counted as outstanding until their groups reach a hub.
     """
 
     def __init__(self, store: ControlStore, cfg: ChannelConfig, worker_id: int | None = None) -> None:
         self._store, self.cfg, self.worker_id = store, cfg, worker_id
+        self.generation, self.dropped = 0, 0
+        if worker_id is not None:
+            self.dropped = self._join()
+
+    def _join(self) -> int:
+        got = self._store.ledger.call("join", worker=int(self.worker_id))
+        self.generation = int(got["generation"])
+        return int(got["released"])
 
     def try_start(self) -> StartTicket | None:
         """A ticket when the bound allows one more group now, else None (never blocks)."""
@@ -92,26 +133,37 @@ class StalenessGate:
 
     def try_start_batch(self, count: int) -> list[StartTicket]:
         """``count`` tickets when the bound allows that many more groups now, else none (never
-        blocks; a reservation that overshoots is given back whole)."""
+        waits for room). A gate whose generation was fenced joins again first (logged)."""
         if count < 1:
             return []
-        t = published_version(self._store)
-        cap = staleness_capacity(t, self.cfg.max_staleness, self.cfg.groups_per_step)
-        if self.started() + count > cap:
+        got = self._reserve(count)
+        if got.get("fenced"):
+            fenced = self.generation
+            self._join()
+            log.warning("rollout %d: the trainer declared generation %d lost (fenced) and gave back its "
+                        "starts: its groups still in flight will be refused at the hub; going on as "
+                        "generation %d", self.worker_id, fenced, self.generation)
+            got = self._reserve(count)
+        if "last" not in got:
             return []
-        n = self._store.add(Keys.STARTED, count)
-        if n <= cap:
-            if self.worker_id is not None:
-                self._store.add(_outstanding_key(self.worker_id), count)
-            return [StartTicket(version=t, index=i) for i in range(n - count + 1, n + 1)]
-        self._store.add(Keys.STARTED, -count)
-        return []
+        n, t = int(got["last"]), int(got["version"])
+        return [StartTicket(version=t, index=i, generation=self.generation) for i in range(n - count + 1, n + 1)]
 
-    def posted(self, ticket: StartTicket) -> None:
-        """The group started under ``ticket`` reached its hub: no longer outstanding."""
-        if self.worker_id is not None:
-            mark_delivered(self._store, self.worker_id)
+    def _reserve(self, count: int) -> dict:
+        return self._store.ledger.call(
+            "reserve", worker=-1 if self.worker_id is None else int(self.worker_id), generation=self.generation,
+            count=int(count), max_staleness=self.cfg.max_staleness, groups_per_step=self.cfg.groups_per_step)
+
+    def posted(self, ticket: StartTicket) -> bool:
+        """The group started under ``ticket`` reached its hub (``mark_delivered``)."""
+        if self.worker_id is None:
+            return True
+        return mark_delivered(self._store, self.worker_id, 1, ticket.generation)
 
     def started(self) -> int:
         """Groups started so far by all workers."""
         return self._store.add(Keys.STARTED, 0)
+
+    def outstanding(self) -> int:
+        """Starts of this worker's live generation whose groups have not reached a hub."""
+        return 0 if self.worker_id is None else self._store.add(outstanding_key(self.worker_id), 0)

@@ -9,6 +9,7 @@ awaited and who serves the store, and values are signed with the run's secret. K
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import ipaddress
 import json
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass
 import torch.distributed as dist
 
 from megatron_darl.transport.config import ControlPlaneConfig
+from megatron_darl.transport import ledger as _ledger
 from megatron_darl.transport.control_store import (  # noqa: F401 (re-exported)
     ControlStore, ForeignValueError, TransportTimeout,
 )
@@ -60,9 +62,10 @@ class Keys:
     """Every key the transport writes into the store."""
 
     STOP = "ctl/stop"  # set once: workers drain and exit 0
-    PUBLISHED = "ctl/published_version"  # int: last version every live worker acked
-    STARTED = "stale/groups_started"  # counter for the staleness bound
-    DROPPED = "stale/groups_dropped"  # counter: groups a dead worker started and never delivered
+    STARTED = _ledger.STARTED  # counter for the staleness bound (in the ledger, as every stale/ key)
+    DROPPED = _ledger.DROPPED  # counter: groups a lost worker started and never delivered
+    FENCED = _ledger.FENCED  # counter: groups a fenced (lost) generation sent later, refused
+    REFUSED = _ledger.REFUSED  # counter: groups over the bound at the trainer, not trained
 
     @staticmethod
     def member(role: str, rank: int) -> str:
@@ -162,8 +165,10 @@ def serve_store(cfg: ControlPlaneConfig) -> ControlStore:
         sock.close()
         raise
     sock.detach()  # the server listens on this descriptor from now on, and owns it
+    # the ledger listens where the store does, on a port of its own (posted, signed)
+    ledger = _ledger.LedgerServer(_ledger.Ledger(), listen_socket(dataclasses.replace(cfg, port=0)), cfg.secret)
     me = MemberInfo.here(TRAINER, 0)
-    store = ControlStore(cfg, me.describe(), server=server)
+    store = ControlStore(cfg, me.describe(), server=server, ledger=ledger)
     store.post_run_record(me.describe())
     return store
 
@@ -223,8 +228,13 @@ def get_int(store: ControlStore, key: str, default: int) -> int:
 
 
 def published_version(store: ControlStore) -> int:
-    """Last weight version every live worker acked (0 before the first publish)."""
-    return get_int(store, Keys.PUBLISHED, 0)
+    """Last weight version a live worker acked (0 before the first publish), from the ledger."""
+    return int(store.ledger.call("published")["version"])
+
+
+def publish_version(store: ControlStore, version: int) -> int:
+    """Say that a live worker acked ``version``; the published version never moves back."""
+    return int(store.ledger.call("publish", version=int(version))["version"])
 
 
 def stop_requested(store: ControlStore) -> bool:

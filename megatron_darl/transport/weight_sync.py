@@ -58,7 +58,8 @@ from megatron_darl.transport.cuda_ipc import device_uuid, share
 from megatron_darl.transport.heartbeat import Heartbeat
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
-    WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int, published_version, wait_key,
+    WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int, publish_version,
+    wait_key,
 )
 from megatron_darl.transport.weight_protocol import (  # noqa: F401 (re-exported: the sender's vocabulary)
     PackedBucket, StagedWeights, SyncKeys, SyncReport, WeightLoadError, WeightSyncFailed, offer_value,
@@ -470,8 +471,7 @@ class _Acks:
             if get_int(store, SyncKeys.ack(w), -1) >= sent:
                 del self._pending[w]
                 report.acked = sorted(set(report.acked) | {w})
-                if sent > published_version(store) or not store.check([Keys.PUBLISHED]):
-                    store.set(Keys.PUBLISHED, str(sent))
+                publish_version(store, sent)
                 report.published = True
             elif self._sender._dead(w) or self._sender._gave_up(self._offer, w):
                 del self._pending[w]

@@ -19,7 +19,7 @@ from megatron_darl.transport import (
 from megatron_darl.transport.frames import split_frames
 from megatron_darl.transport.links import Header
 from megatron_darl.transport.process_group import build_group
-from megatron_darl.transport.store import Keys
+from megatron_darl.transport.store import Keys, publish_version
 from tests.distributed.procs.launcher import free_port
 
 TRANSPORTS = ("dataplane", "store")
@@ -366,7 +366,7 @@ def test_staleness_gate_holds_globally_under_concurrency():
         t.join(10)
     assert len(tickets) == staleness_capacity(0, 1, 5) == 10
     assert sorted(t.index for t in tickets) == list(range(1, 11))
-    store.set(Keys.PUBLISHED, "2")
+    publish_version(store, 2)
     more = StalenessGate(store, cfg)
     assert [more.try_start().index for _ in range(10)] == list(range(11, 21)) and more.try_start() is None
 

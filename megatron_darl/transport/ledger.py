@@ -1,0 +1,300 @@
+"""The run's ledger: the staleness counters, the published version and each worker's generation.
+
+Why not the TCPStore: it has no access control, and its ``add`` counters cannot carry a tag of
+the run's secret, so any local process that finds the port (``/proc/net/tcp``) could move the
+staleness counter: down, and groups staler than the bound are generated; up, and the run stalls.
+The ledger keeps these numbers in trainer rank 0's memory, next to the store it serves, and
+changes them only on requests from a connection that proved it holds the run's secret:
+
+- handshake: the server sends a random nonce; the client answers with a nonce of its own and an
+  HMAC-SHA256 of both under the secret; the server answers with its own HMAC of both. Each side
+  proves it holds the secret, neither sends it. A connection that fails is closed and logged
+  with the address it came from; nothing it sent is applied.
+- every request and answer after it carries an HMAC over a sequence number and its body, under a
+  key drawn from both nonces: a request cannot be replayed, reordered or moved to another
+  connection.
+
+The ledger's port is posted in the store as a signed value (``Keys.LEDGER``; its host is the
+store's), so a client finds it as it finds everything else and a forged port is refused. The
+operations are the few the staleness bound needs, each atomic under one lock (``staleness.py``
+holds the policy): ``add`` a counter, ``publish``/``published`` the version workers acked,
+``join`` (a worker's next generation; the previous one is fenced), ``reserve`` group starts
+against the bound (only by a worker's live generation), ``arrive`` (groups at their hub: a
+fenced generation's are refused), ``fence`` (a lost worker: its outstanding starts are given
+back) and ``refuse`` (groups the trainer found over the bound: their starts are given back).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+from typing import Any
+
+from megatron_darl.transport.errors import ForeignValueError, TransportTimeout
+
+log = logging.getLogger(__name__)
+PREFIX = "stale/"  # every counter under it lives in the ledger, never in the open store
+STARTED = "stale/groups_started"  # group starts reserved against the bound
+DROPPED = "stale/groups_dropped"  # starts of a lost or replaced worker's generation, given back
+FENCED = "stale/groups_fenced"  # groups a fenced generation sent later: refused at the hub
+REFUSED = "stale/groups_refused"  # groups over the bound when they reached the trainer: not trained
+_MAGIC = b"DLG1"
+_MAC = 16  # bytes of a truncated HMAC-SHA256
+_MAX_FRAME = 1 << 16  # a longer frame is not a ledger request
+_HANDSHAKE_S = 5.0  # a connection must prove itself within this long
+
+
+def outstanding_key(worker: int) -> str:
+    """Starts ``worker``'s live generation reserved whose groups have not reached a hub."""
+    return f"{PREFIX}outstanding/{worker}"
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"\0".join(parts), hashlib.sha256).digest()[:_MAC]
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(struct.pack("<I", len(data)) + data)
+
+
+def _recv(sock: socket.socket) -> bytes:
+    (size,) = struct.unpack("<I", _exact(sock, 4))
+    if size > _MAX_FRAME:
+        raise ValueError(f"a frame of {size} bytes")
+    return _exact(sock, size)
+
+
+def _exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        out += chunk
+    return bytes(out)
+
+
+class Ledger:
+    """The numbers themselves (trainer rank 0); ``apply`` runs one request atomically."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[str, int] = {}
+        self._last: dict[int, int] = {}  # worker -> last generation issued
+        self._live: dict[int, int] = {}  # worker -> its live generation (absent: fenced or none)
+        self._published = 0
+
+    def apply(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = getattr(self, f"_op_{req.get('op')}", None)
+        if op is None:
+            raise ValueError(f"unknown ledger operation {req.get('op')!r}")
+        args = {k: v for k, v in req.items() if k != "op"}
+        with self._lock:
+            return op(**args)
+
+    def _add(self, key: str, amount: int) -> int:
+        self._counters[key] = self._counters.get(key, 0) + int(amount)
+        return self._counters[key]
+
+    def _op_add(self, key: str, amount: int) -> dict[str, Any]:
+        if not key.startswith(PREFIX):
+            raise ValueError(f"ledger key {key!r} is not under {PREFIX!r}")
+        return {"value": self._add(key, amount)}
+
+    def _op_publish(self, version: int) -> dict[str, Any]:
+        self._published = max(self._published, int(version))
+        return {"version": self._published}
+
+    def _op_published(self) -> dict[str, Any]:
+        return {"version": self._published}
+
+    def _release(self, worker: int) -> int:
+        """End ``worker``'s live generation; give back its outstanding starts (counted dropped)."""
+        if self._live.pop(worker, None) is None:
+            return 0
+        n = max(0, self._counters.pop(outstanding_key(worker), 0))
+        self._add(STARTED, -n)
+        self._add(DROPPED, n)
+        return n
+
+    def _op_fence(self, worker: int) -> dict[str, Any]:
+        return {"released": self._release(worker)}
+
+    def _op_join(self, worker: int) -> dict[str, Any]:
+        released = self._release(worker)
+        self._last[worker] = self._live[worker] = self._last.get(worker, 0) + 1
+        return {"generation": self._live[worker], "released": released}
+
+    def _op_reserve(self, worker: int, generation: int, count: int, max_staleness: int,
+                    groups_per_step: int) -> dict[str, Any]:
+        if worker >= 0 and self._live.get(worker) != generation:
+            return {"fenced": True}
+        cap = (self._published + max_staleness + 1) * groups_per_step
+        started = self._counters.get(STARTED, 0)
+        if started + count > cap:
+            return {"full": True, "version": self._published}
+        if worker >= 0:
+            self._add(outstanding_key(worker), count)
+        return {"version": self._published, "last": self._add(STARTED, count)}
+
+    def _op_arrive(self, worker: int, generation: int, count: int) -> dict[str, Any]:
+        if generation == 0:  # started by a gate that keeps no count
+            return {"accepted": True}
+        if self._live.get(worker) != generation:
+            self._add(FENCED, count)
+            return {"accepted": False}
+        key = outstanding_key(worker)
+        self._counters[key] = max(0, self._counters.get(key, 0) - count)
+        return {"accepted": True}
+
+    def _op_refuse(self, count: int) -> dict[str, Any]:
+        self._add(STARTED, -count)
+        return {"refused": self._add(REFUSED, count)}
+
+
+class LedgerServer:
+    """Serve ``ledger`` on ``sock`` (a bound, listening socket) to clients holding ``secret``."""
+
+    def __init__(self, ledger: Ledger, sock: socket.socket, secret: str) -> None:
+        self.ledger, self._sock, self._key = ledger, sock, secret.encode()
+        self.port = sock.getsockname()[1]
+        self.refused = 0  # connections that failed the handshake
+        threading.Thread(target=self._accept, name="control-ledger", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, peer = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, f"{peer[0]}:{peer[1]}"),
+                             name="control-ledger-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        with conn:
+            try:
+                session = self._handshake(conn)
+            except (OSError, ValueError, ConnectionError) as exc:
+                self.refused += 1
+                log.warning("control ledger: refused the connection from %s: %s; nothing it sent "
+                            "was applied", peer, exc)
+                return
+            conn.settimeout(None)
+            seq = 0
+            while True:
+                try:
+                    frame = _recv(conn)
+                except (OSError, ValueError, ConnectionError):
+                    return
+                body, tag = frame[_MAC:], frame[:_MAC]
+                if not hmac.compare_digest(tag, _mac(session, b"q", struct.pack("<Q", seq), body)):
+                    log.warning("control ledger: a request from %s without a valid tag: connection "
+                                "closed, nothing applied", peer)
+                    return
+                try:
+                    answer = self.ledger.apply(json.loads(body))
+                except (ValueError, TypeError, KeyError) as exc:
+                    answer = {"error": str(exc)}
+                out = json.dumps(answer).encode()
+                _send(conn, _mac(session, b"a", struct.pack("<Q", seq), out) + out)
+                seq += 1
+
+    def _handshake(self, conn: socket.socket) -> bytes:
+        conn.settimeout(_HANDSHAKE_S)
+        ns = os.urandom(16)
+        _send(conn, _MAGIC + ns)
+        reply = _recv(conn)
+        nc, tag = reply[:16], reply[16:]
+        if len(nc) != 16 or not hmac.compare_digest(tag, _mac(self._key, b"client", ns, nc)):
+            raise ValueError("its handshake is not signed with this run's secret")
+        _send(conn, _mac(self._key, b"server", ns, nc))
+        return _mac(self._key, b"session", ns, nc) + _mac(self._key, b"session2", ns, nc)
+
+
+class LedgerClient:
+    """One authenticated connection to the ledger (opened on first use, again after a failure).
+
+    Args:
+        who: this process, for error messages.
+        timeout_s: deadline of the connection and of each request.
+    """
+
+    def __init__(self, host: str, port: int, secret: str, who: str, timeout_s: float) -> None:
+        self.address, self.who, self._timeout = f"{host}:{port}", who, timeout_s
+        self._host, self._port, self._key = host, port, secret.encode()
+        self._sock: socket.socket | None = None
+        self._session, self._seq = b"", 0
+        self._lock = threading.Lock()
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """The ledger's answer to ``op``; ``TransportTimeout`` when it does not come in time."""
+        body = json.dumps({"op": op, **args}).encode()
+        with self._lock:
+            try:
+                if self._sock is None:
+                    self._connect()
+                seq = struct.pack("<Q", self._seq)
+                _send(self._sock, _mac(self._session, b"q", seq, body) + body)
+                frame = _recv(self._sock)
+                self._seq += 1
+            except ForeignValueError:
+                self.close_locked()
+                raise
+            except (OSError, ValueError, ConnectionError) as exc:
+                self.close_locked()
+                raise TransportTimeout(f"{self.who}: the run's ledger at {self.address} (trainer rank 0) "
+                                       f"did not answer {op}: {exc}") from None
+            out, tag = frame[_MAC:], frame[:_MAC]
+            if not hmac.compare_digest(tag, _mac(self._session, b"a", seq, out)):
+                self.close_locked()
+                raise ForeignValueError(f"{self.who}: an answer of the ledger at {self.address} "
+                                        "is not signed for this connection")
+        answer = json.loads(out)
+        if "error" in answer:
+            raise ValueError(f"{self.who}: the ledger at {self.address} refused {op}: {answer['error']}")
+        return answer
+
+    def _connect(self) -> None:
+        sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
+        try:
+            hello = _recv(sock)
+            if hello[:4] != _MAGIC or len(hello) != 20:
+                raise ValueError("not the run's ledger (bad greeting)")
+            ns, nc = hello[4:], os.urandom(16)
+            _send(sock, nc + _mac(self._key, b"client", ns, nc))
+            if not hmac.compare_digest(_recv(sock), _mac(self._key, b"server", ns, nc)):
+                raise ForeignValueError(f"{self.who}: the ledger at {self.address} is not this run's "
+                                        "(its handshake is not signed with this run's secret)")
+        except BaseException:
+            sock.close()
+            raise
+        self._sock, self._seq = sock, 0
+        self._session = _mac(self._key, b"session", ns, nc) + _mac(self._key, b"session2", ns, nc)
+
+    def close_locked(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_locked()
+
+
+class LocalLedger:
+    """The ledger as trainer rank 0's own store sees it: no socket, the same operations."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        return self._ledger.apply({"op": op, **args})
+
+    def close(self) -> None:
+        pass
