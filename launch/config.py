@@ -123,10 +123,23 @@ def split_request(node: DictConfig, n_gpus: int) -> sp.SplitRequest:
         model_shape=tuple((k, int(shape[k])) for k in keys if shape.get(k) is not None))
 
 
+def check_layout_divides(node: DictConfig) -> None:
+    """TP x PP divides the trainer ranks, checked before ``transport.control.num_hubs`` (the DP size
+    they imply) is resolved: a remainder would otherwise surface as a hub count of 0."""
+    ranks, tp, pp = int(node.cluster.trainer_ranks), int(node.parallel.tp), int(node.parallel.pp)
+    if tp < 1 or pp < 1:
+        raise ValueError(f"parallel.tp={tp}, parallel.pp={pp}: both must be >= 1")
+    if ranks % (tp * pp):
+        raise ValueError(f"parallel.tp={tp} x parallel.pp={pp} = {tp * pp} does not divide "
+                         f"cluster.trainer_ranks={ranks}: use a multiple of {tp * pp} trainer ranks "
+                         "(cluster.trainer_ranks, or cluster.trainer_gpus) or a smaller TP x PP")
+
+
 def to_run_config(node: DictConfig) -> RunConfig:
     """Resolve interpolations and convert to dataclasses (runs every ``__post_init__`` check)."""
     register_schema()
     node = apply_gpu_counts(OmegaConf.merge(OmegaConf.structured(RunConfig), node))
+    check_layout_divides(node)
     return OmegaConf.to_object(node)
 
 

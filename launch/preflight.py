@@ -70,6 +70,15 @@ def check_paths(cfg) -> None:
         raise ValueError(f"trainer.init_checkpoint={init}: no such directory")
 
 
+def check_weights(cfg) -> None:
+    """A model preset gives a shape (``model.hf_config``), not weights or a tokenizer: the rollout
+    engine loads both from ``model.path``, so a run without it could only fail in the workers."""
+    if not cfg.model.path and not cfg.model.needs_warm_start:
+        raise ValueError(f"model.path is empty: model={cfg.model.name} gives the architecture only (no weights, "
+                         "no tokenizer for the rollout engine); pass model.path=<Hugging Face checkpoint "
+                         "directory>, e.g. one from huggingface-cli download Qwen/<model> --local-dir DIR")
+
+
 def check_engine(cfg) -> None:
     """The rollout engine can be imported where the launch runs (the children share its Python):
     a missing vLLM is one line here, not a traceback per worker after the trainer started."""
@@ -105,6 +114,7 @@ def preflight(cfg) -> None:
     from launch.validate import check_values
 
     check_values(cfg)
+    check_weights(cfg)
     check_engine(cfg)
     check_task(cfg)
     check_paths(cfg)

@@ -53,7 +53,10 @@ def resolve_devices(cluster: ClusterConfig, num_gpus: int) -> tuple[list[int], l
     for name, devs in (("trainer_devices", trainer), ("rollout_devices", rollout)):
         bad = [d for d in devs if d >= num_gpus]
         if bad:
-            raise ValueError(f"cluster.{name}={devs}: GPU(s) {bad} not present ({num_gpus} visible)")
+            seen = f"{num_gpus} GPU(s) visible" if num_gpus else "no GPU visible to torch"
+            raise ValueError(f"cluster.{name}={devs}: GPU(s) {bad} not present ({seen}, CUDA_VISIBLE_DEVICES="
+                             f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); pick a cluster preset "
+                             "this machine has: cluster=local (whatever is here) or cluster=cpu")
     return list(trainer), list(rollout)
 
 
@@ -185,8 +188,11 @@ def _load(args: list[str]) -> RunConfig:
 
     try:
         return load_run_config(args)
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
+    except (HydraException, OmegaConfBaseException) as err:
         print(f"launch.train: {explain(err)}\n(see python -m launch.train --help)", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ValueError as err:  # ours: already one line naming the field
+        print(f"launch.train: {explain(err)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -227,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(cfg.loop.run_dir)
     try:
         preflight(cfg)  # values, task, files, model shape: nothing in the run dir yet
+        resolve_devices(cfg.cluster, _num_gpus())  # the GPUs the cluster preset names are here
         lock = RunLock.acquire(run_dir)  # refused naming the holder when another run has the dir
     except ValueError as err:
         print(f"launch.train: {err}", file=sys.stderr)

@@ -67,8 +67,9 @@ def resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) ->
 def engine_config(cfg: RunConfig):
     """The engine's config, its model path defaulting to the policy's (``model.path``)."""
     if not cfg.model.path:
-        raise ValueError("model.path is empty: start workers through launch.train (it resolves the "
-                         "warm-started policy) or pass model.path=<HF checkpoint dir>")
+        raise ValueError(f"model.path is empty in the run config: model={cfg.model.name} has no weights or "
+                         "tokenizer for the engine; pass model.path=<HF checkpoint dir> (launch.train and "
+                         "launch.slurm resolve the embedded default's policy and refuse a preset without it)")
     return cfg.engine if cfg.engine.model_path else dataclasses.replace(cfg.engine, model_path=cfg.model.path)
 
 

@@ -28,14 +28,14 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
-            raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
+            raise ValueError(f"trainer.optimizer.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
-            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise ValueError(f"trainer.optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.clip_grad < 0:
-            raise ValueError(f"optimizer.clip_grad must be >= 0, got {self.clip_grad}")
+            raise ValueError(f"trainer.optimizer.clip_grad must be >= 0, got {self.clip_grad}")
         if not (0.0 <= self.adam_beta1 < 1.0 and 0.0 <= self.adam_beta2 < 1.0):
             raise ValueError(
-                f"optimizer.adam_beta1/adam_beta2 must be in [0, 1), got "
+                f"trainer.optimizer.adam_beta1/adam_beta2 must be in [0, 1), got "
                 f"{self.adam_beta1}/{self.adam_beta2}"
             )
 
@@ -57,13 +57,13 @@ class MicroBatchConfig:
         for name in ("token_budget", "logprob_token_budget", "max_seq_len", "pad_multiple",
                      "logprob_chunk_tokens"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"micro_batch.{name} must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"trainer.micro_batch.{name} must be > 0, got {getattr(self, name)}")
         padded_max = -(-self.max_seq_len // self.pad_multiple) * self.pad_multiple
         for name in ("token_budget", "logprob_token_budget"):
             if getattr(self, name) < padded_max:
                 raise ValueError(
-                    f"micro_batch.{name}={getattr(self, name)} cannot hold one sequence of "
-                    f"micro_batch.max_seq_len={self.max_seq_len} (padded to {padded_max})"
+                    f"trainer.micro_batch.{name}={getattr(self, name)} cannot hold one sequence of "
+                    f"trainer.micro_batch.max_seq_len={self.max_seq_len} (padded to {padded_max})"
                 )
 
 
