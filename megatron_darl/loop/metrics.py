@@ -171,6 +171,7 @@ class MetricsLogger:
         self._file = None  # opened by the first record: a run that makes no step changes no history
         self._tb = self._open_tensorboard()
         self._wandb = self._open_wandb(run_config or {})
+        self.variant = str((run_config or {}).get("algorithm", {}).get("variant") or "train")  # the bar's name
         self._bar = self._open_bar(start_step)
 
     def _open(self):
@@ -212,7 +213,7 @@ class MetricsLogger:
         from tqdm import tqdm
 
         return tqdm(total=self.cfg.steps, initial=start_step, disable=not self.cfg.progress_bar,
-                    desc="darl", unit="step", dynamic_ncols=True)
+                    desc=self.variant, unit="step", dynamic_ncols=True)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Write step ``step``'s metrics everywhere; returns the record as written."""
@@ -244,14 +245,18 @@ class MetricsLogger:
         self._tb.flush()
 
     def _show(self, step: int, record: Mapping[str, Any]) -> None:
+        """The bar and the log line; steps count from 1 as checkpoints do (``step_000001`` follows the
+        first). A step that received no sample has no reward or staleness: it says so, never 0."""
         tok_s = record.get("trainer_tokens_per_s") or 0.0
-        self._bar.set_postfix(reward=f"{record.get('reward_mean') or 0:.3f}",
-                              stale=f"{record.get('staleness_mean') or 0:.2f}",
-                              tok_s=f"{tok_s:.0f}", refresh=False)
+        if record.get("samples_received"):
+            reward, stale = f"{record.get('reward_mean') or 0:.3f}", f"{record.get('staleness_mean') or 0:.2f}"
+        else:
+            reward, stale = " -  (no new samples)", "-"
+        self._bar.set_postfix(reward=reward, stale=stale, tok_s=f"{tok_s:.0f}", refresh=False)
         self._bar.update(1)
         if (step + 1) % self.cfg.log_interval == 0 and not self.cfg.progress_bar:
-            log.info("step %d reward %.3f staleness %.2f tokens/s %.0f", step,
-                     record.get("reward_mean") or 0, record.get("staleness_mean") or 0, tok_s)
+            log.info("%s step %d/%d reward %s staleness %s tokens/s %.0f", self.variant, step + 1,
+                     self.cfg.steps, reward, stale, tok_s)
 
     def close(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Close writers; write ``progress.png`` (when ``cfg.plot``) and ``summary.json``."""
