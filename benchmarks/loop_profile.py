@@ -8,8 +8,7 @@ batch; ``--quick`` 8 x 8 x 512), on one GPU shared by trainer and worker (``gpu1
 CUDA IPC) and, with two GPUs, disaggregated (``gpu2``: NCCL), or at the trainer:rollout GPU counts
 of ``--splits 1:1,2:2,3:1,1:3`` (``cluster=gpu4`` with ``cluster.trainer_gpus=T
 cluster.rollout_gpus=R``; the record names T and R). The trainer splits a step's groups over its
-DP ranks, so at a split whose DP size does not divide ``--groups`` the run rounds them up (32 on 3
-trainer GPUs: 33; the record's ``groups`` is what ran, ``groups_requested`` what was asked). A
+DP ranks as evenly as they go (32 on 3 trainer GPUs: 11, 11 and 10). A
 random policy earns no reward, so every group would be degenerate and dropped: the runs set
 ``replay.drop_degenerate=false`` so that the log-prob pass and the train step do their full work.
 
@@ -164,17 +163,6 @@ def split_counts(layout: str) -> tuple[int, int]:
     return {"gpu1": (1, 1), "gpu2": (1, 1)}.get(layout, (0, 0))
 
 
-def dp_groups(groups: int, layout: str, overrides: list[str]) -> int:
-    """``groups`` rounded up to a multiple of the trainer's DP size at ``layout`` (ranks over
-    ``parallel.tp`` x ``parallel.pp`` of the overrides): 32 groups on 3 trainer GPUs run as 33."""
-    model_parallel = 1
-    for name in ("parallel.tp", "parallel.pp"):
-        given = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{name}=")]
-        model_parallel *= int(given[-1]) if given else 1
-    dp = max(split_counts(layout)[0] // model_parallel, 1)
-    return -(-groups // dp) * dp
-
-
 def launch_command(layout: str, variant: str, policy: Path | None, a: argparse.Namespace,
                    run_dir: Path) -> list[str]:
     """``launch.train`` at ``layout`` with ``variant``; ``policy`` None: the embedded default (its
@@ -184,7 +172,7 @@ def launch_command(layout: str, variant: str, policy: Path | None, a: argparse.N
               "transport.control.port=0", "cluster.master_port=0"]
     if policy is None:
         return [sys.executable, "-m", "launch.train", *common, *a.overrides]
-    groups = dp_groups(a.groups, layout, a.overrides)
+    groups = a.groups
     per_worker = -(-groups // max(1, split_counts(layout)[1]))  # a batch engine takes its share, not all
     return [sys.executable, "-m", "launch.train", *cluster_overrides(layout, cpu=layout == "cpu"),
             *trainer_overrides(layout, a.new_tokens), f"model.path={policy}", f"model.name={a.model}",

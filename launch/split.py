@@ -29,8 +29,8 @@ Both sides assume responses run to M (a trained policy stops earlier on both sid
 Rates come from, in order: explicit ``cluster.rates`` (0 = unknown), the newest matching
 ``benchmarks/results/loop_profile_*.json`` records (same model and engine; the same GPU name
 preferred; nearest batch shape; a fit over the records' layouts), else a FLOPs prior (``prior``
-in the log line). A candidate needs a valid trainer layout (T a multiple of TP x PP, B a multiple
-of the DP size); within ``TIE`` of the fastest, the one with more rollout GPUs wins (fresher
+in the log line). A candidate needs a valid trainer layout (T a multiple of TP x PP, B at least
+the DP size: 32 groups on 3 DP ranks train as 11, 11 and 10); within ``TIE`` of the fastest, the one with more rollout GPUs wins (fresher
 samples, and generation is where the model is least sure: engines vary most with the batch).
 
 What the model misses, and why measured steps win: the trainer's idle time when the engines'
@@ -138,7 +138,7 @@ class SplitChoice:
 def valid_trainer_gpus(n_gpus: int, tp: int, pp: int, groups: int) -> list[int]:
     """Trainer GPU counts T (1 <= T < n_gpus, leaving >= 1 rollout GPU) with a valid layout."""
     mp = tp * pp
-    return [t for t in range(1, n_gpus) if t % mp == 0 and groups % (t // mp) == 0]
+    return [t for t in range(1, n_gpus) if t % mp == 0 and groups >= t // mp]
 
 
 def predict(req: SplitRequest, rates: Rates, t: int, prompt_tokens: int) -> Candidate:
@@ -159,7 +159,7 @@ def choose_split(req: SplitRequest, rates: Rates, prompt_tokens: int = PROMPT_TO
     if not ts:
         raise ValueError(f"cluster.split=auto: no split of {req.n_gpus} GPUs leaves >= 1 rollout GPU and a "
                          f"trainer layout with T a multiple of parallel.tp x parallel.pp = {req.tp * req.pp} "
-                         f"and algorithm.groups_per_step={req.groups} a multiple of the DP size")
+                         f"and algorithm.groups_per_step={req.groups} at least the DP size")
     steps = {(r.trainer_gpus, r.rollout_gpus): r for r in measured}
     cands = []
     for t in ts:

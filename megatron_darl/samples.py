@@ -168,6 +168,19 @@ def share_packed(samples: Sequence[Sample], packed: PackedSamples) -> None:
 _MASK64 = (1 << 64) - 1
 
 
+def shard_quota(groups: int, num_shards: int, shard: int) -> int:
+    """Groups DP shard ``shard`` trains per step: ``groups`` split as evenly as it goes, the first
+    ``groups % num_shards`` shards taking one more (32 on 3 shards: 11, 11, 10). Arrivals are
+    spread by ``shard_of``, a hash, so a shard's inflow varies by more than this one group a step
+    anyway, and the loss is normalised by the step's tokens over all shards, so uneven shares
+    train the same objective."""
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} outside 0..{num_shards - 1}")
+    if groups < num_shards:
+        raise ValueError(f"{groups} groups a step cannot give each of {num_shards} DP shards one")
+    return groups // num_shards + (1 if shard < groups % num_shards else 0)
+
+
 def shard_of(group_id: int, num_shards: int) -> int:
     """DP shard that owns a group: a stable 64-bit mix (splitmix64) of the id, mod ``num_shards``.
 

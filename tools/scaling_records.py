@@ -19,7 +19,8 @@ names the engine and update mode its run resolved; older ones guessed the engine
 are read from the overrides again (the update mode: ``finish``, both presets' default, unless
 ``worker.update_mode=`` was given). Records of the shared-GPU layout ``gpu1`` (trainer
 and rollout on one GPU: no split) and those without GPU counts are left out. The batch is the one
-asked for (``groups_requested``: a 3:1 split runs 32 groups as 33, its DP size's multiple).
+asked for (``groups_requested``: older records of a 3:1 split ran 32 groups as 33, its DP size's
+multiple).
 """
 
 from __future__ import annotations

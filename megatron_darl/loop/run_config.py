@@ -158,9 +158,9 @@ def check_consistent(cfg: RunConfig) -> None:
     if cfg.transport.control.num_hubs != dp:
         raise ValueError(f"transport.control.num_hubs={cfg.transport.control.num_hubs} must equal "
                          f"the DP size {dp} (cluster.trainer_ranks / (tp x pp))")
-    if cfg.algorithm.groups_per_step % dp:
-        raise ValueError(f"algorithm.groups_per_step={cfg.algorithm.groups_per_step} must be a "
-                         f"multiple of the DP size {dp}")
+    if cfg.algorithm.groups_per_step < dp:
+        raise ValueError(f"algorithm.groups_per_step={cfg.algorithm.groups_per_step} must be at "
+                         f"least the DP size {dp} (each DP rank trains at least one group a step)")
     # the trainer scores the sampler's density: refuses truncated sampling (names the fields)
     density_temperature(cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k)
 

@@ -65,7 +65,7 @@ from megatron_darl.step.sequences import (
 )
 from megatron_darl.step.stats import StepStats
 from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSource
-from megatron_darl.samples import PackedSamples, Sample, SampleGroup, shard_of
+from megatron_darl.samples import PackedSamples, Sample, SampleGroup, shard_of, shard_quota
 from megatron_darl.trainer.batch import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -136,18 +136,11 @@ class ShardPlanner:
 
     def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, shard: int = 0,
                  num_shards: int = 1) -> None:
-        if algorithm.groups_per_step % num_shards:
-            raise ValueError(
-                f"algorithm.groups_per_step={algorithm.groups_per_step} must be a multiple of "
-                f"the DP size {num_shards} (each shard selects B/DP groups)"
-            )
-        if not 0 <= shard < num_shards:
-            raise ValueError(f"shard {shard} outside 0..{num_shards - 1}")
+        self.quota = shard_quota(algorithm.groups_per_step, num_shards, shard)  # B/DP, or one more
         self.algorithm, self.replay = algorithm, replay
         self.spec = algorithm.spec()
         self.window = replay.window
         self.shard, self.num_shards = shard, num_shards
-        self.quota = algorithm.groups_per_step // num_shards
         self.buffer = ReplayBuffer(self.window, num_shards, replay.warmup, replay.drop_degenerate,
                                    replay.max_replays, algorithm.adv_eps)
         self.cache = LogProbCache()

@@ -60,9 +60,10 @@ def test_unshared_trainer_time_limits_scaling():
     assert [r.trainer_tokens_per_s(t) for t in (1, 2, 4)] == pytest.approx([1 / 3e-4, 1 / 2e-4, 1 / 1.5e-4])
 
 
-def test_layouts_tp2_forbids_odd_trainer_counts_and_b_must_split_over_dp():
+def test_layouts_tp2_forbids_odd_trainer_counts_and_each_dp_rank_needs_a_group():
     assert sp.valid_trainer_gpus(6, 2, 1, 8) == [2, 4]
-    assert sp.valid_trainer_gpus(4, 1, 1, 8) == [1, 2]  # DP 3 does not divide B = 8
+    assert sp.valid_trainer_gpus(4, 1, 1, 8) == [1, 2, 3]  # DP 3 trains 8 groups as 3, 3 and 2
+    assert sp.valid_trainer_gpus(4, 1, 1, 2) == [1, 2]  # 2 groups cannot feed 3 DP ranks
     choice = sp.choose_split(request(n=6, groups=8, tp=2), rates(d=1e-3, b=1e-4), prompt_tokens=0)
     assert [c.trainer_gpus for c in choice.candidates] == [2, 4] and choice.trainer_gpus == 4
     with pytest.raises(ValueError, match="cluster.split=auto"):
@@ -167,7 +168,7 @@ def test_decide_from_records_and_explicit_rates_override_them(results):
     assert (choice.trainer_gpus, choice.rollout_gpus) == (1, 3) and "records loop_profile_a.json" in choice.why
     fixed = SplitRatesConfig(prompt_tokens=28, engine_decode_s=0.012, results_dir=str(results))
     choice = sp.decide(req, fixed, device="NVIDIA H200")  # engine 1.2 s whatever R: the trainer decides
-    assert [c.step_s for c in choice.candidates] == pytest.approx([1.6384, 1.2])
+    assert [c.step_s for c in choice.candidates] == pytest.approx([1.6384, 1.2, 1.2])  # 3:1 ties 2:2
     assert (choice.trainer_gpus, choice.rollout_gpus) == (2, 2) and "engine 100 x (12 + 0 x" in choice.why
 
 
@@ -187,8 +188,8 @@ def test_measured_steps_win_and_calibrate_the_predictions(tmp_path):
     assert "2:2 2.00 s measured [loop_profile_b.json]" in choice.why and "x1.06 calibrated" in choice.why
     # a rate given in the config: its model alone decides (no measured steps, no calibration)
     given = sp.decide(req, SplitRatesConfig(prompt_tokens=28, trainer_work=2.0, results_dir=str(tmp_path)))
-    assert [c.measured for c in given.candidates] == ["", ""]
-    assert [c.step_s for c in given.candidates] == pytest.approx([6.4 / 3, 3.2]) and given.trainer_gpus == 1
+    assert [c.measured for c in given.candidates] == ["", "", ""]
+    assert [c.step_s for c in given.candidates] == pytest.approx([6.4 / 3, 3.2, 6.4]) and given.trainer_gpus == 1
 
 
 def test_one_engine_batch_size_assumes_half_fixed(tmp_path):
@@ -242,7 +243,7 @@ def test_auto_on_gpu4_sets_ranks_workers_devices_and_transport(caplog, tmp_path,
     assert again.cluster.split == "1:3" and again.cluster.rollout_devices == [1, 2, 3]
 
 
-@pytest.mark.parametrize("groups, split", [(8, "2:2"), (12, "3:1")])
+@pytest.mark.parametrize("groups, split", [(2, "2:2"), (12, "3:1"), (32, "3:1")])
 def test_auto_trainer_bound_takes_the_largest_valid_trainer(groups, split):
     cfg = load_run_config(["cluster=gpu4", "cluster.split=auto", "cluster.rates.trainer_tokens_per_s=1000",
                            "cluster.rates.engine_decode_s_per_sample=1e-6", f"algorithm.groups_per_step={groups}",

@@ -86,14 +86,6 @@ def test_repeats_pool_steady_steps_and_average_the_launch_phases(tmp_path):
     assert metrics["dynamo_compiles_after_first_step"] == 4  # only the first run counted
 
 
-def test_groups_round_up_to_the_trainers_dp_size():
-    assert loop_profile.dp_groups(32, "t3r1", []) == 33
-    assert loop_profile.dp_groups(32, "t1r3", []) == 32
-    assert loop_profile.dp_groups(30, "t4r4", ["parallel.tp=2"]) == 30  # DP 2
-    assert loop_profile.dp_groups(31, "t4r4", ["parallel.tp=1", "parallel.tp=2"]) == 32  # the last wins
-    assert loop_profile.dp_groups(7, "cpu", []) == 7
-
-
 def test_batch_defaults_are_the_realistic_shape_and_quick_is_the_small_one():
     a = loop_profile.parse_args(["--splits", "3:1,1:3"])
     assert (a.groups, a.group_size, a.new_tokens) == (32, 8, 1024)
@@ -101,7 +93,7 @@ def test_batch_defaults_are_the_realistic_shape_and_quick_is_the_small_one():
     q = loop_profile.parse_args(["--quick", "--new-tokens", "64"])
     assert (q.groups, q.group_size, q.new_tokens) == (8, 8, 64)
     cmd = loop_profile.launch_command("t3r1", "darl", Path("/p"), a, Path("/run"))
-    assert "algorithm.groups_per_step=33" in cmd and "worker.groups_per_batch=33" in cmd  # one worker
+    assert "algorithm.groups_per_step=32" in cmd and "worker.groups_per_batch=32" in cmd  # one worker, DP 3
     spread = loop_profile.launch_command("t1r3", "darl", Path("/p"), a, Path("/run"))
     assert "worker.groups_per_batch=11" in spread  # three workers: a third of the step's groups each
     assert "loop.keep_checkpoints=1" in cmd and "sampling.max_new_tokens=1024" in cmd
