@@ -7,7 +7,7 @@ these functions into its own loss (docs/algorithm.md shows how).
 from megatron_darl.algorithms.advantages import grpo_advantages
 from megatron_darl.algorithms.importance import (
     CapMode, MixtureForm, behavior_weights, capped_tokens, mixture_log_density, prefix_mixture_log_density,
-    version_alpha,
+    prefix_posterior, version_alpha,
 )
 from megatron_darl.algorithms.loss import MAX_LOG_RATIO, PolicyLossInputs, PolicyLossStats, policy_loss
 from megatron_darl.algorithms.scores import (
@@ -64,6 +64,7 @@ __all__ = [
     "kl_score",
     "mixture_log_density",
     "prefix_mixture_log_density",
+    "prefix_posterior",
     "needs_logprob_pass",
     "policy_loss",
     "random_score",

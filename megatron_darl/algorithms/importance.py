@@ -9,7 +9,15 @@ the versions' *sequence* densities, and a token's weight divides by its conditio
 prefix (``MixtureForm.PREFIX``, ``prefix_mixture_log_density``): the mixture of the versions'
 next-token probabilities under the posterior of each version given the prefix. The mixture of
 per-token conditionals (``MixtureForm.TOKEN``, ``mixture_log_density``) equals it at the first
-token only and is kept as an ablation. The weights are capped at ``clip`` and carry no gradient,
+token only and is kept as an ablation.
+
+The posterior compares versions, so it reads one source of densities for every version: given
+``posterior_by_version`` (the trainer's rows of every version, the sample's own included) it
+weighs the versions by those, while the conditional's terms keep ``logp_by_version`` (the
+engine's row for a sample's own version: the true sampler). Engine/trainer mismatch is a KL with
+a positive mean on sampled tokens; were the own version's prefix read from the engine and the
+others' from the trainer, it would add up along the prefix and tip the posterior onto v_i (two
+identical versions at 1e-3 nats a token: weight ~1.0 by 8k tokens instead of 1/2). The weights are capped at ``clip`` and carry no gradient,
 in one of two forms (``CapMode``): truncation ``min(r, c)`` (D-ARL, verl's TIS) or AReaL's
 masking, where a token whose ratio exceeds the cap gets weight 0 (it leaves the gradient; the
 loss's token count keeps it).
@@ -93,7 +101,8 @@ def mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor) -> t
 
 def prefix_mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tensor,
                                sample_index: torch.Tensor | None = None,
-                               mask: torch.Tensor | None = None) -> torch.Tensor:
+                               mask: torch.Tensor | None = None,
+                               posterior_by_version: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token conditional of the sequence mixture ``q(y) = sum_k alpha_k pi_k(y)``:
 
         log q(y_j | y_<j) = logsumexp_k(log beta_kj + log pi_k(y_j | y_<j)),
@@ -101,7 +110,10 @@ def prefix_mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tenso
 
     with ``P_k,j = sum_{l<=j} log pi_k(y_l)`` the prefix log-density under version k, so
     ``beta_kj`` is the posterior of version k given the prefix (``alpha`` at the first token). The
-    product over j is ``q(y)``. This is the difference of the two prefix mixtures
+    product over j is ``q(y)``. With ``posterior_by_version`` the prefix sums P read those rows
+    (one source for every version: module docstring) and the terms ``log pi_k(y_j | y_<j)``
+    read ``logp_by_version``; with one version of ``alpha > 0`` the posterior is 1 and those rows
+    are not read. This is the difference of the two prefix mixtures
     ``LSE_k(log alpha_k + P_kj) - LSE_k(log alpha_k + P_k,j-1)``, computed through the normalised
     posterior so that prefix sums of thousands of nats never meet in a subtraction; in float64.
 
@@ -111,10 +123,36 @@ def prefix_mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tenso
         alpha: ``(K,)`` non-negative mixture weights summing to 1; versions with 0 are dropped.
         sample_index: packed layout: ``(n,)`` int64 response of each token, non-decreasing.
         mask: padded layout: ``(N, T)`` response mask (default: every position).
+        posterior_by_version: rows of ``logp_by_version``'s shape the posterior reads (default:
+            ``logp_by_version``); versions with ``alpha_k = 0`` are dropped from both.
 
     Returns:
         ``(N, T)`` (packed ``(n,)``) log q(y_j | y_<j), in the dtype of ``logp_by_version``
         (padding: the value of its last real token's posterior, to be masked by the caller).
+    """
+    logp, log_alpha = _mixture_terms(logp_by_version, alpha)
+    lp = logp.double()
+    post = posterior_by_version if posterior_by_version is not None and log_alpha.numel() > 1 else logp_by_version
+    if post.shape != logp_by_version.shape:
+        raise ValueError(f"posterior_by_version {tuple(post.shape)} must have logp_by_version's "
+                         f"shape {tuple(logp_by_version.shape)}")
+    log_post = prefix_posterior(post, alpha, sample_index, mask)  # (K', ...) log beta_kj
+    if lp.dim() == 3 and mask is not None:
+        lp = torch.where(mask.bool(), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+    return torch.logsumexp(log_post + lp, dim=0).to(logp.dtype)
+
+
+def prefix_posterior(logp_by_version: torch.Tensor, alpha: torch.Tensor,
+                     sample_index: torch.Tensor | None = None,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Log posterior of each version given the prefix before each token,
+    ``log beta_kj = log alpha_k + P_k,j-1 - logsumexp_k'(log alpha_k' + P_k',j-1)``, in float64.
+
+    Args: as ``prefix_mixture_log_density`` (the rows here are the ones the posterior reads).
+
+    Returns:
+        ``(K', N, T)`` (packed ``(K', n)``) log beta of the K' versions with ``alpha_k > 0``, in
+        their order; ``alpha`` at each response's first token.
     """
     logp, log_alpha = _mixture_terms(logp_by_version, alpha)
     lp = logp.double()
@@ -128,8 +166,7 @@ def prefix_mixture_log_density(logp_by_version: torch.Tensor, alpha: torch.Tenso
                              f"({lp.shape[1]},): the response of each token")
         before = _segment_exclusive_cumsum(lp, sample_index.to(lp.device))  # (K', n)
     prior = log_alpha.view(-1, *([1] * (lp.dim() - 1))) + before  # log alpha_k + P_k,j-1
-    log_post = prior - torch.logsumexp(prior, dim=0, keepdim=True)  # log beta_kj
-    return torch.logsumexp(log_post + lp, dim=0).to(logp.dtype)
+    return prior - torch.logsumexp(prior, dim=0, keepdim=True)
 
 
 def _segment_exclusive_cumsum(values: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:

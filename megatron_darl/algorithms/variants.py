@@ -185,6 +185,7 @@ def batch_behavior_weights(
     cap_mode: CapMode | str = CapMode.CLIP,
     form: MixtureForm | str = MixtureForm.PREFIX,
     sample_index: torch.Tensor | None = None,
+    posterior_by_version: torch.Tensor | None = None,
 ) -> BatchWeights:
     """Per-token behavior weights and PPO ratio base of a selected batch for ``variant``.
 
@@ -208,6 +209,10 @@ def batch_behavior_weights(
         form: the mixture's conditional for ``mixture`` weights: ``"prefix"`` (the sequence
             mixture's, exact) or ``"token"`` (the mixture of per-token conditionals, an ablation).
         sample_index: packed layout with ``form="prefix"``: ``(n,)`` response of each token.
+        posterior_by_version: ``form="prefix"``: rows of ``logp_by_version``'s shape, the
+            trainer's for every version (the own version's included), that the mixture's
+            posterior over versions reads (one source: ``importance.py``); default:
+            ``logp_by_version``. Needed only when two or more versions have tokens.
 
     Returns:
         ``BatchWeights`` with ``weights`` and ``logp_base`` for ``policy_loss``.
@@ -232,7 +237,11 @@ def batch_behavior_weights(
             log_q = logp_own
         else:
             _check_finite(logp_by_version, alpha, m, versions)
-            log_q = _mixture(logp_by_version.detach(), alpha, _form(form), sample_index, m)  # (N, T)
+            post = None
+            if posterior_by_version is not None and int((alpha > 0).sum()) > 1:
+                _check_finite(posterior_by_version, alpha, m, versions)
+                post = posterior_by_version.detach()
+            log_q = _mixture(logp_by_version.detach(), alpha, _form(form), sample_index, m, post)  # (N, T)
         weights = behavior_weights(logp_current, log_q, clip, mask=m, cap_mode=cap_mode)
         capped = capped_tokens(logp_current, log_q, clip, mask=m)
     base = logp_own if spec.ratio_base is RatioBase.BEHAVIOR else logp_current.detach()
@@ -247,16 +256,19 @@ def _form(form: MixtureForm | str) -> MixtureForm:
 
 
 def _mixture(logp_by_version: torch.Tensor, alpha: torch.Tensor, form: MixtureForm,
-             sample_index: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
-    """log q of the batch's behavior mixture in ``form``; packed prefix form needs ``sample_index``."""
+             sample_index: torch.Tensor | None, mask: torch.Tensor,
+             posterior: torch.Tensor | None = None) -> torch.Tensor:
+    """log q of the batch's behavior mixture in ``form`` (the prefix form's posterior reading
+    ``posterior`` when given); packed prefix form needs ``sample_index``."""
     if form is MixtureForm.TOKEN:
         return mixture_log_density(logp_by_version, alpha)
     if logp_by_version.dim() == 3:
-        return prefix_mixture_log_density(logp_by_version, alpha, mask=mask)
+        return prefix_mixture_log_density(logp_by_version, alpha, mask=mask, posterior_by_version=posterior)
     if sample_index is None:
         raise ValueError("packed mixture weights in the prefix form need sample_index (the response "
                          "of each token); pass form='token' for the per-token mixture")
-    return prefix_mixture_log_density(logp_by_version, alpha, sample_index=sample_index)
+    return prefix_mixture_log_density(logp_by_version, alpha, sample_index=sample_index,
+                                      posterior_by_version=posterior)
 
 
 def _check_finite(

@@ -12,8 +12,9 @@ trainer step, from the shard's new groups to the trainer's PPO mini-batches:
     pass       the selected groups not yet scored at t (warmup, scores without pi_t) get theirs;
                every pass's rows go into the cache and are the step's proximal log-probs
                (no pass at all when the variant reads no pi_t: naive async)
-    backfill   rows of V(S) the selected samples lack: exact from parameter snapshots
-               (``logprobs(batch, v)`` for v in ``exact_versions``), else the nearest version
+    backfill   trainer rows of V(S) the selected samples lack, the own version's included (the
+               posterior's, ``backfill.py``): exact from parameter snapshots (``logprobs(batch,
+               v)`` for v in ``exact_versions``), else the nearest trainer row
     weights    behavior weights, ratio base and advantages (``PolicyLossInputs``), fixed for the
                whole step, cut into M contiguous mini-batches x epochs
 
@@ -47,7 +48,6 @@ engine/trainer mismatch metric.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
@@ -57,6 +57,7 @@ from megatron_darl.algorithms import (
     RATIO_SCORES, PolicyLossInputs, WeightRule, batch_behavior_weights, group_scores,
     needs_logprob_pass, score_tokens,
 )
+from megatron_darl.step.backfill import backfill, mixture_versions, posterior_reads_trainer
 from megatron_darl.step.candidates import audit_rule, extrapolate, rescore
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.step.prefetch import CurrentRows, RowCounts, Work, entry_pieces, next_work, store_rows, take
@@ -68,7 +69,6 @@ from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSou
 from megatron_darl.samples import PackedSamples, Sample, SampleGroup, shard_of, shard_quota
 from megatron_darl.trainer.batch import TrainBatch
 
-log = logging.getLogger(__name__)
 LogProbFn = Callable[[TrainBatch, int], torch.Tensor]  # (batch, version) -> (n,) packed log-probs
 AllReduce = Callable[[torch.Tensor], torch.Tensor]  # the DP sum (identity with one shard)
 
@@ -146,6 +146,8 @@ class ShardPlanner:
         self.cache = LogProbCache()
         self.hist_bins = max(replay.k, algorithm.max_staleness + 2)  # last bin: this or older
         self.needs_pass = needs_logprob_pass(self.spec)  # False: no candidate log-prob pass
+        self.own_trainer_rows = posterior_reads_trainer(self.spec, algorithm.mis.form)  # ``backfill.py``
+        self.logged_nearest_own = False  # mis.backfill=nearest: the own-version copies were logged
         self.current = CurrentRows()  # log pi_t by sample at the trainer's version t
         self.counts = RowCounts()  # rows of the step so far, by where they came from
         self._pending = StepStats.empty(self.hist_bins)  # what the wait before the step did
@@ -180,7 +182,7 @@ class ShardPlanner:
         if self.needs_pass:
             passes([e for e in sel.entries if any(s.sample_id not in proximal for s in e.group.samples)])
         lap("logprob_seconds")
-        self._backfill(sel, tokens, step, logprobs, set(exact_versions) | {version}, stats)
+        backfill(self, sel, tokens, step, logprobs, set(exact_versions) | {version}, stats)
         plan = self._plan(sel, tokens, version, proximal, stats, step)
         self._count_rows(stats)
         lap("backfill_seconds")
@@ -252,7 +254,7 @@ class ShardPlanner:
         cand.logp_t = pack(rows)
         for s, row in zip(cand.samples, rows, strict=True):
             proximal[s.sample_id] = row
-            if s.num_tokens:  # kept for later steps' backfill (an engine row of t stays first)
+            if s.num_tokens:  # kept for later steps' backfill (beside an engine row of t)
                 self.cache.put(s.sample_id, version, row, RowSource.TRAINER)
         stats.groups_scored += len(entries)
         return cand
@@ -381,35 +383,6 @@ class ShardPlanner:
         stats.times_selected_max = float(max((e.times_selected for e in entries), default=0))
         return sel
 
-    # ---- backfill ---------------------------------------------------------------------------
-    def _backfill(self, sel: Selection, global_tokens: torch.Tensor, step: int, logprobs: LogProbFn,
-                  exact: set[int], stats: StepStats) -> None:
-        """Rows of V(S) the selected samples lack: exact where ``logprobs`` can score the version
-        (one pass per version), else copied from the nearest cached version (logged under
-        ``mis.backfill=snapshot``). Rows already cached (the engine's, earlier passes', the
-        wait's) count as reused."""
-        if self.spec.weight_rule is not WeightRule.MIXTURE:
-            return
-        need = [v for v, n in zip(sel.versions, global_tokens.tolist()) if n > 0]  # V(S)
-        ids = [s.sample_id for s in sel.samples if s.num_tokens]
-        self.counts.reused += len(ids) * len(need) - len(self.cache.missing(ids, need))
-        for v in need:
-            if v not in exact:
-                continue
-            work = take(entry_pieces(sel.entries, lambda s, v=v: (s.sample_id, v) not in self.cache),
-                        float("inf"), v)
-            if work is not None:
-                self._compute(work, logprobs, stats)
-                self.counts.computed += len(work.samples)
-                stats.backfill_snapshot += len(work.samples)
-        gaps = self.cache.missing(ids, need)
-        if gaps:
-            stats.backfill_nearest += self.cache.backfill_nearest(ids, need)
-            if self.algorithm.mis.backfill == "snapshot":
-                log.warning("step %d: %d log-prob rows of versions %s approximated by the nearest "
-                            "cached version (exact versions: %s)", step, len(gaps),
-                            sorted({v for _, v in gaps}), sorted(exact))
-
     # ---- loss inputs and mini-batches -----------------------------------------------------------
     def _plan(self, sel: Selection, global_tokens: torch.Tensor, version: int,
               proximal: dict[int, torch.Tensor], stats: StepStats, step: int = 0) -> StepPlan:
@@ -438,7 +411,11 @@ class ShardPlanner:
         lengths = response_lengths(samples)  # (N,)
         bv = torch.tensor([s.behavior_version if s.num_tokens else e.behavior_version
                            for e in sel.entries for s in e.group.samples])  # (N,)
-        by_version = self.cache.gather([s.sample_id for s in samples], sel.versions)  # (K, n)
+        ids = [s.sample_id for s in samples]
+        by_version = self.cache.gather(ids, sel.versions)  # (K, n) the engine's at k = v_i
+        posterior = None  # the trainer's rows of every version, own included (``backfill.py``)
+        if self.own_trainer_rows and len(mixture_versions(sel, global_tokens)) > 1:
+            posterior = self.cache.gather(ids, sel.versions, trainer=True)  # (K, n)
         n = int(lengths.sum())
         if self.needs_pass:
             missing = [s.sample_id for s in samples if s.sample_id not in proximal]
@@ -452,7 +429,7 @@ class ShardPlanner:
             torch.repeat_interleave(bv, lengths), torch.ones(n, dtype=torch.bool),
             clip=self.algorithm.weight_cap, version_tokens=global_tokens,
             cap_mode=self.algorithm.mis.cap_mode, form=self.algorithm.mis.form,
-            sample_index=sample_index(lengths),
+            sample_index=sample_index(lengths), posterior_by_version=posterior,
         )
         adv = torch.cat([e.advantages for e in sel.entries]).float()  # (N,)
         w = bw.weights.double()

@@ -13,7 +13,8 @@ the hub computes them, one bounded pass at a time, most certain first:
        eligible group; other rules: the never-scored ones; scores that read no pi_t: the
        groups they will likely select)
     3. rows of older window versions (parameter snapshots) for the groups predicted to be
-       selected: those that rank best on what is known so far
+       selected: those that rank best on what is known so far, their own behavior version
+       included where the mixture's posterior reads the trainer's row of it (``backfill.py``)
 
 Rows land where the step reads them: ``CurrentRows`` (log pi_t by sample, whatever the sample's
 own version) and the log-prob cache (older versions), so no row is ever computed twice and the
@@ -43,9 +44,10 @@ if TYPE_CHECKING:
 class CurrentRows:
     """log pi_t of samples under the trainer's current version t, by sample id.
 
-    Kept apart from the cache because a sample generated at exactly t has its engine row there
-    under t (the true behavior density, never replaced), while the score and the loss need the
-    trainer's row too. Cleared when the version moves on (``at``).
+    Kept apart from the cache because the wait computes rows of groups not buffered yet (a wait
+    that a signal cuts never buffers them, so their rows must not enter the cache); the step's
+    pass and ``_keep_current_rows`` put them into the cache's trainer slot (beside the engine row
+    of a sample generated at exactly t). Cleared when the version moves on (``at``).
     """
 
     def __init__(self) -> None:
@@ -130,11 +132,13 @@ def group_pieces(groups: Sequence[SampleGroup], want: Callable[[Sample], bool]):
 
 
 def snapshot_pieces(entries: Sequence[BufferEntry], versions: Sequence[int], cache: LogProbCache,
-                    max_tokens: int) -> Work | None:
+                    max_tokens: int, own: bool = False) -> Work | None:
     """The first version of ``versions`` (in order) some sample of ``entries`` lacks a cache row
-    of, as one pass over those samples (at most ``max_tokens``)."""
+    of, as one pass over those samples (at most ``max_tokens``); with ``own`` a trainer row of
+    the sample's own version too, beside its engine row (the prefix posterior's, ``backfill.py``)."""
     for v in versions:
-        work = take(entry_pieces(entries, lambda s, v=v: (s.sample_id, v) not in cache), max_tokens, v)
+        lacks = lambda s, v=v: not cache.has(s.sample_id, v, trainer=own)  # noqa: E731
+        work = take(entry_pieces(entries, lacks), max_tokens, v)
         if work is not None:
             return work
     return None
@@ -160,7 +164,7 @@ def store_rows(samples: Sequence[Sample], logp: torch.Tensor, version: int, curr
     rows = list(torch.split(logp.to(torch.float32), [s.num_tokens for s in samples]))
     duplicates = 0
     for s, row in zip(samples, rows, strict=True):
-        exact = cache.source(s.sample_id, version) in (RowSource.TRAINER, RowSource.SNAPSHOT)
+        exact = cache.source(s.sample_id, version, trainer=True) in (RowSource.TRAINER, RowSource.SNAPSHOT)
         if version == current.version:
             duplicates += int(exact or current.holds(s.sample_id))
             current.put(s, row)
@@ -185,7 +189,8 @@ def next_work(planner: "ShardPlanner", received: Sequence[SampleGroup], step: in
     if work is not None or planner.spec.weight_rule is not WeightRule.MIXTURE:
         return work
     older = sorted((v for v in planner.window.versions(version) if v != version and v in exact), reverse=True)
-    return snapshot_pieces(predicted_selection(planner, step, version), older, planner.cache, max_tokens)
+    return snapshot_pieces(predicted_selection(planner, step, version), older, planner.cache, max_tokens,
+                           own=planner.own_trainer_rows)
 
 
 def likely_scored(planner: "ShardPlanner", step: int, version: int) -> list[BufferEntry]:

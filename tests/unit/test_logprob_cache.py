@@ -1,4 +1,4 @@
-"""LogProbCache: sources and precedence, packed gather, backfill, eviction, bytes, state."""
+"""LogProbCache: the engine and trainer slots, precedence, packed gather, backfill, eviction, bytes, state."""
 
 import io
 
@@ -15,16 +15,18 @@ def row(values):
 def test_put_get_versions_and_source_precedence():
     cache = LogProbCache()
     assert cache.put(1, 3, row([-1.0, -2.0]), "engine")
-    assert not cache.put(1, 3, row([-9.0, -9.0]), RowSource.TRAINER)  # engine row is kept
-    assert torch.equal(cache.get(1, 3), row([-1.0, -2.0]))
-    assert cache.source(1, 3) is RowSource.ENGINE
+    assert cache.put(1, 3, row([-9.0, -9.0]), RowSource.TRAINER)  # the trainer slot, beside it
+    assert torch.equal(cache.get(1, 3), row([-1.0, -2.0]))  # the engine row comes first
+    assert torch.equal(cache.get(1, 3, trainer=True), row([-9.0, -9.0]))
+    assert cache.source(1, 3) is RowSource.ENGINE and cache.source(1, 3, trainer=True) is RowSource.TRAINER
+    assert cache.put(2, 7, row([-1.0]), "engine") and not cache.has(2, 7, trainer=True)
     assert cache.put(1, 5, row([-0.5, -0.5]), "nearest")
     assert cache.put(1, 5, row([-0.7, -0.7]), "snapshot")  # exact replaces approximate
     assert cache.put(1, 5, row([-0.6, -0.6]), "trainer")  # trainer and snapshot are equals
     assert not cache.put(1, 5, row([0.0, 0.0]), "nearest")
     assert cache.source(1, 5) is RowSource.TRAINER and cache.versions(1) == [3, 5]
     assert cache.get(1, 4) is None and cache.get(2, 3) is None
-    assert (1, 5) in cache and (1, 4) not in cache and len(cache) == 2
+    assert (1, 5) in cache and (1, 4) not in cache and len(cache) == 4  # 1: 3 twice, 5; 2: 7
     with pytest.raises(ValueError, match="tokens"):
         cache.put(1, 6, row([-1.0]), "trainer")
     with pytest.raises(ValueError, match=r"\(T,\)"):
@@ -45,31 +47,37 @@ def test_gather_packs_rows_and_marks_missing_rows():
     assert torch.isneginf(out[1, :3]).all()  # sample 10 has no version-2 row
     assert cache.gather([11, 10], [1]).tolist() == [[-4.0, -1.0, -2.0, -3.0]]  # in the given order
     assert cache.missing([10, 11], [1, 2]) == [(10, 2)]
+    assert cache.missing([10, 11], [1, 2], trainer=True) == [(10, 1), (10, 2), (11, 2)]
+    cache.put(11, 2, row([-6.0]), "snapshot")
+    assert cache.gather([11], [2]).item() == -5.0 and cache.gather([11], [2], trainer=True).item() == -6.0
     with pytest.raises(KeyError, match=r"\(10, 2\)"):
         cache.gather([10, 11], [1, 2], strict=True)
 
 
-def test_backfill_nearest_counts_and_picks_nearest_exact_row():
+def test_backfill_nearest_copies_the_nearest_exact_trainer_row_never_the_engine_row():
     cache = LogProbCache()
     cache.put(1, 4, row([-4.0]), "engine")
+    cache.put(1, 2, row([-2.0]), "snapshot")
     cache.put(1, 6, row([-6.0]), "trainer")
     cache.put(2, 7, row([-7.0]), "engine")
-    filled = cache.backfill_nearest([1, 2, 3], [3, 4, 5, 6, 7])
-    # sample 1 gets 3, 5, 7; sample 2 gets 3..6; sample 3 has nothing to copy from
-    assert filled == 3 + 4
-    assert cache.get(1, 3).item() == -4.0 and cache.get(1, 7).item() == -6.0
-    assert cache.get(1, 5).item() == -6.0  # tie between 4 and 6 goes to the newer
+    want = [(1, v) for v in (3, 4, 5, 7)] + [(2, 6), (3, 5)]
+    # sample 1 gets 3, 4 (its own version: the trainer slot), 5, 7; sample 2 has only its engine
+    # row and sample 3 nothing: left missing
+    assert cache.backfill_nearest(want) == 4
+    assert cache.get(1, 3).item() == -2.0 and cache.get(1, 7).item() == -6.0  # tie 2/4: 4 is no trainer row
+    assert cache.get(1, 5).item() == -6.0  # tie between 4 and 6: 4 holds only the engine row
+    assert cache.get(1, 4, trainer=True).item() == -6.0 and cache.get(1, 4).item() == -4.0
     assert cache.source(1, 5) is RowSource.NEAREST and cache.source(1, 4) is RowSource.ENGINE
-    assert cache.versions(3) == []
-    assert cache.source_counts() == {"engine": 2, "trainer": 1, "snapshot": 0, "nearest": 7}
-    cache.put(2, 5, row([-5.0]), "snapshot")  # an exact row replaces the approximation
-    assert cache.source(2, 5) is RowSource.SNAPSHOT and cache.backfill_nearest([2], [5]) == 0
+    assert cache.versions(3) == [] and not cache.has(2, 6)
+    assert cache.source_counts() == {"engine": 2, "trainer": 1, "snapshot": 1, "nearest": 4}
+    cache.put(1, 5, row([-5.0]), "snapshot")  # an exact row replaces the approximation
+    assert cache.source(1, 5) is RowSource.SNAPSHOT and cache.backfill_nearest([(1, 5)]) == 0
 
 
 def test_backfill_never_copies_an_approximation():
     cache = LogProbCache()
     cache.put(1, 0, row([-1.0]), "nearest")
-    assert cache.backfill_nearest([1], [1, 2]) == 0
+    assert cache.backfill_nearest([(1, 1), (1, 2)]) == 0
 
 
 def test_bytes_equal_tensors_held_and_evict():
@@ -92,19 +100,23 @@ def test_state_round_trip_is_exact():
     cache.put(1, 0, torch.randn(5), "engine")
     cache.put(1, 2, torch.randn(5), "snapshot")
     cache.put(2, 1, torch.randn(3), "trainer")
-    cache.backfill_nearest([1], [1])
+    cache.put(1, 0, torch.randn(5), "trainer")  # the trainer slot of the engine's key
+    cache.backfill_nearest([(1, 1)])
     blob = io.BytesIO()
     torch.save(cache.state_dict(), blob)
     blob.seek(0)
     restored = LogProbCache()
     restored.put(9, 9, torch.randn(2), "engine")  # replaced by the load
     restored.load_state_dict(torch.load(blob, weights_only=True))
-    assert restored.bytes() == cache.bytes() and len(restored) == len(cache) == 4
+    assert restored.bytes() == cache.bytes() and len(restored) == len(cache) == 5
     for sid in (1, 2):
         assert restored.versions(sid) == cache.versions(sid)
         for v in cache.versions(sid):
-            assert torch.equal(restored.get(sid, v), cache.get(sid, v))
-            assert restored.source(sid, v) is cache.source(sid, v)
+            for trainer in (False, True):
+                assert restored.has(sid, v, trainer) == cache.has(sid, v, trainer)
+                if cache.has(sid, v, trainer):
+                    assert torch.equal(restored.get(sid, v, trainer), cache.get(sid, v, trainer))
+                    assert restored.source(sid, v, trainer) is cache.source(sid, v, trainer)
     assert restored.versions(9) == []
 
 
@@ -112,9 +124,10 @@ def test_put_packed_cuts_rows_by_length_and_respects_precedence():
     cache = LogProbCache()
     cache.put(2, 4, row([-1.0]), "engine")
     packed = torch.tensor([-0.1, -0.2, -0.3, -0.4])
-    assert cache.put_packed([1, 2], 4, packed, [3, 1], "trainer") == 1  # sample 2 keeps engine
+    cache.put(2, 4, row([-0.9]), "trainer")
+    assert cache.put_packed([1, 2], 4, packed, [3, 1], "nearest") == 1  # sample 2 keeps its trainer row
     assert torch.equal(cache.get(1, 4), row([-0.1, -0.2, -0.3]))
-    assert torch.equal(cache.get(2, 4), row([-1.0]))
-    assert cache.bytes() == 4 * 4
+    assert torch.equal(cache.get(2, 4), row([-1.0])) and torch.equal(cache.get(2, 4, trainer=True), row([-0.9]))
+    assert cache.bytes() == 5 * 4
     with pytest.raises(ValueError, match="packed"):
         cache.put_packed([1, 2], 5, packed, [4, 1], "trainer")

@@ -132,7 +132,7 @@ def test_variants_window_quota_and_loss_inputs(variant):
                 for e in sel.entries]))
         p.evict(version + 1, plan.stats)
         assert all(p.window.holds(e.behavior_version, version + 1) for e in p.buffer.entries())
-        assert len(p.cache) == sum(len(p.cache.versions(s)) for s in p.buffer.sample_ids())
+        assert set(p.cache.state_dict()["sample_ids"]) <= set(p.buffer.sample_ids())  # rows left with their sample
 
 
 def _padded(rows, t_max):
@@ -145,7 +145,8 @@ def test_mixture_weights_match_the_padded_computation_after_backfill():
                   exact_versions=[0, 1, 2])
     sel = plan.selection
     assert {e.behavior_version for e in sel.entries} == {1, 2, 3}
-    assert p.cache.missing([s.sample_id for s in sel.samples], [1, 2, 3]) == []
+    assert p.cache.missing([s.sample_id for s in sel.samples], [1, 2, 3], trainer=True) == []
+    assert plan.stats.backfill_own == sum(1 for s in sel.samples if s.behavior_version < 3)  # snapshots
     samples = sel.samples
     t_max = max(s.num_tokens for s in samples)
     mask = torch.arange(t_max)[None] < torch.tensor([s.num_tokens for s in samples])[:, None]
@@ -159,6 +160,18 @@ def test_mixture_weights_match_the_padded_computation_after_backfill():
     assert plan.stats.w_tokens == mask.sum() and plan.stats.backfill_snapshot > 0
     for s in samples:
         assert p.cache.source(s.sample_id, s.behavior_version) is RowSource.ENGINE
+
+
+def test_only_the_prefix_posterior_costs_own_version_rows():
+    """The token form and the own-behavior weight read no trainer row of a sample's own version:
+    no backfill computes one (the prefix form's cost, above, is one row per late sample)."""
+    for variant, form in (("darl", "token"), ("darl_nomis", "prefix")):
+        p = ShardPlanner(algo(variant, b=3, mis=MisConfig(form=form)), ReplayConfig(k=4))
+        plan = p.step([make_group(1, 1), make_group(2, 2), make_group(3, 3)], 3, 3, fake_logprobs,
+                      exact_versions=[0, 1, 2])
+        assert plan.stats.backfill_own == 0
+        assert all(not p.cache.has(s.sample_id, s.behavior_version, trainer=True)
+                   for s in plan.selection.samples if s.behavior_version < 3)
 
 
 def interrupted_group(group_id, first, then):
@@ -248,7 +261,9 @@ def test_every_batch_of_a_step_is_its_samples_packed_one_by_one():
         seen.append((batch, version))
         return fake_logprobs(batch, version)
 
-    p = ShardPlanner(algo("darl", b=3, ppo_minibatches=3), ReplayConfig(k=4))
+    # the token form: the prefix form's posterior needs every sample's own-version trainer row too,
+    # so no backfill pass would miss the row of one sample of a group alone
+    p = ShardPlanner(algo("darl", b=3, ppo_minibatches=3, mis=MisConfig(form="token")), ReplayConfig(k=4))
     for t, groups in steps:
         plan = p.step(groups, t, t, recording, exact_versions=range(t))
         n = len(plan.samples)
@@ -273,9 +288,15 @@ def test_every_batch_of_a_step_is_its_samples_packed_one_by_one():
 def test_nearest_backfill_fills_every_needed_row():
     p = ShardPlanner(algo("darl", b=2, mis=MisConfig(backfill="nearest")), ReplayConfig(k=4))
     plan = p.step([make_group(1, 1), make_group(2, 3)], 3, 3, fake_logprobs)  # no exact versions
-    assert plan.stats.backfill_nearest == len(p.buffer.entry(2).group.samples)  # v1 rows of group 2
+    old, new = p.buffer.entry(1).group.samples, p.buffer.entry(2).group.samples
+    # v1 rows of group 2, and group 1's own v1 rows for the posterior: copies of their v3 rows
+    assert plan.stats.backfill_nearest == len(new) + len(old) and plan.stats.backfill_own == len(old)
     assert plan.stats.backfill_snapshot == 0
-    assert p.cache.missing([s.sample_id for s in plan.selection.samples], [1, 3]) == []
+    for s in old:
+        assert p.cache.source(s.sample_id, 1, trainer=True) is RowSource.NEAREST
+        assert torch.equal(p.cache.get(s.sample_id, 1, trainer=True), p.cache.get(s.sample_id, 3))
+        assert torch.equal(p.cache.get(s.sample_id, 1), s.behavior_logprobs)  # the engine's for the term
+    assert p.cache.missing([s.sample_id for s in plan.selection.samples], [1, 3], trainer=True) == []
     assert torch.isfinite(plan.loss_inputs.weights).all()
 
 
@@ -434,8 +455,10 @@ def test_oldest_selected_and_cache_rows_by_source():
     p.evict(4, plan.stats)
     st, n, fresh = plan.stats, len(plan.samples), len(p.buffer.entry(3).group.samples)
     assert st.cache_rows_engine == n and st.cache_rows_snapshot > 0
-    # the pass at t = 3 adds a trainer row except where the engine row of version 3 is kept
-    assert st.cache_rows_trainer == n - fresh and st.cache_rows_nearest == 0
+    # the pass at t = 3 adds a trainer row to every sample, beside the engine row of version 3
+    assert st.cache_rows_trainer == n and st.cache_rows_nearest == 0
+    assert all(p.cache.source(s.sample_id, 3, trainer=True) is RowSource.TRAINER
+               for s in p.buffer.entry(3).group.samples) and fresh > 0
     assert st.cache_rows_engine + st.cache_rows_trainer + st.cache_rows_snapshot == len(p.cache)
 
 

@@ -113,7 +113,10 @@ def test_the_wait_takes_received_groups_first_then_candidates_then_snapshots():
     assert versions[:2] == [3, 3]  # then every buffered candidate at t
     assert versions[2:] == [2, 1]  # then the predicted selection at the older versions, newest first
     chosen = [s.sample_id for e in predicted_selection(p, 3, 3) for s in e.group.samples]
-    assert not p.cache.missing(chosen, [1, 2])
+    assert not p.cache.missing(chosen, [1, 2], trainer=True)  # own versions too: the posterior's rows
+    own = [(tuple(torch.cat([s.prompt_ids, s.response_ids]).tolist()), 1) for e in predicted_selection(p, 3, 3)
+           for s in e.group.samples if s.behavior_version == 1]
+    assert own and set(own) <= set(trainer.rows)  # a version-1 group's own row, computed in the wait
     assert not p.prefetch(received, 3, 3, trainer, exact_versions=(1, 2))  # nothing left
 
 
