@@ -251,7 +251,7 @@ class MetricsLogger:
         if record.get("samples_received"):
             reward, stale = f"{record.get('reward_mean') or 0:.3f}", f"{record.get('staleness_mean') or 0:.2f}"
         else:
-            reward, stale = " -  (no new samples)", "-"
+            reward, stale = "-  (no new samples)", "-"
         self._bar.set_postfix(reward=reward, stale=stale, tok_s=f"{tok_s:.0f}", refresh=False)
         self._bar.update(1)
         if (step + 1) % self.cfg.log_interval == 0 and not self.cfg.progress_bar:
