@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +77,13 @@ def validate_hf_dir(hf_dir: str | Path, tp: int, pp: int) -> dict:
 
 
 def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
-    """Check ``megatron_darl.json``, the layout and that every shard file is present/complete."""
-    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, check_shards, read_metadata
+    """Check every file against ``checksums.json`` (before any is parsed), then
+    ``megatron_darl.json``, the layout and that every shard file is present/complete. The
+    weights are checked for NaN/Inf once loaded (``load_model_checkpoint``)."""
+    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, check_shards, read_metadata, verify_files
 
+    if Path(ckpt_dir).is_dir():
+        verify_files(ckpt_dir)
     meta = read_metadata(ckpt_dir)
     source = str(Path(ckpt_dir) / METADATA_NAME)
     spec = spec_from_hf(meta.hf_config, source)
@@ -149,7 +154,7 @@ def megatron_to_hf_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     meta = read_metadata(job.src_dir)
     model = build_qwen3_model(meta.hf_config, ps, dtype=meta.torch_dtype, attention="sdpa",
                               padded_vocab=meta.padded_vocab_size)
-    load_model_checkpoint(model, job.src_dir)
+    load_model_checkpoint(model, job.src_dir, verify=False)  # files verified before the spawn; NaN/Inf here
     writer = ShardedSafetensorsWriter(job.out_dir, job.max_shard_bytes, f"{ps.pp_rank:03d}-")
     total = len(stage_hf_names(model[0].qwen3_spec, ps.pp_rank, ps.pp_size))
     bar = _progress(total, "write HF (stage 0)", job.progress and rank == 0)
@@ -319,6 +324,9 @@ def run_conversion(prog: str, args, src_dir: str, validate, worker, src_flag: st
     except (ValueError, OSError, RuntimeError) as exc:
         if args.verbose and isinstance(exc, LocalWorkerError):
             print(exc.details, file=sys.stderr)
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        line = str(exc)
+        if isinstance(exc, LocalWorkerError):  # a worker's last traceback line: "pkg.mod.Error: what"
+            line = re.sub(r"^[\w.]+\.(\w+): ", "", line)
+        print(f"{prog}: error: {line}", file=sys.stderr)
         return 1
     return 0

@@ -4,6 +4,12 @@ Our converter (``tools/convert_hf_to_megatron.py``) marks the Megatron directori
 with a ``megatron_darl.json`` file. The engines load Hugging Face directories only, so such a
 directory is first converted back with ``tools/convert_megatron_to_hf.py`` into a temporary
 directory the caller owns (and deletes).
+
+The converter is the one loader of such weights here: it verifies every file against the
+checkpoint's ``checksums.json`` and the loaded weights for NaN/Inf
+(``trainer.checkpoint_io.load_model_checkpoint``). A damaged checkpoint is refused by it, and
+``resolve_hf_dir`` passes that on as one ``CheckpointDamaged`` line (a ``ValueError``: the user's
+input, not a crash), so no benchmark is ever scored on zeroed or NaN weights.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path
 
     Raises:
         FileNotFoundError: ``model`` does not exist, or the converter script is missing.
-        RuntimeError: the conversion failed (its output is in the message).
+        CheckpointDamaged: the checkpoint's files or weights are damaged (one line naming them).
+        RuntimeError: the conversion failed otherwise (its output is in the message).
     """
     model = Path(model)
     if not model.is_dir():
@@ -38,6 +45,11 @@ def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path
     out = Path(tmp_dir) / "hf"
     cmd = [sys.executable, str(converter), "--megatron-dir", str(model), "--out-dir", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    refusal = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode != 0 and " is damaged: " in refusal:  # the loader's one line: a user's input
+        from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
+
+        raise CheckpointDamaged(f"--model {model}: refused: {refusal.split(': error: ', 1)[-1]}")
     if proc.returncode != 0:
         raise RuntimeError(f"converting {model} failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
     return out

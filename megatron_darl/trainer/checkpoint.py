@@ -57,7 +57,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_darl.trainer import checksums, disk
 from megatron_darl.trainer.checkpoint_io import (
-    check_shards, chunked_model_state_dict, damaged, save_sharded,
+    check_finite, check_shards, chunked_model_state_dict, damaged, save_sharded, verify_files,
 )
 from megatron_darl.trainer.weight_check import require_finite
 
@@ -245,9 +245,7 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
 
     path = Path(ckpt_dir)
     if path.is_dir():  # every file as it was written, before any of them is parsed
-        problem = checksums.verify_checkpoint(path)
-        if problem:
-            raise damaged(path, problem)
+        verify_files(path, resume=True)
     saved = read_metadata(path)
     meta = saved.extra.get("trainer")
     if meta is None:
@@ -273,9 +271,7 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
         chunk.load_state_dict(state[f"model{i}"])
     named = ((f"model{i}.{name}", p) for i, chunk in enumerate(trainer.model_chunks)
              for name, p in chunk.named_parameters())
-    bad = checksums.first_problem(checksums.nonfinite_parameter(named))  # every rank, the same line
-    if bad:
-        raise damaged(path, f"weight {bad} after loading")
+    check_finite(path, named, resume=True)  # every rank, the same line
     # no_grad: in fp32 runs the main params are views of the (grad-requiring) params
     with torch.no_grad(), _tolerate_missing_adam_step(trainer.optimizer):
         trainer.optimizer.load_state_dict(state["optimizer"])
@@ -436,9 +432,13 @@ def _restore_rng(state: dict) -> None:
 
 
 def load_model_weights(model_chunks: list, ckpt_dir: str | os.PathLike, parallel_state) -> None:
-    """Load only the model weights: a converted or trainer checkpoint (any TP/PP), or HF."""
+    """Load only the model weights: a converted or trainer checkpoint (any TP/PP), or HF.
+
+    Collective. The files are verified against ``checksums.json`` before parsing and the loaded
+    weights for NaN/Inf (``CheckpointDamaged``: one line naming the file or weight); an HF
+    directory's weights are checked for NaN/Inf after the load."""
     from megatron_darl.trainer.checkpoint_io import (
-        METADATA_NAME, load_model_checkpoint, read_metadata,
+        METADATA_NAME, check_finite, load_model_checkpoint, read_metadata, verify_files,
     )
 
     path = Path(ckpt_dir)
@@ -446,10 +446,13 @@ def load_model_weights(model_chunks: list, ckpt_dir: str | os.PathLike, parallel
         from megatron_darl.models.qwen3.weights import load_hf_checkpoint
 
         load_hf_checkpoint(model_chunks, path, parallel_state)
+        check_finite(path, ((f"model{i}.{name}", p) for i, chunk in enumerate(model_chunks)
+                            for name, p in chunk.named_parameters()))
         return
     if not (path / METADATA_NAME).is_file():
         raise FileNotFoundError(
             f"{path}: neither a megatron_darl checkpoint ({METADATA_NAME}) nor a HF model directory"
         )
+    verify_files(path)  # every file as written, before its metadata is parsed
     check_same_model(model_chunks[0].qwen3_spec, path, _saved_spec(read_metadata(path)))
-    load_model_checkpoint(model_chunks, path)
+    load_model_checkpoint(model_chunks, path, verify=False)  # then NaN/Inf checked after the load

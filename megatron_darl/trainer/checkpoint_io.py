@@ -9,6 +9,12 @@ Keys are Megatron's own: its local layer spec already maps the input norms to th
 Engine names (``self_attention.linear_qkv.layer_norm_weight``...), so checkpoints move between
 TE and non-TE machines, and plain ``dist_checkpointing.load(model.sharded_state_dict(), dir)``
 reads them.
+
+Every loader of weights goes through ``load_model_checkpoint`` (the converters, eval by way of
+the converter, ``trainer.init_checkpoint``): it verifies each file against ``checksums.json``
+before parsing it and the loaded weights for NaN/Inf after, so 4 KiB of zeros or 0xFF inside a
+tensor is refused in one line naming the file, never converted, evaluated or trained from.
+``save_model_checkpoint`` writes that manifest, as a training save does.
 """
 
 from __future__ import annotations
@@ -108,15 +114,40 @@ class CheckpointDamaged(ValueError):
     """A checkpoint that must not be loaded: the message is one line naming it and the problem."""
 
 
-def damaged(ckpt_dir: str | Path, problem: str) -> CheckpointDamaged:
-    """A one-line error for a checkpoint that cannot be loaded, offering the previous one."""
+def damaged(ckpt_dir: str | Path, problem: str, resume: bool = True) -> CheckpointDamaged:
+    """A one-line error for a checkpoint that cannot be loaded, offering the previous one (with
+    ``resume``, how to resume from it; a tool that only loads weights just names it)."""
     path = Path(ckpt_dir)
     prev = previous_checkpoint(path)
     aside = path.parent / f"damaged-{path.name}"  # not a step_* name: resume skips it
-    offer = (f"the previous checkpoint is {prev}: move the damaged one aside (mv {path} {aside}) "
-             "and resume again (loop.resume=true takes the newest step_*)" if prev is not None
-             else f"there is no earlier checkpoint in {path.parent}")
+    if prev is None:
+        offer = f"there is no earlier checkpoint in {path.parent}" if resume else "it was not loaded"
+    elif resume:
+        offer = (f"the previous checkpoint is {prev}: move the damaged one aside (mv {path} {aside}) "
+                 "and resume again (loop.resume=true takes the newest step_*)")
+    else:
+        offer = f"it was not loaded; the previous checkpoint is {prev}"
     return CheckpointDamaged(f"checkpoint {path} is damaged: {problem}; {offer}")
+
+
+def verify_files(ckpt_dir: str | Path, resume: bool = False) -> None:
+    """Collective: raise ``CheckpointDamaged`` (the same line on every rank) when a file of the
+    checkpoint does not match its ``checksums.json``; before anything of it is parsed."""
+    from megatron_darl.trainer import checksums
+
+    problem = checksums.verify_checkpoint(Path(ckpt_dir))
+    if problem:
+        raise damaged(ckpt_dir, problem, resume=resume)
+
+
+def check_finite(ckpt_dir: str | Path, named_params, resume: bool = False) -> None:
+    """Collective: raise ``CheckpointDamaged`` on every rank when a loaded weight of any rank holds
+    NaN or Inf (a checkpoint whose bytes carry no checksums, or were written that way)."""
+    from megatron_darl.trainer import checksums
+
+    bad = checksums.first_problem(checksums.nonfinite_parameter(named_params))
+    if bad:
+        raise damaged(ckpt_dir, f"weight {bad} after loading", resume=resume)
 
 
 def sharded_model_state_dict(model_chunks) -> dict:
@@ -171,18 +202,30 @@ def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMe
     import megatron.core
     import torch.distributed as dist
 
+    from megatron_darl.trainer import checksums
+
     save_sharded(sharded_model_state_dict(model_chunks), ckpt_dir)
     dist.barrier()
     if dist.get_rank() == 0:
         meta.megatron_core_version = getattr(megatron.core, "__version__", "")
         write_metadata(ckpt_dir, meta)
     dist.barrier()
+    problem = checksums.write_manifest(Path(ckpt_dir))  # what every load verifies first
+    if problem:
+        raise OSError(f"{ckpt_dir}: checkpoint written but not sealed: {problem}")
 
 
-def load_model_checkpoint(model_chunks, ckpt_dir: str | Path) -> None:
-    """Collective over all ranks: load model weights from a checkpoint (any saved TP/PP)."""
+def load_model_checkpoint(model_chunks, ckpt_dir: str | Path, verify: bool = True) -> None:
+    """Collective over all ranks: load model weights from a checkpoint (any saved TP/PP).
+
+    Every file is checked against ``checksums.json`` before it is parsed (``verify``: False only
+    where the caller did that already), and the loaded weights for NaN/Inf; either failure is
+    one ``CheckpointDamaged`` line naming the file (or weight) and the checkpoint.
+    """
     from megatron.core import dist_checkpointing
 
+    if verify:
+        verify_files(ckpt_dir)
     sharded = sharded_model_state_dict(model_chunks)
     kwargs = {}
     if "strict" in inspect.signature(dist_checkpointing.load).parameters:
@@ -192,7 +235,9 @@ def load_model_checkpoint(model_chunks, ckpt_dir: str | Path) -> None:
     except Exception as exc:  # noqa: BLE001 - torch.distributed.checkpoint raises many types
         msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{ckpt_dir}: cannot load checkpoint ({msg})") from exc
-    missing, _ = _unwrap(model_chunks[0]).load_state_dict(state, strict=False)
+    model = _unwrap(model_chunks[0])
+    missing, _ = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing:
         raise ValueError(f"{ckpt_dir}: checkpoint lacks {missing[:5]}")
+    check_finite(ckpt_dir, model.named_parameters())

@@ -115,3 +115,66 @@ def test_zeros_in_a_shard_and_a_garbage_common_pt_fail_their_checksums(trained_r
     fault_record["observed"] = ("zeros over 4 KiB of a weight in __0_*.distcp and a non-UTF-8 common.pt of the "
                                 "same size: each named by its checksum before anything parses it")
     fault_record["lost"] = "that checkpoint (resume offers the previous one, as above)"
+
+
+def _damage_embedding(ckpt: Path, byte: int, checksums: bool = True) -> Path:
+    """``byte`` over 4 KiB in the middle of the embedding's stored bytes (same size); the shard."""
+    shard, offset, length = _tensor_bytes(ckpt, "embedding.word_embeddings.weight")
+    with open(shard, "r+b") as f:
+        f.seek(offset + length // 2)
+        f.write(bytes([byte]) * 4096)
+    if not checksums:
+        (ckpt / "checksums.json").unlink()
+    return shard
+
+
+def _init_from(rank: int, world: int, ckpt: str, out: str) -> None:
+    """Gloo worker: a ``PolicyTrainer`` with ``init_checkpoint=ckpt``; writes what it raised."""
+    from megatron_darl.trainer.checkpoint_io import CheckpointDamaged, read_metadata
+    from megatron_darl.trainer.config import TrainerConfig
+    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.policy_trainer import PolicyTrainer
+
+    ps = init_parallel(ParallelConfig(timeout_s=120))
+    try:
+        PolicyTrainer(TrainerConfig(bf16=False, init_checkpoint=ckpt), ps, read_metadata(ckpt).hf_config)
+        Path(out).write_text("loaded")
+    except CheckpointDamaged as exc:
+        Path(out).write_text(str(exc))
+
+
+@pytest.mark.fault(kind="file", name="zeros or 0xFF in a checkpoint's embedding, loaded by the tools")
+def test_every_tool_that_loads_weights_refuses_a_damaged_checkpoint(trained_run, tmp_path, capsys, fault_record):
+    """The converter, eval and trainer.init_checkpoint refuse 4 KiB of zeros or 0xFF in the embedding bytes in one line naming the file (by checksum before parsing; by NaN after loading where no checksums exist); nothing is written."""
+    from megatron_darl.eval.checkpoint import resolve_hf_dir
+    from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
+    from megatron_darl.trainer.parallel import run_local_gloo
+    from tools import convert_megatron_to_hf as to_hf
+
+    source, lines = trained_run / "checkpoints" / "step_000002", {}
+    for name, byte, sums in (("zeros", 0x00, True), ("ff", 0xFF, True), ("ff-nosums", 0xFF, False)):
+        ckpt = tmp_path / name / "step_000002"
+        shutil.copytree(source, ckpt)
+        shard = _damage_embedding(ckpt, byte, sums)
+        out = tmp_path / f"hf-{name}"
+        code = to_hf.main(["--megatron-dir", str(ckpt), "--out-dir", str(out), "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and not out.exists(), err
+        line = lines[name] = err[-1]
+        assert line.startswith(f"convert_megatron_to_hf: error: checkpoint {ckpt} is damaged: "), line
+        if sums:
+            assert f"{shard} does not match its checksum" in line and len(err) == 1, err
+        else:  # the bytes carry no checksums: the NaN they decode to is found after the load
+            assert "weight embedding.word_embeddings.weight (1024 of " in line and "values are nan" in line, line
+    with pytest.raises(CheckpointDamaged) as refused:  # tools/eval.py's loader: through the converter
+        resolve_hf_dir(tmp_path / "zeros" / "step_000002", tmp_path / "eval", REPO / "tools" / "convert_megatron_to_hf.py")
+    said = str(refused.value)
+    assert "\n" not in said and f"{tmp_path / 'zeros' / 'step_000002' / shard.name} does not match" in said, said
+    result = tmp_path / "init.txt"
+    run_local_gloo(_init_from, 1, args=(str(tmp_path / "ff" / "step_000002"), str(result)), timeout_s=300)
+    assert result.read_text().startswith(f"checkpoint {tmp_path / 'ff' / 'step_000002'} is damaged: "
+                                         f"{tmp_path / 'ff' / 'step_000002' / shard.name} does not match its checksum")
+    fault_record["observed"] = (f"converter, eval (--model) and trainer.init_checkpoint each refused the checkpoint "
+                                f"in one line naming {shard.name}; without checksums.json the converter named "
+                                "the embedding's 1024 NaN values after loading")
+    fault_record["lost"] = "nothing: no HF model, no score and no training came from the damaged weights"
