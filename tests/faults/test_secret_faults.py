@@ -29,6 +29,7 @@ from launch.slurm import write_plan
 from launch.train import process_specs
 from megatron_darl.ports import free_port
 from megatron_darl.transport import ControlPlaneConfig, connect_store, serve_store
+from megatron_darl.transport.control_store import LEDGER_KEY
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -125,29 +126,32 @@ def test_a_degraded_program_cannot_find_the_run_secret(tmp_path, fault_record):
 
 @pytest.mark.fault(kind="secret", name="control store listening on every interface")
 def test_the_control_store_listens_only_where_configured(tmp_path, fault_record):
-    """With host 127.0.0.1 the store listens on 127.0.0.1 only: other addresses of this machine refuse connections; the plan file naming its port is 0600."""
+    """With host 127.0.0.1 the store and its ledger listen on 127.0.0.1 only: other addresses of this machine refuse connections; the plan file naming its port is 0600."""
     port = free_port()
     control = ControlPlaneConfig(host="127.0.0.1", port=port, secret="s", store_timeout_s=10)
     store = serve_store(control)
     client = connect_store(control, "test client")
     try:
+        ledger_port = int(client.get(LEDGER_KEY))  # the staleness counters' server, beside the store
         listening = {c.laddr.ip for c in psutil.net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port in (port, ledger_port)}
         assert listening == {"127.0.0.1"}, listening
         client.set("k", "v")
         assert store.get("k") == b"v"
+        assert client.add("stale/groups_started", 2) == store.add("stale/groups_started", 0) == 2
         others = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                          if a.family == socket.AF_INET and not a.address.startswith("127.")})
         for address in others:
-            with pytest.raises(ConnectionRefusedError):
-                socket.create_connection((address, port), timeout=5).close()
+            for p in (port, ledger_port):
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection((address, p), timeout=5).close()
     finally:
         client.close()
         store.close()
     plan = write_plan(tmp_path / "plan.sh", {"CONTROL_ADDR": "127.0.0.1", "CONTROL_PORT": port})
     assert not _readable_by_others(plan)
-    fault_record["observed"] = (f"listening on {sorted(listening)} only; connections to {others or 'no other address'} "
-                                "refused; plan.sh mode 0600")
+    fault_record["observed"] = (f"store and ledger listening on {sorted(listening)} only; connections to "
+                                f"{others or 'no other address'} refused; plan.sh mode 0600")
 
 
 def test_a_secret_file_open_to_others_is_refused(tmp_path):

@@ -1,4 +1,4 @@
-"""One rollout worker is not the run (issue 31): the main job (``python -m launch.train``, real
+"""One rollout worker is not the run: the main job (``python -m launch.train``, real
 trainer and worker processes on CPU) with a rollout worker SIGKILLed in a weight sync or while
 generating. The run goes on with the workers that remain, names the loss in one log line and
 counts it in the metrics; with ``cluster.rollout_restarts`` the launcher starts the worker again
@@ -7,6 +7,10 @@ and it contributes groups again; only losing every worker ends the run, naming e
 The kills come from ``inject/sitecustomize.py`` (``DARL_FAULT=kill:W:sync|generate:N``): the
 worker SIGKILLs itself at a chosen point, once (a restarted process runs clean), and leaves
 ``fault_fired_rollout<W>`` in the run dir.
+
+A worker declared lost that comes back (frozen past the heartbeat timeout, then thawed) runs on
+the transport test processes (``tests/distributed/procs``: the real worker, hub, heartbeat and
+ledger around a stand-in trainer), which take seconds where the main job takes minutes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.procs.launcher import wait_for
+from tests.distributed.procs.scenario import Scenario
 
 REPO = Path(__file__).resolve().parents[2]
 INJECT = Path(__file__).resolve().parent / "inject"
@@ -153,3 +158,61 @@ def test_killing_every_worker_ends_the_run_naming_each(tmp_path, fault_record):
     assert seconds < 300, seconds
     fault_record["observed"] = f"exit {code} in {seconds:.0f} s: {last.split('run failed ', 1)[1][:200]}"
     fault_record["lost"] = "the groups both workers were generating; the steps since the checkpoint: none"
+
+
+def _freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped (delivery is asynchronous)."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped(task: Path) -> bool:
+        try:
+            return (task / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except (OSError, IndexError):
+            return True  # the thread is gone
+    wait_for(lambda: all(stopped(t) for t in Path(f"/proc/{pid}/task").iterdir()), 10, f"pid {pid} stopped")
+
+
+@pytest.mark.fault(kind="rollout fault", name="rollout 0 of 2 frozen past the heartbeat timeout, then thawed")
+def test_a_worker_thawed_after_it_was_declared_lost_cannot_loosen_the_bound(tmp_path, fault_record):
+    """Rollout 0 of 2 SIGSTOPped with a batch in flight until declared lost, SIGCONTed once the trainer moved on: its starts are given back, the groups it then sends are refused and counted, it goes on as a new generation, and no group staler than max_staleness is trained."""
+    eta, gps, steps, hb_timeout = 1, 2, 10, 4.0
+    sc = Scenario(out=tmp_path, workers=2, steps=steps, gps=gps, eta=eta, secret="run-secret",
+                  trainer_args=["--refuse-stale", "1"],
+                  worker_args={0: ["--batch", "2", "--stall-at", "2", "--stall-s", "1"], 1: ["--batch", "2"]})
+    procs = sc.launch()
+    pid = 0
+    try:
+        wait_for(lambda: (tmp_path / "stalling0.json").exists(), 120, "rollout 0's second batch in flight")
+        pid = procs.procs["worker0"].pid
+        _freeze(pid)
+        frozen_at = len(sc.records("sync0.jsonl"))  # versions published when it froze
+        wait_for(lambda: any(r["role"] == "rollout" and r["rank"] == 0 for r in sc.records("losses.jsonl")),
+                 hb_timeout + 30, "rollout 0 declared lost")
+        wait_for(lambda: len(sc.records("sync0.jsonl")) >= frozen_at + eta + 2, 90,
+                 f"the trainer {eta + 2} versions further, on rollout 1 alone")
+        os.kill(pid, signal.SIGCONT)
+        assert procs.wait("trainer0", 120) == 0, procs.logs()
+        codes = [procs.wait(f"worker{w}", 30) for w in range(2)]
+    finally:
+        if pid and procs.procs["worker0"].poll() is None:
+            os.kill(pid, signal.SIGCONT)
+        procs.close()
+    assert codes == [0, 0], procs.logs()
+    loss = next(r for r in sc.records("losses.jsonl") if r["role"] == "rollout" and r["rank"] == 0)
+    done = sc.records("done.jsonl")[0]
+    trained = [r for r in sc.records("hub0.jsonl") if r["step"] <= steps]  # later: the drain after the stop
+    ages = [r["step"] - 1 - r["min_token_version"] for r in trained]  # step s trains at version s - 1
+    assert len(trained) == steps * gps and max(ages) <= eta, sorted(ages)
+    # the batch it was generating (and one not yet at the hub, if any): their starts given back,
+    # and each of those groups, sent once it thawed, refused at the hub: none trained, none uncounted
+    assert loss["released"] == done["fenced"] >= 2, (loss, done)
+    worker0 = (tmp_path / "worker0.log").read_text()
+    assert "going on as generation 2" in worker0, worker0[-3000:]
+    assert any(r["worker"] == 0 and r["step"] > loss["step"] for r in trained)  # and it contributes again
+    fault_record["observed"] = (f"rollout 0 frozen with a batch in flight at version {frozen_at}, declared lost "
+                                f"({loss['released']} starts given back), thawed {eta + 2} versions later: its "
+                                f"{done['fenced']} groups refused at the hub (fenced), {done['stale']} refused over "
+                                f"the bound; it went on as "
+                                f"generation 2; the {len(trained)} groups trained were at most {max(ages)} "
+                                f"versions old (max_staleness {eta})")
+    fault_record["lost"] = "the groups it held when declared lost, counted as dropped and as fenced"

@@ -24,7 +24,7 @@ from megatron_darl.transport import (
     TransportTimeout, WeightSender, WeightSyncConfig, connect_store, register, request_stop, serve_store,
     release_reservations, wait_for_exits,
 )
-from megatron_darl.transport.staleness import StalenessGate
+from megatron_darl.transport.staleness import StalenessGate, admit_fresh, groups_refused
 from megatron_darl.transport.config import ChannelConfig
 from tests.distributed.procs.sources import load_source
 
@@ -36,7 +36,7 @@ def parse() -> argparse.Namespace:
         ("workers", int, 1), ("hubs", int, 1), ("stages", int, 1), ("steps", int, 1),
         ("gps", int, 1), ("eta", int, 0), ("hub-delay-s", float, 0.0), ("hb-interval", float, 0.25),
         ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0), ("timeout", float, 60.0),
-        ("drain-timeout", float, 30.0), ("channel", str, "dataplane"),
+        ("drain-timeout", float, 30.0), ("channel", str, "dataplane"), ("refuse-stale", int, 0),
         ("out", str, ""), ("model-dir", str, ""), ("secret", str, ""), ("source", str, "tests.distributed.procs.sources:hf_stages"),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
@@ -79,7 +79,7 @@ def main() -> int:
     for step in range(1, a.steps + 1):
         hb.step = step
         if hub is not None:
-            _receive(a, hub, per_hub, step)
+            _receive(a, hub, store, per_hub, step)
         dist.monitored_barrier(timeout=dt.timedelta(seconds=a.timeout))
         if sender is not None:
             report = sender.publish(step, source(a.model_dir, step, a.rank, a.stages))
@@ -90,7 +90,8 @@ def main() -> int:
         if hub is not None:
             _drain(a, hub, store, ChannelConfig(a.gps, a.eta))
         emit(a.out, "done.jsonl", {"steps": a.steps, "duplicates": hub.duplicates_dropped if hub else 0,
-                                   "started": StalenessGate(store, ChannelConfig(a.gps, a.eta)).started()})
+                                   "started": StalenessGate(store, ChannelConfig(a.gps, a.eta)).started(),
+                                   "fenced": hub.fenced if hub else 0, **groups_refused(store)})
         live = [w for w in range(a.workers) if hb.is_alive(WORKER, w)]
         wait_for_exits(store, WORKER, live, a.timeout)
     dist.monitored_barrier(timeout=dt.timedelta(seconds=a.timeout))
@@ -101,11 +102,17 @@ def main() -> int:
     return 0
 
 
-def _receive(a: argparse.Namespace, hub: SampleHub, n: int, step: int) -> None:
-    """Take ``n`` groups (as the loop's receive does, polling), each after ``--hub-delay-s``."""
+def _receive(a: argparse.Namespace, hub: SampleHub, store, n: int, step: int) -> None:
+    """Take ``n`` groups (as the loop's receive does, polling), each after ``--hub-delay-s``; with
+    ``--refuse-stale`` only those the trainer may train at version ``step - 1`` (``admit_fresh``,
+    what the loop's ``receive_groups`` calls)."""
     deadline, got = time.monotonic() + a.timeout, 0
     while got < n:
-        for group in hub.poll(n - got):
+        polled = hub.poll(n - got)
+        if a.refuse_stale:
+            fresh = {id(g) for g in admit_fresh(store, [r.group for r in polled], step - 1, a.eta)}
+            polled = [r for r in polled if id(r.group) in fresh]
+        for group in polled:
             time.sleep(a.hub_delay_s)
             _record(a, hub, group, step)
             got += 1

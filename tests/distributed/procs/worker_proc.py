@@ -1,7 +1,7 @@
 """A rollout worker for transport tests: the real ``RolloutWorker`` with the tiny HF engine.
 
 Started as its own process tree (like the rollout Slurm job step). ``--stall-at k --stall-s s``
-makes the k-th engine call sleep (a stalled worker), ``--die-at-load k`` kills it in the middle
+makes the k-th engine call sleep (a stalled worker; ``stalling<W>.json`` says when it began), ``--die-at-load k`` kills it in the middle
 of a weight sync; ``--chunk-tokens``, ``--max-inflight`` and ``--update-mode`` are the worker's
 streaming knobs (``RolloutWorkerConfig``); at exit the engine's state dict and version
 are saved under ``--out`` so a test can compare them bitwise with the trainer's export.
@@ -39,6 +39,8 @@ class FaultyEngine:
         self.calls += 1
         if self.calls == self.stall_at:
             start = time.time()
+            with open(os.path.join(self.out, f"stalling{self.worker}.json"), "w") as f:
+                json.dump({"start": start}, f)  # the batch's starts are reserved: in flight now
             time.sleep(self.stall_s)
             with open(os.path.join(self.out, f"stall{self.worker}.json"), "w") as f:
                 json.dump({"start": start, "end": time.time()}, f)
