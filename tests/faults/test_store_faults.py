@@ -21,6 +21,7 @@ from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
 from megatron_darl.transport import (
     TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, TransportTimeout, connect_store,
 )
+from megatron_darl.transport.staleness import staleness_capacity
 from megatron_darl.transport.store import ForeignValueError, Keys
 from tests.distributed.procs.launcher import Procs, free_port, wait_for
 from tests.distributed.procs.scenario import Scenario
@@ -198,14 +199,31 @@ try:
     print("JOINED", flush=True)
 except ForeignValueError as exc:
     print("REFUSED", exc, flush=True)
+# the staleness counter: down (more starts than the bound allows) where it used to be a store key ...
+raw.add("stale/groups_started", -1000)
+# ... and up (a stalled run) in the ledger that keeps it, whose port the store shows (signed, readable)
+import socket, struct
+from megatron_darl.transport.ledger import LedgerClient
+ledger_port = int(raw.get("darl/ledger")[16:])
+try:
+    LedgerClient("127.0.0.1", ledger_port, "guessed", "intruder", 10).call("add", key="stale/groups_started", amount=1000)
+    print("LEDGER MOVED", flush=True)
+except Exception as exc:
+    print("LEDGER REFUSED", type(exc).__name__, exc, flush=True)
+bare = socket.create_connection(("127.0.0.1", ledger_port), timeout=10)  # a request without the handshake
+body = json.dumps({"op": "add", "key": "stale/groups_started", "amount": -1000}).encode()
+bare.recv(64)
+bare.sendall(struct.pack("<I", len(body)) + body)
+print("BARE", "closed" if bare.recv(64) == b"" else "answered", flush=True)
 """
 
 
-@pytest.mark.fault(kind="intruder", name="process without the run secret: stop flag, join, forged member")
+@pytest.mark.fault(kind="intruder",
+                   name="process without the run secret: stop flag, join, forged member, staleness counter")
 def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, fault_record):
-    """A foreign stop flag, member record and heartbeat are ignored and its join is refused; the run finishes every step."""
-    steps = 30  # long enough that the run is still going when the intruder (importing torch) acts
-    sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=steps, gps=4, eta=1, secret="run-secret")
+    """A foreign stop flag, member record and heartbeat are ignored, its join is refused, its moves of the staleness counter change nothing and are logged; the run finishes every step within the bound."""
+    steps, gps, eta = 30, 4, 1  # long enough that the run is still going when the intruder (importing torch) acts
+    sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=steps, gps=gps, eta=eta, secret="run-secret")
     procs = sc.launch()
     try:
         wait_for(lambda: len(sc.records("hub0.jsonl")) >= 2, 120, "2 groups at the hub")
@@ -217,15 +235,27 @@ def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, faul
     finally:
         procs.close()
     assert out.stdout.startswith("REFUSED") and "not this run's" in out.stdout, (out.stdout, out.stderr)
+    assert "LEDGER REFUSED" in out.stdout and "BARE closed" in out.stdout, (out.stdout, out.stderr)
     done = sc.records("done.jsonl")
     assert done and done[0]["steps"] == steps
+    # the counter was not moved down: no more starts than the bound allows at the last version, no
+    # group trained staler than eta (step s trains at version s - 1); nor up: every step was made
+    assert done[0]["started"] <= staleness_capacity(steps, eta, gps), done
+    ages = [r["step"] - 1 - r["min_token_version"] for r in sc.records("hub0.jsonl") if r["step"] <= steps]
+    assert max(ages) <= eta, sorted(ages)
+    refusals = [line for line in (tmp_path / "trainer0.log").read_text().splitlines()
+                if "control ledger: refused the connection from 127.0.0.1" in line]
+    assert len(refusals) == 2, refusals  # both attempts on the ledger, each in one line
     assert any(r["time"] > t_forged for r in sc.records("hub0.jsonl"))  # groups kept flowing after it
     assert codes == [0, 0]
     worker_logs = (tmp_path / "worker0.log").read_text() + (tmp_path / "worker1.log").read_text()
     assert "not signed with this run's secret" in worker_logs
     assert "intruder" not in (tmp_path / "trainer0.log").read_text()
     fault_record["observed"] = (f"forged stop flag ignored (logged), join refused, forged worker record "
-                                f"ignored; the run finished all {steps} steps and both workers exited 0")
+                                f"ignored; staleness counter moved -1000 in the store (no effect: it lives in the "
+                                f"ledger) and +1000 and -1000 at the ledger (both connections refused, logged); "
+                                f"{done[0]['started']} groups started, none trained older than {max(ages)} "
+                                f"(eta {eta}); the run finished all {steps} steps and both workers exited 0")
 
 
 @pytest.mark.fault(kind="intruder", name="joining another run's store (wrong secret)")
