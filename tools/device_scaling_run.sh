@@ -7,7 +7,8 @@
 # variant (configs/algorithm), T trainer and R rollout GPUs, ENGINE vllm (default; needs /tmp/vsite,
 # ../shared/vllm-kit) or hf, at the realistic batch 32 x 8 x 1024 (quick: 8 x 8 x 512).
 #   e.g. darl@2:2 darl@1:1 decoupled@2:2 decoupled@1:1 darl@3:1 darl@1:3 darl@2:2@hf darl@2:2@vllm@quick
-# or `tests`: tests/gpu/test_main_job.py and test_trainer_gpu.py.
+# or `tests`: tests/gpu/test_main_job.py and test_trainer_gpu.py; or `posterior`:
+# benchmarks/posterior_drift.py (one GPU, vLLM; its record with the others).
 # Each run writes its record as it ends; its run dir's launch timeline, the tail of each process's
 # log and the records go into $OUT/runs.tgz (one file: at most 8 come back), the summary lines into
 # $OUT/summary.txt. The policy is built once per call (/tmp/darl_lp/policy) and runs skip the final
@@ -73,6 +74,14 @@ for run in "$@"; do
     timeout --kill-after=15 "$t" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s \
       tests/gpu/test_main_job.py tests/gpu/test_trainer_gpu.py > "$OUT/runs/tests.log" 2>&1
     say "tests: rc $?, $(( $(date +%s) - s )) s"; tail -5 "$OUT/runs/tests.log"
+    continue
+  fi
+  if [ "$run" = posterior ]; then  # benchmarks/posterior_drift.py: one GPU, vLLM
+    t=$(left); s=$(date +%s)
+    timeout --kill-after=15 "$t" python3 benchmarks/posterior_drift.py --out-dir "$OUT/rec" \
+      --work-dir /tmp/darl_pd > "$OUT/runs/posterior.log" 2>&1
+    say "posterior: rc $?, $(( $(date +%s) - s )) s"; grep -E "^scale|^  " "$OUT/runs/posterior.log" | tee -a "$OUT/summary.txt"
+    tail -3 "$OUT/runs/posterior.log"; rm -rf /tmp/darl_pd/scaled
     continue
   fi
   IFS=@ read -r variant split engine quick <<< "$run"
