@@ -23,8 +23,11 @@ the training temperature) and deletes it. Per run the record keeps:
 Cases are ``<variant>_eta<eta>``: ``sync`` (eta 0, once per seed) and, per max staleness eta,
 ``async`` (naive), ``async_is`` (async + rollout IS at 2.0), ``decoupled`` (AReaL's masked cap at
 2.0: with the truncating cap it would compute exactly what ``async_is`` computes,
-docs/algorithm.md section 6), ``darl``, ``darl_nofilter``, ``darl_nomis``; the window is
-``K = max(preset K, eta + 1)`` so that every arrival is inside it.
+docs/algorithm.md section 6), ``darl``, ``darl_once`` (no replay), ``darl_nofilter``,
+``darl_nomis``; the window is ``K = max(preset K, eta + 1)`` so that every arrival is inside it.
+Each case is a preset (``configs/algorithm/<case>.yaml``, ``algorithm=<case>`` in any run); the
+overrides a case adds are the study's settings (the baselines' queue order, decoupled's masked
+cap), never what makes the variant.
 
 How the staleness is made real. The loop's trainer waits for B new groups per step, the rollout
 worker may run ``eta`` versions ahead, and a weight sync waits for the worker's batch, so a
@@ -83,17 +86,17 @@ REPO = Path(__file__).resolve().parents[1]
 CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "sync": ("sync", (), 1),
     "async": ("async", ("algorithm.score=oldest",), 3),
-    "async_is": ("async", ("algorithm.score=oldest", "algorithm.rollout_is=2.0"), 3),
+    "async_is": ("async_is", ("algorithm.score=oldest",), 3),
     "decoupled": ("decoupled", ("algorithm.score=oldest", "algorithm.mis.cap_mode=mask",
                                 "algorithm.mis.clip=2.0"), 3),
     "darl": ("darl", (), 4),
     "darl_nofilter": ("darl_nofilter", (), 4),
     "darl_nomis": ("darl_nomis", (), 4),
+    "darl_once": ("darl_once", (), 4),  # D-ARL without replay
     # diagnostics of the corrections (not in the default plan): the decoupled objective without
-    # its behavior weights (PPO ratio against pi_t on the stale queue); D-ARL without replay, and
-    # with replay capped at two selections per group
+    # its behavior weights (PPO ratio against pi_t on the stale queue); D-ARL with replay capped
+    # at two selections per group
     "async_prox": ("sync", ("algorithm.score=oldest",), 1),
-    "darl_once": ("darl", ("replay.max_replays=1",), 4),
     "darl_twice": ("darl", ("replay.max_replays=2",), 4),
 }
 DEFAULT_CASES = ("sync", "async", "async_is", "decoupled", "darl", "darl_nofilter", "darl_nomis")
