@@ -19,13 +19,16 @@ cache directory keyed by everything that determines it, so a second run reuses i
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -163,8 +166,11 @@ def cached_fit(cfg: WarmStartConfig, key: str, fit: Callable[[Path], Path], what
                tag: str = "warmstart") -> Path:
     """``cfg.cache_dir/key``, made by ``fit(tmp_dir)`` first when absent.
 
-    Fitting writes to a temporary sibling directory renamed into place only on success, so an
-    interrupted run never leaves a half-written policy in the cache.
+    Fitting writes to a temporary sibling directory of this process, renamed into place only on
+    success, so an interrupted run never leaves a half-written policy in the cache. Runs started
+    at once on one cache (a study's first runs, the ranks of a job) take a file lock per key: one
+    fits, the others wait for it and reuse its policy; leftovers of a fit that died are removed
+    under the lock.
     """
     root = Path(cfg.cache_dir).expanduser()
     final = root / key
@@ -172,12 +178,37 @@ def cached_fit(cfg: WarmStartConfig, key: str, fit: Callable[[Path], Path], what
         log(f"[{tag}] reusing cached initial policy {final}")
         return final
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    log(f"[{tag}] fitting {what} ({cfg.steps} supervised steps) into {final}")
-    fit(tmp)
-    tmp.rename(final)
+    with _key_lock(root / f".{key}.lock", lambda: log(f"[{tag}] waiting for another run fitting {final}")):
+        if (final / "config.json").exists():
+            log(f"[{tag}] reusing cached initial policy {final} (fitted by another run)")
+            return final
+        for stale in [*root.glob(f".{key}.*.tmp"), root / f".{key}.tmp"]:
+            shutil.rmtree(stale, ignore_errors=True)
+        if final.exists():  # no config.json: not a policy (a rename never leaves one half-written)
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=root))
+        log(f"[{tag}] fitting {what} ({cfg.steps} supervised steps) into {final}")
+        try:
+            fit(tmp)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+@contextlib.contextmanager
+def _key_lock(path: Path, on_wait: Callable[[], None]) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` for the block (released when the process dies, too)."""
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def ensure_warm_policy(cfg: WarmStartConfig, log=print) -> Path:

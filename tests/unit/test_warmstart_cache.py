@@ -1,0 +1,77 @@
+"""The warm-start cache under two first runs started at once (``loop/warmstart.py: cached_fit``).
+
+Two real processes ask for the same missing key on one cache directory at the same moment. The
+fit is the cache's real path with a fit that takes a second (it writes the policy's
+``config.json`` after sleeping), so the two calls overlap whatever the machine: both must succeed
+with the same directory, one must fit and the other reuse it, and nothing temporary is left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from megatron_darl.loop.warmstart import WarmStartConfig, cached_fit
+
+cache, go, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+while not go.exists():  # both processes start their call together
+    time.sleep(0.01)
+
+def fit(tmp: Path) -> Path:
+    (cache.parent / f"fitted-by-{name}").touch()
+    time.sleep(1.0)
+    (tmp / "config.json").write_text(json.dumps({"by": name}))
+    return tmp
+
+path = cached_fit(WarmStartConfig(cache_dir=str(cache)), "k123", fit, "a test policy", log=lambda m: None)
+print(json.dumps({"path": str(path), "by": json.loads((path / "config.json").read_text())["by"]}))
+"""
+
+
+def test_two_first_runs_at_once_both_get_the_one_fitted_policy(tmp_path: Path):
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(cache), str(go), name],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("a", "b")]
+    time.sleep(0.5)
+    go.touch()
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert outs[0] == outs[1] and outs[0]["path"] == str(cache / "k123")
+    fitted = sorted(f.name for f in tmp_path.glob("fitted-by-*"))
+    assert fitted == [f"fitted-by-{outs[0]['by']}"]  # one fitted, the other waited and reused it
+    assert sorted(p.name for p in cache.iterdir()) == [".k123.lock", "k123"]  # no temporary left
+
+
+def test_a_dead_fit_leaves_nothing_a_later_run_trips_on(tmp_path: Path):
+    from megatron_darl.loop.warmstart import WarmStartConfig, cached_fit
+
+    cache = tmp_path / "cache"
+    cfg = WarmStartConfig(cache_dir=str(cache))
+
+    def dies(tmp: Path) -> Path:
+        (tmp / "half").write_text("x")
+        raise RuntimeError("killed mid-fit")
+
+    try:
+        cached_fit(cfg, "k1", dies, "a test policy", log=lambda m: None)
+    except RuntimeError:
+        pass
+    (cache / ".k1.tmp").mkdir()  # a leftover of the fixed temporary name older code used
+    (cache / ".k1.tmp" / "x").write_text("x")
+
+    def fits(tmp: Path) -> Path:
+        (tmp / "config.json").write_text("{}")
+        return tmp
+
+    assert cached_fit(cfg, "k1", fits, "a test policy", log=lambda m: None) == cache / "k1"
+    assert sorted(p.name for p in cache.iterdir()) == [".k1.lock", "k1"]
