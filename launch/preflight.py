@@ -112,10 +112,12 @@ def max_positions(cfg) -> int:
 def preflight(cfg) -> None:
     """Every pre-flight check; the first failure raises a one-line ``ValueError``."""
     from launch.validate import check_values
+    from megatron_darl.rewards.custom import check_reward  # reward.fn resolves to a function
 
     check_values(cfg)
     check_weights(cfg)
     check_engine(cfg)
     check_task(cfg)
+    check_reward(cfg)
     check_paths(cfg)
     check_model(cfg)

@@ -42,6 +42,11 @@ sampling.*                                             refused         G, the sa
                                                                        prompt order (seed) of the samples
 data.*                                                 refused         the restored prompt positions index
                                                                        this dataset in this order
+reward.fn_{timeout_s,max_inflight}, reward.math.       allowed         how long and where a verifier may
+  {timeout_seconds,isolation,hard_timeout_seconds,                     run, not what it rewards
+  pool_workers}, reward.code.{sandbox.*,stdio_total_seconds}
+reward.*                                               refused         the buffered samples were scored
+  (fn, fn_kwargs, answer extraction, stdio_scoring)                    with it: two rewards in one run
 trainer.optimizer.*, trainer.bf16                      refused         restored from the checkpoint: a new
                                                                        value would be silently ignored
 transport.control.num_{workers,hubs,stages},           refused         follow the keys above
@@ -96,6 +101,13 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
      "the replay buffer, log-prob cache, snapshots and selection state were made for it"),
     (("sampling.",), Rule.REFUSED, "the buffered samples were drawn with it (G, density, prompt order)"),
     (("data.",), Rule.REFUSED, "the restored prompt positions index this dataset in this order"),
+    (("reward.fn_timeout_s", "reward.fn_max_inflight", "reward.math.timeout_seconds", "reward.math.isolation",
+      "reward.math.hard_timeout_seconds", "reward.math.pool_workers", "reward.code.sandbox.",
+      "reward.code.stdio_total_seconds"), Rule.ALLOWED,
+     "how long and where a verifier may run, not what it rewards (a late one scores 0.0 and is counted)"),
+    (("reward.",), Rule.REFUSED,
+     "the buffered samples were scored with it: the run would mix two rewards (the code of reward.fn "
+     "itself is not compared: keep it unchanged within a run)"),
     (("trainer.optimizer.", "trainer.bf16"), Rule.REFUSED,
      "restored from the checkpoint: a new value would be silently ignored"),
     (("transport.control.num_workers", "transport.control.num_hubs", "transport.control.num_stages",
@@ -145,13 +157,18 @@ def _lookup(tree: Mapping, key: str) -> tuple[bool, Any]:
     return True, node
 
 
+def _plain(value: Any) -> Any:
+    """A tuple as the list its YAML copy holds (YAML has no tuples)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def config_changes(old: Mapping, new: Any) -> list[Change]:
     """Keys of ``new`` (a ``RunConfig``) whose value differs in ``old`` (a saved config as a
     plain dict); keys ``old`` lacks (a config field added since) are not compared."""
     out = []
     for key, value in leaves(new):
         found, before = _lookup(old, key)
-        if found and before != value:
+        if found and _plain(before) != _plain(value):
             out.append(Change(key, before, value))
     return out
 

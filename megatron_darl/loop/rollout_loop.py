@@ -95,7 +95,7 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
         timeline.mark("first_weights")
     try:
         worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
-                               engine, source, cfg.sampling, get_reward_fn(cfg.data.task),
+                               engine, source, cfg.sampling, get_reward_fn(cfg.data.task, cfg.reward),
                                lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
         resume_position(cfg, worker, worker_id, num_prompts)
         code = worker.run()

@@ -17,6 +17,7 @@ from megatron_darl.data.config import DataConfig
 from megatron_darl.loop.config import LoopConfig, ModelConfig, density_temperature
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.warmstart import WarmStartConfig
+from megatron_darl.rewards.config import RewardConfig
 from megatron_darl.rollout.engines.base import EngineConfig, SamplingConfig
 from megatron_darl.rollout.worker import RolloutWorkerConfig
 from megatron_darl.trainer.config import TrainerConfig
@@ -111,6 +112,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)  # initial policy
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)  # embedded default policy
     data: DataConfig = field(default_factory=DataConfig)  # prompts and reward task
+    reward: RewardConfig = field(default_factory=RewardConfig)  # verifier settings, reward.fn (own reward)
     engine: EngineConfig = field(default_factory=EngineConfig)  # rollout backend
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=8))  # n = G
     worker: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)  # rollout worker knobs

@@ -1,58 +1,44 @@
-"""Verifiable rewards: math answers through math-verify, code through a sandbox.
+"""Verifiable rewards: math answers through math-verify, code through a sandbox, user functions.
 
-``get_reward_fn(task)`` gives the rollout worker ``reward_fn(record, response_text) -> float``
-for a dataset's task (``math``, ``gsm8k``, ``humaneval``, ``stdio``, ``builtin``, ``countdown``);
-``reference_check(task)`` the check that a dataset's references can be graded, which whoever loads
-a dataset for a run passes to ``data.load_dataset``.
+``get_reward_fn(task, cfg)`` gives the rollout worker ``reward_fn(record, response_text) -> float``
+for a dataset's task (``math``, ``gsm8k``, ``humaneval``, ``stdio``, ``builtin``, ``countdown``),
+or the user's own function when ``reward.fn`` names one (``custom``); ``reference_check(task)``
+the check that a dataset's references can be graded, which whoever loads a dataset for a run
+passes to ``data.load_dataset``.
+
+Names are imported on first use (PEP 562): the run config imports ``rewards.config`` in every
+process, and that must not pull in math-verify (sympy) or the sandbox with it.
 """
 
-from megatron_darl.rewards.code_exec import (
-    CodeRewardConfig,
-    extract_code,
-    humaneval_reward,
-    stdio_reward,
-)
-from megatron_darl.rewards.countdown import check_chain, countdown_reward
-from megatron_darl.rewards.math_answer import MathRewardConfig, extract_answer, math_reward
-from megatron_darl.rewards.registry import (
-    REWARDS,
-    RewardConfig,
-    RewardFn,
-    Task,
-    get_reward_fn,
-    reference_check,
-    score,
-)
-from megatron_darl.rewards.sandbox import (
-    FunctionCheck,
-    SandboxConfig,
-    SandboxResult,
-    SandboxUnavailableError,
-    run_sandboxed,
-    sandbox_mode,
-)
+from __future__ import annotations
 
-__all__ = [
-    "CodeRewardConfig",
-    "FunctionCheck",
-    "MathRewardConfig",
-    "REWARDS",
-    "RewardConfig",
-    "RewardFn",
-    "SandboxConfig",
-    "SandboxResult",
-    "SandboxUnavailableError",
-    "Task",
-    "check_chain",
-    "countdown_reward",
-    "extract_answer",
-    "extract_code",
-    "get_reward_fn",
-    "humaneval_reward",
-    "math_reward",
-    "reference_check",
-    "run_sandboxed",
-    "sandbox_mode",
-    "score",
-    "stdio_reward",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "CodeRewardConfig": "code_exec", "extract_code": "code_exec", "humaneval_reward": "code_exec",
+    "stdio_reward": "code_exec",
+    "check_chain": "countdown", "countdown_reward": "countdown",
+    "MathRewardConfig": "config", "RewardConfig": "config",
+    "extract_answer": "math_answer", "math_reward": "math_answer",
+    "REWARDS": "registry", "RewardFn": "registry", "Task": "registry", "get_reward_fn": "registry",
+    "reference_check": "registry", "score": "registry",
+    "CustomReward": "custom", "check_reward": "custom", "load_reward_fn": "custom",
+    "FunctionCheck": "sandbox", "SandboxConfig": "sandbox", "SandboxResult": "sandbox",
+    "SandboxUnavailableError": "sandbox", "run_sandboxed": "sandbox", "sandbox_mode": "sandbox",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -45,9 +45,9 @@ class CodeRewardConfig:
 
     def __post_init__(self) -> None:
         if self.stdio_scoring not in ("all", "fraction"):
-            raise ValueError(f"CodeRewardConfig.stdio_scoring={self.stdio_scoring!r}: use 'all' or 'fraction'")
+            raise ValueError(f"reward.code.stdio_scoring={self.stdio_scoring!r}: use 'all' or 'fraction'")
         if not self.stdio_total_seconds > 0:
-            raise ValueError(f"CodeRewardConfig.stdio_total_seconds={self.stdio_total_seconds!r}: must be > 0")
+            raise ValueError(f"reward.code.stdio_total_seconds={self.stdio_total_seconds!r}: must be > 0")
 
 
 def extract_code(text: str) -> tuple[str, bool]:

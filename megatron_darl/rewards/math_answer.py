@@ -29,37 +29,18 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from megatron_darl import counters
+from megatron_darl.rewards.config import MathRewardConfig  # noqa: F401 (re-exported: its old home)
 from megatron_darl.rewards.math_pool import verify_in_helper
 
 logger = logging.getLogger(__name__)
 
 _HEADING = re.compile(r"[A-Za-z]{2,}(?:\s|:|$)")  # "#### Final Answer" is markdown, not an answer
 _BOXED_OPENERS = ("\\boxed{", "\\fbox{")
-
-
-@dataclass
-class MathRewardConfig:
-    """How a final answer is found in a response and how long math-verify may take."""
-
-    answer_patterns: list[str] = field(default_factory=list)  # regexes tried first; group 1 of last match
-    gsm8k_marker: bool = True  # take the text after the last "#### "
-    boxed: bool = True  # take the content of the last \boxed{...}
-    fallback_to_math_verify: bool = True  # else let math-verify search the whole response
-    timeout_seconds: int = 5  # math-verify's own parse/compare timeout (signal.alarm)
-    isolation: str = "auto"  # "auto": inline in the main thread, helper process elsewhere;
-    #                          "process": always a helper process; "inline": never (no timeout
-    #                          off the main thread)
-    hard_timeout_seconds: float = 30.0  # helper process: give up (score 0.0) after this long
-    pool_workers: int = 4  # most helper processes (match the rollout worker's reward threads)
-
-    def __post_init__(self) -> None:
-        if self.isolation not in ("auto", "process", "inline"):
-            raise ValueError(f"MathRewardConfig.isolation={self.isolation!r}: use auto, process or inline")
 
 
 def last_boxed(text: str) -> str | None:

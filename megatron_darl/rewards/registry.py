@@ -2,31 +2,24 @@
 
 The rollout worker and the evaluation harness look a record's ``task`` up here and never
 branch on benchmarks themselves. One table keyed by the ``Task`` enum; every entry adapts a
-``PromptRecord`` to the verifier's own signature.
+``PromptRecord`` to the verifier's own signature. A user's own reward needs no edit here:
+``reward.fn=package.module:function`` replaces the task's entry (``rewards.custom``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.rewards.builtin_answer import builtin_reward
-from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with, stdio_reward_with
+from megatron_darl.rewards.code_exec import humaneval_reward_with, stdio_reward_with
+from megatron_darl.rewards.config import RewardConfig
 from megatron_darl.rewards.countdown import record_reward as countdown_record_reward
-from megatron_darl.rewards.math_answer import MathRewardConfig, math_reward_with, reference_problem
+from megatron_darl.rewards.math_answer import math_reward_with, reference_problem
 from megatron_darl.rewards.sandbox import sandbox_mode
 
 RewardFn = Callable[[PromptRecord, str], float]
-
-
-@dataclass
-class RewardConfig:
-    """Settings of every verifier (each task uses its own part)."""
-
-    math: MathRewardConfig = field(default_factory=MathRewardConfig)  # answer extraction, timeout
-    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)  # sandbox limits, scoring
 
 
 class Task(str, Enum):
@@ -80,11 +73,16 @@ THREAD_SAFE_TASKS = frozenset({Task.HUMANEVAL, Task.STDIO, Task.BUILTIN, Task.CO
 
 
 def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:
-    """``reward_fn(record, response_text) -> float`` of ``task`` (a ``Task`` value).
+    """``reward_fn(record, response_text) -> float`` of ``task`` (a ``Task`` value), or the user's
+    own function when ``cfg.fn`` names one (``rewards.custom``: it replaces the task's verifier).
 
     For code tasks this probes the sandbox once and raises ``SandboxUnavailableError`` when the
     kernel refuses its isolation (and degraded mode is not allowed), so a worker fails at start.
     """
+    if cfg is not None and cfg.fn:
+        from megatron_darl.rewards.custom import CustomReward
+
+        return CustomReward.from_config(cfg)
     try:
         entry = REWARDS[Task(task)]
     except ValueError:
