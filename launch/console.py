@@ -10,32 +10,25 @@ the outputs are) were hard to find.
 So every process of a run (``launch.train`` and its children, ``launch.trainer`` and
 ``launch.rollout``, on one machine or under Slurm) calls ``setup_logging`` once its config is
 known. By default the libraries' loggers show warnings and errors only, their import-time
-``UserWarning``s are not shown, and transformers' "Loading weights" progress bars stay out of
-the worker logs. ``loop.verbose=true`` (``python -m launch.train --verbose``) shows all of it
-again. Our own loggers are never quietened: a warning of ours is always seen.
+``UserWarning``s and the deprecations of what Megatron's checkpointing calls (a ``FutureWarning``
+at every resume) are not shown, and transformers' "Loading weights" progress bars stay out of
+the worker logs (``megatron_darl.quiet`` lists them). ``loop.verbose=true``
+(``python -m launch.train --verbose``) shows all of it again. Our own loggers are never quietened: a warning of ours is always seen.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import warnings
 
-# Libraries whose INFO lines are internals to a user of the run (their warnings still show).
-QUIET_LOGGERS = ("megatron", "megatron_fsdp", "torch.distributed", "transformers", "matplotlib", "launch.procs")
-# Modules whose import-time UserWarnings (no Apex, no Transformer Engine, deprecations) are hidden.
-QUIET_WARNINGS = r"(megatron|megatron_fsdp|transformer_engine|apex)(\.|$)"
+from megatron_darl.quiet import QUIET_LOGGERS, QUIET_MODULES, quiet_libraries  # noqa: F401 (re-exported)
 
 
 def setup_logging(name: str, verbose: bool = False) -> None:
     """Log as ``name`` (``launch.train``, ``trainer0``, ``rollout1``) at INFO; quieten the
-    libraries unless ``verbose``. Call it before Megatron is imported (its warnings come then)."""
+    libraries unless ``verbose`` (``megatron_darl.quiet``). Call it before Megatron is imported
+    (its warnings come then)."""
     fmt = "%(asctime)s %(name)s %(levelname)s %(message)s" if name == "launch.train" else \
         f"%(asctime)s {name} %(levelname)s %(message)s"
     logging.basicConfig(level=logging.INFO, format=fmt)
-    if verbose:
-        return
-    for logger in QUIET_LOGGERS:
-        logging.getLogger(logger).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=UserWarning, module=QUIET_WARNINGS)
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is imported
+    if not verbose:
+        quiet_libraries()

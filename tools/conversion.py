@@ -96,9 +96,13 @@ def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
 
 
 def _quiet_warnings() -> None:
-    """Megatron warns at import about missing TE/apex; converters need none of them."""
+    """Megatron warns at import about missing TE/apex and its checkpoint loads call torch APIs torch
+    deprecates; converters need none of them (``megatron_darl.quiet`` lists what is hidden)."""
     import warnings
 
+    from megatron_darl.quiet import quiet_libraries
+
+    quiet_libraries()
     for category in (UserWarning, FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category, module=r"(megatron|torch)\..*")
 

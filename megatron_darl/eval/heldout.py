@@ -177,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delete", action="store_true", help="delete each checkpoint once scored")
     parser.add_argument("--resume", action="store_true",
                         help="keep the points of an interrupted evaluation in --out, score the rest")
+    parser.add_argument("--verbose", action="store_true", help="the libraries' notices and deprecations too")
     parser.add_argument("overrides", nargs="*", help="data KEY=VALUE overrides (countdown.split=test)")
     args = parser.parse_args(argv)
+    if not args.verbose:
+        from megatron_darl.quiet import quiet_libraries
+
+        quiet_libraries()
     try:
         cfg = HeldoutConfig(samples=args.samples, temperature=args.temperature,
                             max_new_tokens=args.max_new_tokens)
