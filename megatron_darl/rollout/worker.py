@@ -26,10 +26,12 @@ The behavior log-probs are the engine's own and are never recomputed. If the tra
 weights the trainer sends, it says why and exits with ``EXIT_LOAD_FAILED`` (``exit_reason``).
 
 A process started again with the same worker id (restarted) takes its predecessor's place: it
-gives back the staleness reservations of the groups that died with it (they are dropped and
-counted), continues its group ids after every one the predecessor started (``Keys.groups_made``,
-kept current as groups start; read by ``loop.rollout_loop``), and takes the current weights at
-its first weight sync.
+joins as a new generation, which gives back the staleness reservations of the groups that died
+with it (they are dropped and counted), continues its group ids after every one the predecessor
+started (``Keys.groups_made``, kept current as groups start; read by ``loop.rollout_loop``), and
+takes the current weights at its first weight sync. A process the trainer declared lost while it
+was only frozen finds its generation fenced at its next reservation: the groups it still holds
+are refused at the hub, and it goes on as a new generation (``transport.staleness``).
 """
 
 from __future__ import annotations

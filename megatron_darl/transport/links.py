@@ -6,10 +6,18 @@ waits for the next header, takes the payload, hands the group to the hub and ack
 ``dataplane`` transport the payload crosses a two-member process group of the pair's own (rank 0
 the hub, rank 1 the worker; gloo, or NCCL between distinct GPUs) built lazily under an epoch:
 the worker draws a new epoch (a store counter) whenever it (re)builds, the header names it, and a
-hub that sees a new epoch builds that pair. A transfer that fails or outlasts
-``transfer_timeout_s`` drops its pair on both sides; the worker retries the group once on a new
-epoch, and the hub waits for a header of a newer epoch (a dead worker's pair is never used
-again). With the ``store`` transport the payload rides inside the header value.
+hub that sees a new epoch says so (``Keys.sample_pair_ready``) and builds that pair; the worker
+builds it only then. A transfer that fails or outlasts ``transfer_timeout_s`` drops its pair on
+both sides; the worker retries the group once on a new epoch, and the hub waits for a header of
+a newer epoch (a dead worker's pair is never used again). With the ``store`` transport the
+payload rides inside the header value.
+
+Why the worker waits for the hub before it builds: a hub link serves one pair at a time, and
+may be busy with a dead process's pair (a worker killed mid-transfer: a build that waits
+``connect_timeout_s`` for it, a receive that waits ``transfer_timeout_s``). A restarted worker
+that built at once used to time its build out meanwhile, try once more, and give up for good
+while the hub was still busy. Waiting for the hub's word costs one look at the store per new
+pair, and bounds the wait by what the hub can spend on one dead pair.
 
 Batching: a data-plane out-link sends every group waiting in its queue (at most the worker's
 ``max_unacked_per_hub``) as one transfer under one header (the first seq, a count), and the hub
@@ -203,6 +211,7 @@ class InLink:
         try:
             if head.epoch != self._epoch:
                 self._pair, self._epoch = None, head.epoch
+                store.set(Keys.sample_pair_ready(self.hub, self.worker, head.epoch), "1")  # the worker builds now
                 self._pair = build_group(store, _pair_name(self.hub, self.worker, head.epoch), 0, 2,
                                          head.backend, self.cfg.connect_timeout_s,
                                          collective_timeout_s=self.cfg.transfer_timeout_s + 60)
@@ -277,6 +286,20 @@ class OutLink:
             if store is not None:
                 store.close()
 
+    def _await_hub(self, store: ControlStore, epoch: int) -> None:
+        """Wait until the hub starts building the pair of ``epoch`` (module docstring), at most
+        what it can spend on an older pair of ours (its build and its receive) and its own build."""
+        budget = 2 * self.cfg.connect_timeout_s + self.cfg.transfer_timeout_s
+        deadline, nap = time.monotonic() + budget, _FIRST_POLL_S
+        key = Keys.sample_pair_ready(self.hub, self.worker, epoch)
+        while not store.check([key]):
+            if time.monotonic() > deadline:
+                raise TransportTimeout(f"rollout {self.worker}: hub {self.hub} did not start on pair epoch {epoch} "
+                                       f"within {budget:.0f} s (2 x connect_timeout_s + transfer_timeout_s)")
+            time.sleep(nap)
+            nap = min(2 * nap, _IDLE_POLL_S)
+        store.delete_key(key)
+
     def _next_batch(self) -> list[Outgoing] | None:
         """The next group and, with the data plane, every group queued behind it (the queue holds
         at most ``max_unacked_per_hub``); None once closed and drained."""
@@ -312,6 +335,7 @@ class OutLink:
                     self._epoch = store.add(Keys.sample_epoch(self.hub, self.worker), 1)
                     backend = self._backend(store)
                     store.set(key, Header(first.seq, self._epoch, backend, nbytes, first.group_id, count).to_bytes())
+                    self._await_hub(store, self._epoch)
                     self._pair = build_group(store, _pair_name(self.hub, self.worker, self._epoch), 1, 2,
                                              backend, 2 * self.cfg.connect_timeout_s,
                                              collective_timeout_s=self.cfg.transfer_timeout_s + 60)

@@ -105,6 +105,11 @@ class Keys:
         return f"ch/{hub}/{worker}/epoch"
 
     @staticmethod
+    def sample_pair_ready(hub: int, worker: int, epoch: int) -> str:
+        """Set by the hub as it starts building the pair of ``epoch``: the worker builds it then."""
+        return f"ch/{hub}/{worker}/ready/{epoch}"
+
+    @staticmethod
     def hub_info(hub: int) -> str:
         """JSON: the hub's host and GPU (the worker picks the pair's backend from it)."""
         return f"ch/{hub}/info"
