@@ -347,6 +347,26 @@ def test_a_dead_workers_pair_is_dropped_and_its_restart_delivers():
         x.close()
 
 
+def test_a_restarted_worker_waits_out_a_hub_busy_with_its_predecessors_pair():
+    """The predecessor built its pair and froze before sending: the hub's link waits
+    transfer_timeout_s on it. The restarted worker's first transfer waits for the hub instead of
+    timing its build out twice (2 x 2 x connect_timeout_s, less than the hub is busy) and giving up."""
+    control, store = _store(workers=1)
+    cfg = _cfg("dataplane", connect_timeout_s=1.0, transfer_timeout_s=6.0)
+    hub = SampleHub(store, control, cfg, 0)
+    epoch = store.add(Keys.sample_epoch(0, 0), 1)
+    store.set(Keys.sample(0, 0, 0), Header(0, epoch, "gloo", 100, 99).to_bytes())
+    frozen = build_group(store, f"ch/0/0/{epoch}", 1, 2, "gloo", 10.0)  # then it sends nothing
+    restarted = SampleSender(store, control, cfg, 0)
+    restarted.send(_group(4), StartTicket(0, 1))
+    got = _take(hub, 1, timeout_s=20)
+    assert got[0].group.group_id == 4 and restarted._links[0].error == ""
+    assert store.add(Keys.sample_epoch(0, 0), 0) == epoch + 1  # one new pair: no try was wasted
+    for x in (restarted, hub):
+        x.close()
+    del frozen
+
+
 def test_staleness_gate_holds_globally_under_concurrency():
     control, store = _store()
     cfg = ChannelConfig(groups_per_step=5, max_staleness=1)
