@@ -1,7 +1,9 @@
 """Rendezvous, sample channel, weight broadcast and heartbeats between trainer and rollout.
 
 The trainer imports this package (never ``rollout``); rollout workers import it too. Control
-meets over one TCPStore served by trainer rank 0 (``serve_store``/``connect_store``); data moves
+meets over one TCPStore served by trainer rank 0 (``serve_store``/``connect_store``), beside the
+run's ledger, which keeps the staleness counters and takes only authenticated requests
+(``ledger``; the bound's policy is ``staleness``); data moves
 on standalone data-plane groups (``process_group``): a pair group per (worker, hub) for sample
 payloads (``channel``, ``links``), a broadcast group per PP stage for weights (``weight_sync``),
 or CUDA IPC handles (``cuda_ipc``) for a worker on its leader's GPU.

@@ -58,7 +58,7 @@ from megatron_darl.transport.cuda_ipc import device_uuid, share
 from megatron_darl.transport.heartbeat import Heartbeat
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.store import (
-    WORKER, ControlStore, Keys, TransportTimeout, describe_peer, get_int, publish_version,
+    WORKER, ControlStore, TransportTimeout, describe_peer, get_int, publish_version,
     wait_key,
 )
 from megatron_darl.transport.weight_protocol import (  # noqa: F401 (re-exported: the sender's vocabulary)

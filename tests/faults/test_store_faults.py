@@ -23,7 +23,7 @@ from megatron_darl.transport import (
 )
 from megatron_darl.transport.staleness import staleness_capacity
 from megatron_darl.transport.store import ForeignValueError, Keys
-from tests.distributed.procs.launcher import Procs, free_port, wait_for
+from tests.distributed.procs.launcher import free_port, wait_for
 from tests.distributed.procs.scenario import Scenario
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,7 +206,8 @@ import socket, struct
 from megatron_darl.transport.ledger import LedgerClient
 ledger_port = int(raw.get("darl/ledger")[16:])
 try:
-    LedgerClient("127.0.0.1", ledger_port, "guessed", "intruder", 10).call("add", key="stale/groups_started", amount=1000)
+    LedgerClient("127.0.0.1", ledger_port, "guessed", "intruder", 10).call(
+        "add", key="stale/groups_started", amount=1000)
     print("LEDGER MOVED", flush=True)
 except Exception as exc:
     print("LEDGER REFUSED", type(exc).__name__, exc, flush=True)
@@ -222,7 +223,7 @@ print("BARE", "closed" if bare.recv(64) == b"" else "answered", flush=True)
                    name="process without the run secret: stop flag, join, forged member, staleness counter")
 def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, fault_record):
     """A foreign stop flag, member record and heartbeat are ignored, its join is refused, its moves of the staleness counter change nothing and are logged; the run finishes every step within the bound."""
-    steps, gps, eta = 30, 4, 1  # long enough that the run is still going when the intruder (importing torch) acts
+    steps, gps, eta = 30, 4, 1  # long enough that the run still goes on when the intruder (importing torch) acts
     sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=steps, gps=gps, eta=eta, secret="run-secret")
     procs = sc.launch()
     try:
