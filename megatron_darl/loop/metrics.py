@@ -9,7 +9,9 @@ back, so cumulative counters, the plot and ``summary.json`` span restarts; recor
 resume runs again move to ``metrics.superseded.jsonl`` at its first new step, so a resume that
 fails before one changes nothing and no record is ever deleted), TensorBoard, and
 W&B when configured (imported lazily: a missing package or network never stops training), and
-drives a live tqdm bar. ``close`` writes ``progress.png`` and ``summary.json``.
+drives a live tqdm bar. ``close`` writes ``progress.png`` and ``summary.json``. A full disk
+stops none of it: the jsonl and TensorBoard writers log once and retry at the next record
+(``metric_writers``), and ``close`` says what it could not write instead of raising.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from megatron_darl.loop.config import LoopConfig
+from megatron_darl.loop.metric_writers import LineAppender, Outage, TensorBoardEvents
 from megatron_darl.step.stats import CACHE_SOURCES, StepStats
 
 log = logging.getLogger(__name__)
@@ -168,33 +171,37 @@ class MetricsLogger:
         self._generated = float(last.get("samples_generated", 0.0))
         self._trained = float(last.get("samples_trained", 0.0))
         self._start = time.monotonic()
-        self._file = None  # opened by the first record: a run that makes no step changes no history
+        self._file: LineAppender | None = None  # opened by the first record: no step, no history changed
+        self._unopened: list[str] = []  # records before the file could be opened (a full disk)
+        self._open_outage = Outage(str(self.path))
         self._tb = self._open_tensorboard()
         self._wandb = self._open_wandb(run_config or {})
         self.variant = str((run_config or {}).get("algorithm", {}).get("variant") or "train")  # the bar's name
         self._bar = self._open_bar(start_step)
 
-    def _open(self):
+    def _open(self) -> LineAppender:
         """At the first new record: records of steps from ``start_step`` on (they are run again)
-        move to ``metrics.superseded.jsonl``, never deleted; the rewrite is atomic."""
+        move to ``metrics.superseded.jsonl``, never deleted; the rewrite is atomic. Raises
+        ``OSError`` when the disk cannot take that yet (the next record tries again)."""
         again = self._again
         if again:
             with (self.run_dir / SUPERSEDED).open("a") as f:
                 f.writelines(json.dumps({**r, "superseded_at_step": self.start_step}) + "\n" for r in again)
             log.warning("%d record(s) of steps %d-%d are run again from step %d: kept in %s", len(again),
                         int(again[0]["step"]), int(again[-1]["step"]), self.start_step, SUPERSEDED)
+            self._again = []
         if self._rewrite:
+            old = [r for r in self.history if int(r["step"]) < self.start_step]
             tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in old))
             os.replace(tmp, self.path)
-        return self.path.open("a")
+            self._rewrite = False
+        return LineAppender(self.path)
 
-    def _open_tensorboard(self):
+    def _open_tensorboard(self) -> TensorBoardEvents | None:
         if not self.cfg.tensorboard:
             return None
-        from torch.utils.tensorboard import SummaryWriter
-
-        return SummaryWriter(str(self.run_dir / "tensorboard"))
+        return TensorBoardEvents(self.run_dir / "tensorboard")
 
     def _open_wandb(self, run_config: Mapping[str, Any]):
         wb = self.cfg.wandb
@@ -222,27 +229,33 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()},
                   "samples_generated": self._generated, "samples_trained": self._trained,
                   "wall_seconds": self._wall_offset + time.monotonic() - self._start}
-        if self._file is None:
-            self._file = self._open()
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
         self.history.append(record)
-        self._write_tensorboard(step, record)
+        self._write_jsonl(record)
+        if self._tb is not None:
+            self._tb.write(step, record)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in record.items() if v is not None}, step=step)
-        self._show(step, record)
+        try:
+            self._show(step, record)
+        except OSError:  # the bar's stream on a full disk: the log line says it (metric_writers)
+            pass
         return record
 
-    def _write_tensorboard(self, step: int, record: Mapping[str, Any]) -> None:
-        if self._tb is None:
-            return
-        for key, value in record.items():
-            if isinstance(value, list):
-                for i, x in enumerate(value):
-                    self._tb.add_scalar(f"{key}/{i}", x, step)
-            elif isinstance(value, (int, float)) and key != "step":
-                self._tb.add_scalar(key, value, step)
-        self._tb.flush()
+    def _write_jsonl(self, record: Mapping[str, Any]) -> None:
+        """The record to ``metrics.jsonl``; on a full disk it waits in memory (``metric_writers``)."""
+        line = json.dumps(record)
+        if self._file is None:
+            try:
+                self._file = self._open()
+            except OSError as exc:  # the resume's rewrite: tried again at the next record
+                self._unopened.append(line)
+                self._open_outage.failed(exc)
+                return
+            self._open_outage.recovered(len(self._unopened))
+            for waiting in self._unopened:
+                self._file.pending.append((waiting + "\n").encode())
+            self._unopened = []
+        self._file.append_line(line)
 
     def _show(self, step: int, record: Mapping[str, Any]) -> None:
         """The bar and the log line; steps count from 1 as checkpoints do (``step_000001`` follows the
@@ -259,25 +272,33 @@ class MetricsLogger:
                      self.cfg.steps, reward, stale, tok_s)
 
     def close(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Close writers; write ``progress.png`` (when ``cfg.plot``) and ``summary.json``."""
-        self._bar.close()
-        if self._tb is not None:
-            self._tb.close()
+        """Close writers; write ``progress.png`` (when ``cfg.plot``) and ``summary.json``. On a disk
+        still full, what could not be written is said in one error line each; nothing raises."""
+        try:
+            self._bar.close()
+        except OSError:
+            pass
+        if self._tb is not None and self._tb.close():
+            log.error("%s: %d record(s) not written (no room)", self._tb.file.path, len(self._tb.file.pending))
         if self._wandb is not None:
             self._wandb.finish()
         summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
         summary_path = self.run_dir / "summary.json"
-        if self._file is None and summary_path.exists():  # no step made here: the outputs stand
+        if self._file is None and not self._unopened and summary_path.exists():  # no step made here
             return summary
-        if self._file is not None:
-            self._file.close()
-        if self.cfg.plot and self.history:
-            from megatron_darl.loop.plots import plot_progress
+        lost = self._file.close() if self._file is not None else len(self._unopened)
+        if lost:
+            log.error("%s: the last %d record(s) could not be written (no room); they are lost", self.path, lost)
+        try:
+            if self.cfg.plot and self.history:
+                from megatron_darl.loop.plots import plot_progress
 
-            variant = (extra or {}).get("variant", "")
-            title = f"variant {variant}, run dir {self.run_dir}" if variant else f"run dir {self.run_dir}"
-            plot_progress(self.history, self.run_dir / "progress.png", title=title)
-        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+                variant = (extra or {}).get("variant", "")
+                title = f"variant {variant}, run dir {self.run_dir}" if variant else f"run dir {self.run_dir}"
+                plot_progress(self.history, self.run_dir / "progress.png", title=title)
+            summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        except OSError as exc:
+            log.error("%s not written: %s", summary_path if self.history else self.run_dir, exc)
         return summary
 
 

@@ -37,7 +37,7 @@ class NoRoomForCheckpoint(CheckpointFailed):
     """Refused before writing: the estimate exceeds the free space."""
 
 
-def _gib(n: float) -> str:
+def gib(n: float) -> str:
     """Bytes for a person: GiB, MiB or KiB, whichever reads best."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
         if n >= scale:
@@ -82,16 +82,23 @@ def _world_reduce(value: float, op) -> float:
     return float(t.item())
 
 
+def agreed_room(trainer, final: Path, snapshots: int) -> tuple[int, int]:
+    """Collective: (the checkpoint's estimated bytes over all ranks, the least free bytes any rank
+    sees where it goes); the same numbers on every rank."""
+    need = _world_reduce(float(checkpoint_bytes(trainer, snapshots)), dist.ReduceOp.SUM)
+    free = _world_reduce(float(free_bytes(final.parent)), dist.ReduceOp.MIN)
+    return int(need), int(free)
+
+
 def check_room(trainer, final: Path, snapshots: int) -> int:
     """Collective: raise ``NoRoomForCheckpoint`` on every rank when the checkpoint cannot fit.
 
     Returns the agreed estimate in bytes (for the message of a write that fails later)."""
-    need = _world_reduce(float(checkpoint_bytes(trainer, snapshots)), dist.ReduceOp.SUM)
-    free = _world_reduce(float(free_bytes(final.parent)), dist.ReduceOp.MIN)
+    need, free = agreed_room(trainer, final, snapshots)
     if need > free:
         raise NoRoomForCheckpoint(
-            f"checkpoint {final} not written: it needs about {_gib(need)} and the filesystem of "
-            f"{existing_ancestor(final.parent)} has {_gib(free)} free. Nothing was written; earlier "
+            f"checkpoint {final} not written: it needs about {gib(need)} and the filesystem of "
+            f"{existing_ancestor(final.parent)} has {gib(free)} free. Nothing was written; earlier "
             "checkpoints are untouched. Free space there, or keep fewer checkpoints "
             "(loop.keep_checkpoints=N keeps the newest N)")
     return int(need)
@@ -103,8 +110,8 @@ def write_failed(final: Path, need: int, exc: BaseException | None) -> Checkpoin
     lines = str(exc).strip().splitlines() if exc is not None else []
     cause = (f"{type(exc).__name__}: {lines[-1] if lines else ''}" if exc is not None  # megatron's: a traceback
              else "another rank's write failed")
-    disk = (f"; the disk is the likely cause: {_gib(free)} free, under the ~{_gib(need)} the checkpoint "
-            "needs (other writers share it?)" if free < need else f"; {_gib(free)} free")
+    disk = (f"; the disk is the likely cause: {gib(free)} free, under the ~{gib(need)} the checkpoint "
+            "needs (other writers share it?)" if free < need else f"; {gib(free)} free")
     return CheckpointFailed(
         f"checkpoint {final} not written ({cause}){disk} on the filesystem of "
         f"{existing_ancestor(final.parent)}. The partial write is removed; earlier checkpoints are untouched")
