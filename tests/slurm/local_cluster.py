@@ -58,6 +58,18 @@ def _free_port_block(count: int, tries: int = 200) -> int:
     raise RuntimeError(f"no block of {count} consecutive free ports found")
 
 
+# Slurm numbers a step's GPUs from 0 on every node (a real node's devices); emulated node<i> of a
+# shared host owns the host's GPUs from (i-1) x gpus on. A task prolog's "export" lines set the
+# task's environment.
+TASK_PROLOG = """#!/bin/bash
+off=$(( (${{SLURMD_NODENAME#node}} - 1) * {gpus} ))
+if [ -n "${{CUDA_VISIBLE_DEVICES:-}}" ]; then
+  out=""; for d in ${{CUDA_VISIBLE_DEVICES//,/ }}; do out="$out${{out:+,}}$((d + off))"; done
+  echo "export CUDA_VISIBLE_DEVICES=$out"
+fi
+"""
+
+
 @dataclass
 class LocalSlurm:
     """Start/stop a private Slurm cluster of ``nodes`` emulated nodes rooted at ``root``."""
@@ -67,6 +79,11 @@ class LocalSlurm:
     cpus_per_node: int = 2
     memory_mb: int = 8000
     gpus: int = 0  # GRES gpu:N on every node (one real node: /dev/nvidia0..N-1)
+    # emulated nodes share one host's GPUs: node i gets the host's GPUs (i-1)*N .. i*N-1, and a
+    # task prolog shifts the CUDA_VISIBLE_DEVICES Slurm gives each step (node-local indices 0..N-1)
+    # to those, so two emulated nodes of gpu:2 on a 4-GPU host never share a GPU
+    split_host_gpus: bool = False
+    gpu_device_dir: str = "/dev"  # where the nvidia<k> device files are (tests: fake ones)
     plugin_dir: str = ""  # Slurm's plugins when not where it was built to look (tools/slurm_kit.sh)
     pids: dict[str, int] = field(default_factory=dict)
 
@@ -150,6 +167,7 @@ class LocalSlurm:
             "SlurmdTimeout=30",
             "InactiveLimit=0",
             "GresTypes=gpu",
+            *([f"TaskProlog={r / 'task_prolog.sh'}"] if self.gpus and self.split_host_gpus else []),
             *([f"PluginDir={self.plugin_dir}"] if self.plugin_dir else []),
             f"NodeName=node[1-{self.nodes}] NodeHostname=localhost "
             f"Port=[{base}-{base + self.nodes - 1}] CPUs={self.cpus_per_node} "
@@ -159,7 +177,18 @@ class LocalSlurm:
         ]
         (r / "slurm.conf").write_text("\n".join(lines) + "\n")
         if self.gpus:  # slurmd reads gres.conf beside slurm.conf
-            (r / "gres.conf").write_text(f"Name=gpu File=/dev/nvidia[0-{self.gpus - 1}]\n")
+            (r / "gres.conf").write_text(self._gres_conf())
+        if self.gpus and self.split_host_gpus:
+            prolog = r / "task_prolog.sh"
+            prolog.write_text(TASK_PROLOG.format(gpus=self.gpus))
+            prolog.chmod(0o755)
+
+    def _gres_conf(self) -> str:
+        dev, n = self.gpu_device_dir, self.gpus
+        if not self.split_host_gpus:
+            return f"Name=gpu File={dev}/nvidia[0-{n - 1}]\n"
+        return "".join(f"NodeName={name} Name=gpu File={dev}/nvidia[{i * n}-{(i + 1) * n - 1}]\n"
+                       for i, name in enumerate(self.node_names()))
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "wb")

@@ -1,0 +1,46 @@
+"""Emulated nodes on one GPU host (the device recipe for sbatch on 4 GPUs as 2 nodes x gpu:2):
+each node's job steps see only its own share of the host's GPUs, though Slurm numbers every
+node's GPUs from 0. Fake nvidia<k> character devices stand in for the GPUs (Slurm only opens the
+files named in gres.conf); the scheduler, GRES accounting and task prolog are the real ones."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from local_cluster import LocalSlurm, missing_binaries
+
+
+def test_two_emulated_nodes_split_the_hosts_gpus(tmp_path):
+    if missing_binaries() or os.geteuid() != 0:
+        pytest.skip("needs Slurm and root (tests/run.sh installs it as root)")
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    for k in range(4):
+        os.mknod(devices / f"nvidia{k}", 0o600 | 0o020000, os.makedev(195, k))  # character devices
+    cluster = LocalSlurm(tmp_path / "cluster", nodes=2, gpus=2, split_host_gpus=True,
+                         gpu_device_dir=str(devices))
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/bash\n" + "".join(
+        f"srun --nodes=1 --ntasks=1 -w {node} --gpus-per-node={g} --exact "
+        f"bash -c 'echo {node} {g} $CUDA_VISIBLE_DEVICES' > {tmp_path}/{node}_{g}.txt\n"
+        for node, g in (("node1", 2), ("node2", 2), ("node2", 1))))
+    try:
+        cluster.start(timeout=60)
+        assert "gpu:2" in cluster.run(["sinfo", "-h", "-N", "-o", "%G"]).stdout
+        res = cluster.run(["sbatch", "--parsable", "--nodes=2", "--gpus-per-node=2",
+                           f"--output={tmp_path}/out.txt", str(job)])
+        assert res.returncode == 0, res.stderr
+        deadline = time.time() + 60
+        while cluster.run(["squeue", "-h"]).stdout.strip() and time.time() < deadline:
+            time.sleep(0.5)
+        seen = {p.stem: p.read_text().split() for p in tmp_path.glob("node*_*.txt")}
+        assert seen == {"node1_2": ["node1", "2", "0,1"], "node2_2": ["node2", "2", "2,3"],
+                        "node2_1": ["node2", "1", "2"]}, (tmp_path / "out.txt").read_text()
+    finally:
+        cluster.cancel_all()
+        cluster.stop()
+        shutil.rmtree(devices, ignore_errors=True)

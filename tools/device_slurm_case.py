@@ -1,0 +1,180 @@
+"""The sbatch scripts on a GPU host under a real Slurm (tools/device_slurm_run.sh calls this):
+the host's GPUs split over emulated nodes, a run submitted as a user submits it, stopped with
+``scancel`` mid-run and resubmitted to resume, with the timeline a user would see.
+
+    python tools/device_slurm_case.py headline --model qwen3_4b --nodes 2 --steps 6 --cancel-at 3
+    python tools/device_slurm_case.py scaling --model qwen3_1.7b --nodes-list "1 2" --steps 6
+    python tools/device_slurm_case.py headline --model tiny --engine hf experiment=smoke   # CPU check
+
+``headline``: ``slurm/<model>_darl.sbatch`` on ``--nodes`` emulated nodes (the host's GPUs split
+evenly: 4 GPUs, 2 nodes -> gpu:2 each; ``LocalSlurm(split_host_gpus=True)``), a random-init policy
+of the model's shape with the built-in task's tokenizer, ``ROLLOUT_NODES`` (default: launch.sh's
+half the nodes); ``scancel`` once the run has logged ``--cancel-at`` steps, then the same command
+again with the same OUTPUT_DIR. Checked from the run's files: a checkpoint at the stop, the second
+job resumed from it, trained only the steps after it, and ``metrics.jsonl`` has one record per
+step. ``scaling``: ``slurm/scaling_study.sh`` at each node count of ``--nodes-list`` and its report.
+Everything it found goes to ``--out`` (``summary.json``, the batch outputs and the trainer's log
+tails) so the device call brings it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "slurm")]
+
+from local_cluster import LocalSlurm  # noqa: E402
+from slurm_jobs import job_env, log_dirs, metrics, sbatch, wait_for, wait_state  # noqa: E402
+
+WORK = Path("/tmp/darl_slurm")
+
+
+def gpus_on_host() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    return len([line for line in out.splitlines() if line.startswith("GPU ")])
+
+
+def start_cluster(nodes: int, gpus_per_node: int) -> LocalSlurm:
+    root = WORK / "cluster"
+    shutil.rmtree(root, ignore_errors=True)
+    cluster = LocalSlurm(root, nodes=nodes, cpus_per_node=max(2, (os.cpu_count() or 2) // nodes),
+                         memory_mb=100_000, gpus=gpus_per_node, split_host_gpus=nodes > 1,
+                         plugin_dir=os.environ.get("DARL_SLURM_PLUGIN_DIR", ""))
+    cluster.start(timeout=90)
+    return cluster
+
+
+def build_policy(model: str) -> Path:
+    """A random-init policy of ``model``'s shape; ``tiny``: the embedded default's warm policy."""
+    if model == "tiny":
+        from megatron_darl.loop.warmstart import WarmStartConfig, ensure_warm_policy
+
+        return Path(ensure_warm_policy(WarmStartConfig(), log=lambda m: None))
+    from benchmarks.loop_profile import build_policy as build
+
+    return build(model, WORK / f"policy_{model}")
+
+
+def trained_steps(log: Path) -> list[int]:
+    """Steps (0-based, as in metrics.jsonl) the trainer's log line ``<variant> step n/N`` reports."""
+    return [int(m) - 1 for m in re.findall(r" step (\d+)/\d+ reward", log.read_text())] if log.exists() else []
+
+
+def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
+    policy = build_policy(a.model)
+    run = WORK / "run_headline"
+    shutil.rmtree(run, ignore_errors=True)
+    knobs = {"MODEL_PATH": str(policy), "OUTPUT_DIR": str(run), "DATA": "builtin", "ENGINE": a.engine,
+             "DARL_PYTHON": sys.executable, "GRACE_S": "60", **({"MODEL": "tiny"} if a.model == "tiny" else {})}
+    if a.rollout_nodes is not None:
+        knobs["ROLLOUT_NODES"] = str(a.rollout_nodes)
+    env = job_env(cluster, **knobs)
+    opts = [f"--nodes={a.nodes}", f"--gpus-per-node={cluster.gpus}", "--time=30", "--exclusive"]
+    overrides = [*a.overrides, "loop.checkpoint_interval=0"]
+    script = f"slurm/{'qwen3_4b' if a.model == 'tiny' else a.model}_darl.sbatch"
+    t0 = time.time()
+    first = sbatch(cluster, script, [*overrides, f"loop.steps={a.steps}"], env,
+                   [*opts, f"--output={out}/job1.out"])
+    result: dict = {"script": script, "nodes": a.nodes, "gpus_per_node": cluster.gpus, "first_job": first}
+    wait_for(lambda: len(metrics(run)) >= 1 or _ended(cluster, first), a.timeout, "the first trained step")
+    result["submit_to_first_step_s"] = time.time() - t0
+    wait_for(lambda: len(metrics(run)) >= a.cancel_at or _ended(cluster, first), a.timeout,
+             f"{a.cancel_at} logged steps")
+    t_cancel = time.time()
+    cluster.run(["scancel", str(first)])
+    info = wait_state(cluster, first, timeout=300, output=out / "job1.out")
+    result["first_state"] = info["JobState"]
+    result["cancel_to_end_s"] = time.time() - t_cancel
+    saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_??????"))
+    result["checkpoints_after_cancel"] = saved
+    if not saved:
+        return {**result, "ok": False, "why": "no checkpoint after scancel"}
+    k = saved[-1]
+    t1 = time.time()
+    second = sbatch(cluster, script, [*overrides, f"loop.steps={a.steps}"], env,
+                    [*opts, f"--output={out}/job2.out"])
+    wait_for(lambda: len(metrics(run)) > k or _ended(cluster, second), a.timeout, "the first step after resuming")
+    result["resubmit_to_first_step_s"] = time.time() - t1
+    info = wait_state(cluster, second, timeout=a.timeout, output=out / "job2.out")
+    result.update(second_job=second, second_state=info["JobState"], resubmit_to_end_s=time.time() - t1)
+    logs = log_dirs(run)
+    for i, d in enumerate(logs):
+        for f in d.glob("*.log"):
+            (out / f"job{i + 1}_{f.name}").write_text(f.read_text()[-20000:])
+        if (d / "steps.txt").exists():
+            shutil.copy(d / "steps.txt", out / f"job{i + 1}_steps.txt")
+    second_trained = trained_steps(logs[-1] / "trainer-0.log") if logs else []
+    steps = [r["step"] for r in metrics(run)]
+    result.update(resumed_at=k, second_trained=second_trained, metric_steps=steps,
+                  ok=(info["JobState"] == "COMPLETED" and steps == list(range(len(steps)))  # none twice
+                      and len(steps) == a.steps and bool(second_trained) and min(second_trained) >= k))
+    shutil.copy(run / "metrics.jsonl", out / "metrics.jsonl")
+    return result
+
+
+def _ended(cluster: LocalSlurm, job: int) -> bool:
+    return not cluster.run(["squeue", "-h", "-j", str(job)]).stdout.strip()
+
+
+def scaling(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
+    policy = build_policy(a.model)
+    study = WORK / "study"
+    shutil.rmtree(study, ignore_errors=True)
+    env = job_env(cluster, MODEL_PATH=str(policy), DATA="builtin", ENGINE=a.engine, DARL_PYTHON=sys.executable,
+                  NODES_LIST=a.nodes_list, SCRIPT=f"slurm/{a.model}_darl.sbatch", STUDY_DIR=str(study),
+                  SBATCH_ARGS=f"--gpus-per-node={cluster.gpus} --time=30", WAIT="1",
+                  WAIT_TIMEOUT_S=str(int(a.timeout)))
+    res = subprocess.run(["bash", "slurm/scaling_study.sh", *a.overrides, f"loop.steps={a.steps}"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout + 60)
+    (out / "scaling_study.out").write_text(res.stdout[-20000:] + res.stderr[-5000:])
+    for f in (study / "report").glob("*"):
+        if f.is_file():
+            shutil.copy(f, out / f"report_{f.name}")
+    return {"rc": res.returncode, "nodes_list": a.nodes_list, "ok": res.returncode == 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("case", choices=["headline", "scaling"])
+    p.add_argument("--model", default="qwen3_4b")
+    p.add_argument("--engine", default="vllm")
+    p.add_argument("--nodes", type=int, default=2, help="emulated nodes (headline)")
+    p.add_argument("--rollout-nodes", type=int, default=None)
+    p.add_argument("--nodes-list", default="1 2", help="node counts (scaling)")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--cancel-at", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=480.0, help="seconds a job may take")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/darl_slurm_out")))
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
+    a = p.parse_intermixed_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    nodes = a.nodes if a.case == "headline" else max(int(n) for n in a.nodes_list.split())
+    gpus = gpus_on_host()
+    if gpus % nodes:
+        raise SystemExit(f"{gpus} GPUs do not split over {nodes} emulated nodes")
+    cluster = start_cluster(nodes, gpus // nodes)
+    try:
+        result = (headline if a.case == "headline" else scaling)(a, cluster, a.out)
+    finally:
+        cluster.cancel_all()
+        cluster.stop()
+        for log in (cluster.root / "log").glob("*.log"):
+            shutil.copy(log, a.out / f"slurm_{log.name}")
+    (a.out / "summary.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
