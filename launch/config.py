@@ -40,7 +40,10 @@ def canonical_override(item: str) -> str:
 
 def register_schema() -> None:
     """Register ``RunConfig`` as ``run_schema`` and the ``dp_size`` resolver (idempotent)."""
+    from megatron_darl.data.locations import register_resolver
+
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    register_resolver()  # ${benchmark_home:}: where configs/data/*.yaml find the benchmark files
     if not OmegaConf.has_resolver("dp_size"):
         OmegaConf.register_new_resolver(
             "dp_size", lambda ranks, tp, pp: int(ranks) // (int(tp) * int(pp)))

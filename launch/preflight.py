@@ -64,7 +64,8 @@ def check_model(cfg) -> None:
 def check_paths(cfg) -> None:
     """Files the children will open: the dataset and the trainer's initial checkpoint."""
     if cfg.data.source == "file" and not Path(cfg.data.path).expanduser().is_file():
-        raise ValueError(f"data.path={cfg.data.path}: no such file (dataset {cfg.data.name})")
+        raise ValueError(f"data.path={cfg.data.path}: no such file (dataset {cfg.data.name})"
+                         + _fetch_hint(cfg.data.path))
     init = cfg.trainer.init_checkpoint
     if init and not Path(init).expanduser().exists():
         raise ValueError(f"trainer.init_checkpoint={init}: no such directory")
@@ -77,6 +78,16 @@ def check_weights(cfg) -> None:
         raise ValueError(f"model.path is empty: model={cfg.model.name} gives the architecture only (no weights, "
                          "no tokenizer for the rollout engine); pass model.path=<Hugging Face checkpoint "
                          "directory>, e.g. one from huggingface-cli download Qwen/<model> --local-dir DIR")
+
+
+def _fetch_hint(path: str) -> str:
+    """How to get a benchmark file the presets name (``tools/prepare_data.py`` knows them)."""
+    from megatron_darl.data.locations import LOCAL_BENCHMARKS, SHARED_BENCHMARKS
+
+    for home in (LOCAL_BENCHMARKS, SHARED_BENCHMARKS):
+        if Path(path).is_relative_to(home) and len(Path(path).relative_to(home).parts) > 1:
+            return f"; fetch it with python tools/prepare_data.py {Path(path).relative_to(home).parts[0]}"
+    return ""
 
 
 def check_engine(cfg) -> None:

@@ -4,8 +4,11 @@
 
 Writes ``results.json``, ``results.md`` and one ``samples_<benchmark>.jsonl`` per benchmark to
 ``--out-dir``. Benchmark files are found under ``--benchmark-dir`` (default
-``$DARL_BENCHMARK_DIR``, else ``<repo>/../shared/data/benchmarks``) at the paths in
-``configs/eval/benchmarks.yaml``, or at ``--<name>-path``. A Megatron checkpoint (a directory
+``$DARL_BENCHMARK_DIR``, else ``data/benchmarks`` under the repo, which
+``python tools/prepare_data.py gsm8k math500 aime24 humaneval`` fills, else a shared copy at
+``<repo>/../shared/data/benchmarks``) at the paths in ``configs/eval/benchmarks.yaml``, or at
+``--<name>-path``. ``--limit`` takes the first N prompts of each benchmark, or a fraction of them
+(``--limit 0.1``); a bar per benchmark shows the prompts done. A Megatron checkpoint (a directory
 with ``megatron_darl.json``) is converted to a temporary HF directory first.
 """
 
@@ -19,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from megatron_darl.data.loaders import load_records
+from megatron_darl.data.locations import benchmark_home
 from megatron_darl.eval import (
     EvalConfig,
     evaluate_benchmark,
@@ -28,6 +32,7 @@ from megatron_darl.eval import (
     resolve_hf_dir,
     write_results,
 )
+from megatron_darl.eval.harness import check_limit
 from megatron_darl.rewards import CodeRewardConfig, MathRewardConfig, RewardConfig, reference_check
 from megatron_darl.rollout.engines import EngineConfig, build_engine
 
@@ -45,10 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=16, help="samples per prompt")
     p.add_argument("--k", default="", help="comma list of pass@k values (default: powers of 2 and n)")
     p.add_argument("--out-dir", default="outputs/eval", help="where results go")
-    p.add_argument("--benchmark-dir", default=os.environ.get("DARL_BENCHMARK_DIR", str(REPO.parent / "shared/data/benchmarks")))
+    p.add_argument("--benchmark-dir", default=str(benchmark_home(os.environ.get("DARL_BENCHMARK_DIR"))),
+                   help="directory of the benchmark files (default: %(default)s)")
     for name in table:
         p.add_argument(f"--{name}-path", default="", help=f"{name} file (overrides --benchmark-dir)")
-    p.add_argument("--limit", type=int, default=-1, help="first N prompts per benchmark")
+    p.add_argument("--limit", type=limit_arg, default=-1,
+                   help="first N prompts per benchmark, or a fraction of them (0.1); -1: all")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-new-tokens", type=int, default=4096)
@@ -64,7 +71,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch-size", type=int, default=64, help="sequences the engine generates at once")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm only")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="the libraries' notices and deprecations too")
     return p.parse_args(argv)
+
+
+def limit_arg(text: str) -> float:
+    """``--limit``: a count N >= 1, a fraction in (0, 1), or -1 (all)."""
+    try:
+        value = float(text)
+        check_limit(value, "--limit")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc) if "--limit" in str(exc) else f"--limit {text!r}: not a number")
+    return value
 
 
 def eval_config(args: argparse.Namespace) -> EvalConfig:
@@ -127,6 +145,10 @@ def run(args: argparse.Namespace) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.verbose:
+        from megatron_darl.quiet import quiet_libraries
+
+        quiet_libraries()
     try:
         json_path, md_path = run(args)
     except (FileNotFoundError, ValueError) as exc:  # user mistakes: say what, no traceback

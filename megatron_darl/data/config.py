@@ -86,5 +86,8 @@ def load_data_config(preset: str | Path, overrides: dict | None = None) -> DataC
     preset = Path(preset)
     if not preset.is_file():
         raise FileNotFoundError(f"data config {preset} does not exist")
+    from megatron_darl.data.locations import register_resolver
+
+    register_resolver()  # ${benchmark_home:} in the benchmark presets
     merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(preset), overrides or {})
     return OmegaConf.to_object(merged)

@@ -3,7 +3,7 @@
 ``configs/eval/benchmarks.yaml`` names, per benchmark, the ``configs/data/*.yaml`` preset (column
 mapping, prompt template, reward task) and the file path relative to the benchmark directory.
 A path can be overridden per benchmark (``tools/eval.py --<name>-path``); a missing file is an
-error that names the file and the flag that sets it.
+error that names the file, ``tools/prepare_data.py`` (which fetches it) and the flag that sets it.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def resolve_benchmark(
         file = benchmark_dir / file
     if not file.is_file():
         raise FileNotFoundError(
-            f"benchmark {name}: file {file} not found; set {path_flag(name)} (or --benchmark-dir "
-            f"to a directory holding {bench.path})"
+            f"benchmark {name}: file {file} not found; fetch it with python tools/prepare_data.py {name} "
+            f"(offline: --from DIR), or set {path_flag(name)} (or --benchmark-dir to a directory holding "
+            f"{bench.path})"
         )
     preset = data_dir / f"{bench.data}.yaml"
     return load_data_config(preset, {"name": name, "path": str(file)})

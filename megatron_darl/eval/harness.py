@@ -10,6 +10,7 @@ table, plus a jsonl of every sample for inspection.
 from __future__ import annotations
 
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -35,7 +36,7 @@ class EvalConfig:
     max_new_tokens: int = 4096  # response length limit
     seed: int = 0  # base sampling seed
     batch_prompts: int = 8  # prompts per engine.generate call
-    limit: int = -1  # evaluate the first N prompts of each benchmark; -1 = all
+    limit: float = -1  # N >= 1: the first N prompts of each benchmark; 0 < f < 1: the first fraction f; -1: all
     score_workers: int = 4  # threads for sandboxed code scoring (math stays in the main thread)
     enable_thinking: bool | None = None  # passed to chat templates that know it (Qwen3); None = default
     reward: RewardConfig = field(default_factory=RewardConfig)  # verifier settings
@@ -47,6 +48,22 @@ class EvalConfig:
         bad = [k for k in self.ks if not 1 <= k <= self.n]
         if bad:
             raise ValueError(f"EvalConfig.ks={self.ks}: every k must be in [1, n={self.n}]")
+        check_limit(self.limit, "EvalConfig.limit")
+
+
+def check_limit(limit: float, name: str = "limit") -> None:
+    """A prompt limit is -1 (all), a count N >= 1, or a fraction in (0, 1)."""
+    if not (limit == -1 or 0 < limit < 1 or (limit >= 1 and float(limit).is_integer())):
+        raise ValueError(f"{name}={limit}: use a prompt count N >= 1, a fraction in (0, 1), or -1 for all")
+
+
+def take_limit(records: list, limit: float) -> list:
+    """The first ``limit`` records: a count, or a fraction of them (rounded up: at least one)."""
+    check_limit(limit)
+    if limit == -1:
+        return records
+    count = int(limit) if limit >= 1 else math.ceil(limit * len(records))
+    return records[:count]
 
 
 @dataclass
@@ -87,8 +104,7 @@ def evaluate_benchmark(
     samples_path: Path | None = None,
 ) -> BenchmarkResult:
     """Generate ``cfg.n`` responses for every record, score them and aggregate."""
-    if cfg.limit >= 0:
-        records = records[: cfg.limit]
+    records = take_limit(records, cfg.limit)
     if not records:
         raise ValueError(f"benchmark {name}: no prompts to evaluate")
     start = time.monotonic()

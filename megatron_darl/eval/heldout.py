@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 import torch
 
 from megatron_darl.data.records import PromptRecord
-from megatron_darl.eval.harness import EvalConfig, evaluate_benchmark
+from megatron_darl.eval.harness import EvalConfig, check_limit, evaluate_benchmark, take_limit
 
 _STEP = re.compile(r"step_(\d+)")
 
@@ -44,12 +44,15 @@ class HeldoutConfig:
     max_new_tokens: int = 48  # response length limit (as in training)
     batch_prompts: int = 256  # prompts per engine call
     seed: int = 0  # sampling seed (same seed for every checkpoint)
+    limit: float = -1  # N >= 1: the first N held-out prompts; 0 < f < 1: the first fraction f; -1: all
+    progress: bool = True  # a bar per checkpoint: prompts done of the held-out set
 
     def __post_init__(self) -> None:
         if self.samples < 0 or self.max_new_tokens < 1 or self.batch_prompts < 1:
             raise ValueError("HeldoutConfig.samples must be >= 0, max_new_tokens and batch_prompts >= 1")
         if self.temperature <= 0:
             raise ValueError(f"HeldoutConfig.temperature must be > 0, got {self.temperature}")
+        check_limit(self.limit, "HeldoutConfig.limit")
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -97,8 +100,9 @@ def _score(name: str, records: list[PromptRecord], engine, tokenizer, cfg: Heldo
     out: dict = {}
     for suffix, n, temperature in passes:
         ecfg = EvalConfig(n=n, temperature=temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens,
-                          seed=cfg.seed, batch_prompts=cfg.batch_prompts, score_workers=1, progress=False)
-        result = evaluate_benchmark(name, records, engine, tokenizer, ecfg)
+                          seed=cfg.seed, batch_prompts=cfg.batch_prompts, score_workers=1,
+                          progress=cfg.progress)
+        result = evaluate_benchmark(f"{name}{suffix}", records, engine, tokenizer, ecfg)
         out |= {f"accuracy{suffix}": result.avg_at_n,
                 f"mean_response_tokens{suffix}": result.mean_response_tokens,
                 f"truncated_fraction{suffix}": result.truncated_fraction}
@@ -122,9 +126,13 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
 
     if not records:
         raise ValueError("evaluate_checkpoints: no held-out prompts")
+    total, records = len(records), take_limit(records, cfg.limit)
     points = list(points or [])
     scored = {p["step"] for p in points}
     checkpoints = [(step, path) for step, path in checkpoints if step not in scored]
+    of = f" (of {total}, limit {cfg.limit:g})" if len(records) < total else ""
+    log(f"[heldout] {len(records)} prompts{of}, {len(checkpoints) + (0 not in scored)} policies to score"
+        + (f" ({len(scored)} already scored)" if scored else ""))
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     engine = build_engine(EngineConfig(backend="hf", model_path=str(model_dir)))
     loader = CheckpointWeights(checkpoints[0][1]) if checkpoints else None
@@ -174,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=0, help="sampled responses per prompt (0: greedy only)")
     parser.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled pass")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--limit", type=float, default=-1,
+                        help="the first N held-out prompts, or a fraction of them (0.1); -1: all")
+    parser.add_argument("--no-progress", action="store_true", help="no bar per checkpoint")
     parser.add_argument("--delete", action="store_true", help="delete each checkpoint once scored")
     parser.add_argument("--resume", action="store_true",
                         help="keep the points of an interrupted evaluation in --out, score the rest")
@@ -186,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet_libraries()
     try:
         cfg = HeldoutConfig(samples=args.samples, temperature=args.temperature,
-                            max_new_tokens=args.max_new_tokens)
+                            max_new_tokens=args.max_new_tokens, limit=args.limit,
+                            progress=not args.no_progress)
         records = _records(args.data, args.overrides)
         if not Path(args.model_dir).is_dir():
             raise FileNotFoundError(f"--model-dir {args.model_dir}: no such directory")
@@ -199,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(points: list[dict]) -> None:  # after every point: an interrupted run keeps them
         tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps({"config": asdict(cfg), "prompts": len(records), "points": points,
+        prompts = len(take_limit(records, cfg.limit))
+        tmp.write_text(json.dumps({"config": asdict(cfg), "prompts": prompts, "points": points,
                                    "seconds": time.monotonic() - start}, indent=1) + "\n")
         tmp.replace(out)
 

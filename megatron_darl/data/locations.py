@@ -1,0 +1,41 @@
+"""Where the benchmark files are looked for when a config does not name one.
+
+Why: the presets used to read ``../shared/data/benchmarks`` relative to the working directory, a
+copy that exists only beside this project's own checkout, so a user's first ``data=gsm8k`` or
+``tools/eval.py`` ended in "file not found" with nothing to get the files from.
+``tools/prepare_data.py`` now writes them to ``data/benchmarks/`` under the repo; that folder
+is the default. A shared copy beside the checkout (``../shared/data/benchmarks``) is still read
+when the repo has none, and ``$DARL_BENCHMARK_DIR`` (read by the presets' ``oc.env``, or passed
+here) names any other place. Paths come back absolute: a run resolves them once, whatever its
+working directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_BENCHMARKS = REPO / "data" / "benchmarks"  # tools/prepare_data.py writes here by default
+SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"  # a read-only copy, where one exists
+RESOLVER = "benchmark_home"  # ${benchmark_home:} in configs/data/*.yaml
+
+
+def benchmark_home(override: str | None = None) -> Path:
+    """The benchmark directory: ``override`` (``$DARL_BENCHMARK_DIR``) when given, else the
+    prepared ``data/benchmarks`` when it holds anything, else the shared copy when present, else
+    ``data/benchmarks`` (where ``tools/prepare_data.py`` will write; a missing file names it)."""
+    if override:
+        return Path(override).expanduser().resolve()
+    if LOCAL_BENCHMARKS.is_dir() and any(LOCAL_BENCHMARKS.iterdir()):
+        return LOCAL_BENCHMARKS
+    if SHARED_BENCHMARKS.is_dir():
+        return SHARED_BENCHMARKS
+    return LOCAL_BENCHMARKS
+
+
+def register_resolver() -> None:
+    """Register ``${benchmark_home:}`` for OmegaConf (idempotent)."""
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, lambda: str(benchmark_home()))
