@@ -184,26 +184,16 @@ def _kill(pid: int, sig: int) -> None:
 
 
 _INTRUDER = """
-import datetime, json, sys
+import datetime, json, socket, struct, sys
 import torch.distributed as dist
 from megatron_darl.transport import ControlPlaneConfig, connect_store
+from megatron_darl.transport.ledger import LedgerClient
 from megatron_darl.transport.store import ForeignValueError
 port = int(sys.argv[1])
 raw = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
-raw.set("ctl/stop", "1")  # a bare stop flag
-member = json.dumps({"role": "rollout", "rank": 0, "host": "intruder", "pid": 1})
-raw.set("rdzv/rollout/0", member)  # pose as worker 0
-raw.set("hb/rollout/0", json.dumps({"beat": 10**9, "member": member}))
-try:
-    connect_store(ControlPlaneConfig(port=port, secret="guessed", store_timeout_s=10), who="intruder")
-    print("JOINED", flush=True)
-except ForeignValueError as exc:
-    print("REFUSED", exc, flush=True)
 # the staleness counter: down (more starts than the bound allows) where it used to be a store key ...
 raw.add("stale/groups_started", -1000)
 # ... and up (a stalled run) in the ledger that keeps it, whose port the store shows (signed, readable)
-import socket, struct
-from megatron_darl.transport.ledger import LedgerClient
 ledger_port = int(raw.get("darl/ledger")[16:])
 try:
     LedgerClient("127.0.0.1", ledger_port, "guessed", "intruder", 10).call(
@@ -216,6 +206,15 @@ body = json.dumps({"op": "add", "key": "stale/groups_started", "amount": -1000})
 bare.recv(64)
 bare.sendall(struct.pack("<I", len(body)) + body)
 print("BARE", "closed" if bare.recv(64) == b"" else "answered", flush=True)
+raw.set("ctl/stop", "1")  # a bare stop flag
+member = json.dumps({"role": "rollout", "rank": 0, "host": "intruder", "pid": 1})
+raw.set("rdzv/rollout/0", member)  # pose as worker 0
+raw.set("hb/rollout/0", json.dumps({"beat": 10**9, "member": member}))
+try:
+    connect_store(ControlPlaneConfig(port=port, secret="guessed", store_timeout_s=10), who="intruder")
+    print("JOINED", flush=True)
+except ForeignValueError as exc:
+    print("REFUSED", exc, flush=True)
 """
 
 
@@ -224,7 +223,8 @@ print("BARE", "closed" if bare.recv(64) == b"" else "answered", flush=True)
 def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, fault_record):
     """A foreign stop flag, member record and heartbeat are ignored, its join is refused, its moves of the staleness counter change nothing and are logged; the run finishes every step within the bound."""
     steps, gps, eta = 30, 4, 1  # long enough that the run still goes on when the intruder (importing torch) acts
-    sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=steps, gps=gps, eta=eta, secret="run-secret")
+    sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=steps, gps=gps, eta=eta, secret="run-secret",
+                  trainer_args=["--hub-delay-s", "0.02"])  # 2.4 s more: still going when the intruder is done
     procs = sc.launch()
     try:
         wait_for(lambda: len(sc.records("hub0.jsonl")) >= 2, 120, "2 groups at the hub")
@@ -235,7 +235,7 @@ def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, faul
         codes = [procs.wait(f"worker{w}", 30) for w in range(2)]
     finally:
         procs.close()
-    assert out.stdout.startswith("REFUSED") and "not this run's" in out.stdout, (out.stdout, out.stderr)
+    assert "REFUSED intruder" in out.stdout and "not this run's" in out.stdout, (out.stdout, out.stderr)
     assert "LEDGER REFUSED" in out.stdout and "BARE closed" in out.stdout, (out.stdout, out.stderr)
     done = sc.records("done.jsonl")
     assert done and done[0]["steps"] == steps
