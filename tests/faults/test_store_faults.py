@@ -224,7 +224,7 @@ def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, faul
     """A foreign stop flag, member record and heartbeat are ignored, its join is refused, its moves of the staleness counter change nothing and are logged; the run finishes every step within the bound."""
     steps, gps, eta = 30, 4, 1  # long enough that the run still goes on when the intruder (importing torch) acts
     sc = Scenario(out=tmp_path, trainers=1, workers=2, stages=1, steps=steps, gps=gps, eta=eta, secret="run-secret",
-                  trainer_args=["--hub-delay-s", "0.02"])  # 2.4 s more: still going when the intruder is done
+                  trainer_args=["--hub-delay-s", "0.05"])  # 6 s more: still going when the intruder is done
     procs = sc.launch()
     try:
         wait_for(lambda: len(sc.records("hub0.jsonl")) >= 2, 120, "2 groups at the hub")
