@@ -75,7 +75,7 @@ def backfill(planner: "ShardPlanner", sel: "Selection", global_tokens: torch.Ten
         lacks = lambda s, v=v: not cache.has(s.sample_id, v, trainer)  # noqa: E731
         work = take(entry_pieces(sel.entries, lacks), math.inf, v)
         if work is not None:
-            planner._compute(work, logprobs, stats)
+            planner.compute_rows(work, logprobs, stats)
             counts.computed += len(work.samples)
             stats.backfill_snapshot += len(work.samples)
             stats.backfill_own += sum(1 for s in work.samples if s.behavior_version == v)

@@ -247,7 +247,7 @@ class ShardPlanner:
         self.counts.reused += sum(1 for s in cand.samples if s.num_tokens) - len(missing)
         if missing:
             work = take(entry_pieces(entries, lambda s: not self.current.has(s)), float("inf"), version)
-            self._compute(work, logprobs, stats)
+            self.compute_rows(work, logprobs, stats)
             self.counts.computed += len(work.samples)
             stats.logprob_passes += 1
         rows = [self.current.get(s) for s in cand.samples]
@@ -259,7 +259,7 @@ class ShardPlanner:
         stats.groups_scored += len(entries)
         return cand
 
-    def _compute(self, work: Work, logprobs: LogProbFn, stats: StepStats) -> None:
+    def compute_rows(self, work: Work, logprobs: LogProbFn, stats: StepStats) -> None:
         """One trainer pass over ``work``, its rows stored (``prefetch.store_rows``), plus the
         engine/trainer mismatch (k3 over samples generated at exactly the trainer's version)."""
         logp = logprobs(packed_batch(work.packed), work.version)
@@ -285,7 +285,7 @@ class ShardPlanner:
         work = next_work(self, received, step, version, set(exact_versions), max_tokens)
         if work is None:
             return False
-        self._compute(work, logprobs, self._pending)
+        self.compute_rows(work, logprobs, self._pending)
         self.counts.prefetched += len(work.samples)
         self._pending.prefetch_passes += 1
         return True
