@@ -138,7 +138,7 @@ def evaluate_run(run_dir: Path, args, devices: list[int]) -> list[dict]:
     Scored without partial credit: the accuracy is the share of exactly correct responses."""
     out = run_dir / "heldout.json"
     cmd = [sys.executable, "-m", "megatron_darl.eval.heldout", "--model-dir", args.model_path,
-           "--run-dir", str(run_dir), "--data", args.data, "--out", str(out), "--delete", "--resume",
+           "--run-dir", str(run_dir), "--data", args.data, "--out", str(out), "--delete", "--resume", "--no-progress",
            "--samples", str(args.eval_samples), "--temperature", str(args.eval_temperature),
            "--max-new-tokens", str(args.max_new_tokens), *args.data_overrides,
            f"{args.task_key}.split=test", f"{args.task_key}.num_prompts={args.test_prompts}",
