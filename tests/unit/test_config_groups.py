@@ -56,3 +56,11 @@ def test_slurm_engine_knob_uses_the_group_name_and_respects_the_users_choice():
 
     assert _groups(["rollout@_global_=hf", "model.path=x"]) == {"rollout"}
     assert _groups(["rollout=hf"]) == {"rollout"}
+
+
+def test_records_read_the_engine_from_either_spelling():
+    from tools.scaling_records import record_engine
+
+    assert record_engine({"overrides": ["rollout=vllm"]}) == "vllm"
+    assert record_engine({"overrides": ["rollout@_global_=vllm"]}) == "vllm"
+    assert record_engine({"overrides": ["algorithm=sync"]}) == "hf"
