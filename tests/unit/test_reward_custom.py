@@ -183,3 +183,23 @@ def test_names_that_cannot_serve_are_refused_in_one_line_naming_reward_fn(user_m
         RewardConfig(fn_timeout_s=0)
     with pytest.raises(ValueError, match=r"reward.math.answer_patterns\[1\]='\(' is not a regex"):
         MathRewardConfig(answer_patterns=["answer: (.+)", "("])
+
+
+def test_on_resume_reward_timeouts_may_change_what_is_rewarded_may_not(tmp_path):
+    from omegaconf import OmegaConf
+
+    from launch.config import load_run_config, save_run_config
+    from megatron_darl.loop.resume_changes import check_resume
+
+    base = ["experiment=smoke", "loop.run_dir=runs/x"]
+    old = OmegaConf.to_container(OmegaConf.load(save_run_config(load_run_config(base), tmp_path / "run_config.yaml")))
+    # the sandbox's tuple of paths comes back from YAML as a list: not a change
+    assert check_resume(old, load_run_config(base), "old.yaml") == []
+    allowed = check_resume(old, load_run_config(base + ["reward.fn_timeout_s=5", "reward.math.timeout_seconds=9"]),
+                           "old.yaml")
+    assert sorted(str(c) for c in allowed) == ["reward.fn_timeout_s: 60.0 -> 5.0", "reward.math.timeout_seconds: 5 -> 9"]
+    for override, key in (("reward.fn=m:f", "reward.fn"), ("reward.math.boxed=false", "reward.math.boxed"),
+                          ("reward.code.stdio_scoring=fraction", "reward.code.stdio_scoring")):
+        with pytest.raises(ValueError, match=rf"^loop.resume=true: {key} changed from .* refused, the buffered "
+                                             "samples were scored with it"):
+            check_resume(old, load_run_config(base + [override]), "old.yaml")
