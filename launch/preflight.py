@@ -84,9 +84,10 @@ def _fetch_hint(path: str) -> str:
     """How to get a benchmark file the presets name (``tools/prepare_data.py`` knows them)."""
     from megatron_darl.data.locations import LOCAL_BENCHMARKS, SHARED_BENCHMARKS
 
+    file = Path(path).expanduser().resolve()
     for home in (LOCAL_BENCHMARKS, SHARED_BENCHMARKS):
-        if Path(path).is_relative_to(home) and len(Path(path).relative_to(home).parts) > 1:
-            return f"; fetch it with python tools/prepare_data.py {Path(path).relative_to(home).parts[0]}"
+        if file.is_relative_to(home) and len(file.relative_to(home).parts) > 1:
+            return f"; fetch it with python tools/prepare_data.py {file.relative_to(home).parts[0]}"
     return ""
 
 

@@ -6,8 +6,10 @@ copy that exists only beside this project's own checkout, so a user's first ``da
 ``tools/prepare_data.py`` now writes them to ``data/benchmarks/`` under the repo; that folder
 is the default. A shared copy beside the checkout (``../shared/data/benchmarks``) is still read
 when the repo has none, and ``$DARL_BENCHMARK_DIR`` (read by the presets' ``oc.env``, or passed
-here) names any other place. Paths come back absolute: a run resolves them once, whatever its
-working directory.
+here) names any other place. Paths come back absolute (a run resolves them once, whatever its
+working directory), except the shared copy reached from the repo root, which keeps the spelling
+the presets used to give it (``../shared/data/benchmarks``): runs started before keep the same
+``data.path``, which a resume compares.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from omegaconf import OmegaConf
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_BENCHMARKS = REPO / "data" / "benchmarks"  # tools/prepare_data.py writes here by default
 SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"  # a read-only copy, where one exists
+OLD_SPELLING = "../shared/data/benchmarks"  # the presets' default before data/benchmarks (from the repo root)
 RESOLVER = "benchmark_home"  # ${benchmark_home:} in configs/data/*.yaml
 
 
@@ -31,7 +34,8 @@ def benchmark_home(override: str | None = None) -> Path:
     if LOCAL_BENCHMARKS.is_dir() and any(LOCAL_BENCHMARKS.iterdir()):
         return LOCAL_BENCHMARKS
     if SHARED_BENCHMARKS.is_dir():
-        return SHARED_BENCHMARKS
+        old = Path(OLD_SPELLING)
+        return old if old.resolve() == SHARED_BENCHMARKS.resolve() else SHARED_BENCHMARKS
     return LOCAL_BENCHMARKS
 
 

@@ -52,3 +52,15 @@ def test_trainer_value_errors_keep_the_trainer_prefix():
         load_run_config(["trainer.optimizer.lr=0"])
     with pytest.raises(ValueError, match=r"^trainer\.micro_batch\.token_budget"):
         load_run_config(["trainer.micro_batch.token_budget=0"])
+
+
+def test_a_missing_benchmark_file_names_the_command_that_fetches_it():
+    import pytest
+
+    from launch.config import load_run_config
+    from launch.preflight import check_paths
+    from megatron_darl.data.locations import LOCAL_BENCHMARKS
+
+    missing = LOCAL_BENCHMARKS / "math500" / "not_prepared.jsonl"
+    with pytest.raises(ValueError, match=r"^data\.path=.*no such file.*python tools/prepare_data\.py math500$"):
+        check_paths(load_run_config(["data=math", f"data.path={missing}"]))
