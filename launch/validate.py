@@ -77,7 +77,7 @@ def check_inputs(cfg, max_position_embeddings: int, say=log.warning) -> int:
     from megatron_darl.rewards import reference_check
 
     try:
-        loaded = load_dataset(cfg.data, reference_check(cfg.data.task))
+        loaded = load_dataset(cfg.data, reference_check(cfg.data.task, cfg.reward))
     except MalformedRowError as exc:
         raise ValueError(f"{exc} (data.skip_malformed=true skips bad rows, counted)") from None
     records = loaded.records

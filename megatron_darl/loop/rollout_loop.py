@@ -39,7 +39,7 @@ def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_
     from megatron_darl.rewards import reference_check
     from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 
-    records = load_dataset(cfg.data, reference_check(cfg.data.task)).records
+    records = load_dataset(cfg.data, reference_check(cfg.data.task, cfg.reward)).records
     fit = fit_prompts(cfg, records, tokenizer, max_position_embeddings)
     prompts = [PromptRecord(r.prompt_id, tuple(ids), r) for r, ids in zip(fit.records, fit.token_ids)]
     source = PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,

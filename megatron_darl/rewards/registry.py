@@ -97,10 +97,11 @@ def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:
     return reward_fn
 
 
-def reference_check(task: str) -> Callable[[str], str | None] | None:
+def reference_check(task: str, cfg: RewardConfig | None = None) -> Callable[[str], str | None] | None:
     """The load-time check of ``task``'s references (``data.load_dataset(cfg, check_reference=)``):
-    why a reference cannot be graded, or None; None for tasks whose references need no check."""
-    if task not in (Task.MATH.value, Task.GSM8K.value):
+    why a reference cannot be graded, or None; None for tasks whose references need no check, and
+    when ``cfg.fn`` names the run's own reward (its references are whatever that function reads)."""
+    if (cfg is not None and cfg.fn) or task not in (Task.MATH.value, Task.GSM8K.value):
         return None
 
     def check(reference: str) -> str | None:

@@ -203,3 +203,10 @@ def test_on_resume_reward_timeouts_may_change_what_is_rewarded_may_not(tmp_path)
         with pytest.raises(ValueError, match=rf"^loop.resume=true: {key} changed from .* refused, the buffered "
                                              "samples were scored with it"):
             check_resume(old, load_run_config(base + [override]), "old.yaml")
+
+
+def test_a_custom_reward_s_references_are_not_held_to_the_task_s_math_check():
+    from megatron_darl.rewards.registry import reference_check
+
+    assert reference_check("math")("a free-text rubric, no number") is not None  # math-verify cannot grade it
+    assert reference_check("math", RewardConfig(fn="my_rewards:judge")) is None
