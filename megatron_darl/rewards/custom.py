@@ -199,10 +199,10 @@ class CustomReward:
         except _Timeout as exc:
             total = counters.count(counters.REWARD_TIMEOUTS)
             self._log(record, f"gave no reward within reward.fn_timeout_s={self.timeout_s:g}s{exc}",
-                      f"{counters.REWARD_TIMEOUTS} {total}", None)
+                      f"{counters.REWARD_TIMEOUTS}={total}", None)
         except Exception as exc:  # the user's code or value: scored 0.0, never the worker's end
             total = counters.count(counters.REWARD_ERRORS)
-            self._log(record, f"{type(exc).__name__}: {exc}", f"{counters.REWARD_ERRORS} {total}", exc)
+            self._log(record, f"{type(exc).__name__}: {exc}", f"{counters.REWARD_ERRORS}={total}", exc)
         return 0.0
 
     def _call(self, kwargs: dict[str, Any]) -> Any:
@@ -221,8 +221,8 @@ class CustomReward:
                 box["value"] = value
             except (asyncio.TimeoutError, TimeoutError):
                 box["timeout"] = True
-            except BaseException as exc:  # handed to the caller's thread
-                box["error"] = exc
+            except BaseException as exc:  # handed to the caller's thread; a sys.exit() in it ends no worker
+                box["error"] = exc if isinstance(exc, Exception) else RuntimeError(f"raised {exc!r}")
             finally:
                 self._slots.release()
                 done.set()
@@ -240,7 +240,7 @@ class CustomReward:
             n = self._failures
         if n & (n - 1):
             return  # only the 1st, 2nd, 4th, 8th, ... failure is logged
-        message = "reward.fn=%s on %s scored 0.0 (its failure %d here; %s in this process): %s"
+        message = "reward.fn=%s on %s scored 0.0 (failure %d of reward.fn in this process; %s): %s"
         args = (self.spec, _record_name(record), n, counted, why)
         if n == 1 and exc is not None:
             logger.error(message, *args, exc_info=(type(exc), exc, exc.__traceback__))

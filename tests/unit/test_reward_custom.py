@@ -58,6 +58,9 @@ def slow(data_source, solution_str, ground_truth, extra_info=None):
     time.sleep(30)
     return 1.0
 
+def quits(data_source, solution_str, ground_truth, extra_info=None):
+    raise SystemExit(3)
+
 def hung(data_source, solution_str, ground_truth, extra_info=None):
     RELEASE.wait(60)
     return 1.0
@@ -120,9 +123,10 @@ def test_failures_score_zero_are_counted_and_logged_with_the_record_id(user_modu
     before = counters.snapshot().get(counters.REWARD_ERRORS, 0)
     with caplog.at_level(logging.ERROR, logger="megatron_darl.rewards.custom"):
         scores = [reward(_record(prompt_id=i), kind) for i, kind in enumerate(["raise", "nan", "text", "none", "raise"])]
-    assert scores == [0.0] * 5
-    assert counters.snapshot()[counters.REWARD_ERRORS] - before == 5
-    logged = [r for r in caplog.records if r.name == "megatron_darl.rewards.custom"]
+    quits = get_reward_fn("gsm8k", RewardConfig(fn=f"{user_module}:quits"))
+    assert scores == [0.0] * 5 and quits(_record(), "x") == 0.0  # even sys.exit() in it ends no worker
+    assert counters.snapshot()[counters.REWARD_ERRORS] - before == 6
+    logged = [r for r in caplog.records if r.name == "megatron_darl.rewards.custom" and ":by_answer " in r.getMessage()]
     assert len(logged) == 3  # the 1st (with its traceback), 2nd and 4th failure
     assert "prompt 0 (id row-0) at data.jsonl:8" in logged[0].getMessage() and "KeyError" in logged[0].getMessage()
     assert logged[0].exc_info is not None and logged[1].exc_info is None
