@@ -122,7 +122,8 @@ def test_failures_score_zero_are_counted_and_logged_with_the_record_id(user_modu
     assert {k: reward(_record(), k) for k in good} == good
     before = counters.snapshot().get(counters.REWARD_ERRORS, 0)
     with caplog.at_level(logging.ERROR, logger="megatron_darl.rewards.custom"):
-        scores = [reward(_record(prompt_id=i), kind) for i, kind in enumerate(["raise", "nan", "text", "none", "raise"])]
+        kinds = ["raise", "nan", "text", "none", "raise"]
+        scores = [reward(_record(prompt_id=i), kind) for i, kind in enumerate(kinds)]
     quits = get_reward_fn("gsm8k", RewardConfig(fn=f"{user_module}:quits"))
     assert scores == [0.0] * 5 and quits(_record(), "x") == 0.0  # even sys.exit() in it ends no worker
     assert counters.snapshot()[counters.REWARD_ERRORS] - before == 6
@@ -201,7 +202,8 @@ def test_on_resume_reward_timeouts_may_change_what_is_rewarded_may_not(tmp_path)
     assert check_resume(old, load_run_config(base), "old.yaml") == []
     allowed = check_resume(old, load_run_config(base + ["reward.fn_timeout_s=5", "reward.math.timeout_seconds=9"]),
                            "old.yaml")
-    assert sorted(str(c) for c in allowed) == ["reward.fn_timeout_s: 60.0 -> 5.0", "reward.math.timeout_seconds: 5 -> 9"]
+    assert sorted(str(c) for c in allowed) == ["reward.fn_timeout_s: 60.0 -> 5.0",
+                                               "reward.math.timeout_seconds: 5 -> 9"]
     for override, key in (("reward.fn=m:f", "reward.fn"), ("reward.math.boxed=false", "reward.math.boxed"),
                           ("reward.code.stdio_scoring=fraction", "reward.code.stdio_scoring")):
         with pytest.raises(ValueError, match=rf"^loop.resume=true: {key} changed from .* refused, the buffered "
