@@ -175,14 +175,14 @@ def _freeze(pid: int) -> None:
 @pytest.mark.fault(kind="rollout fault", name="rollout 0 of 2 frozen past the heartbeat timeout, then thawed")
 def test_a_worker_thawed_after_it_was_declared_lost_cannot_loosen_the_bound(tmp_path, fault_record):
     """Rollout 0 of 2 SIGSTOPped with a batch in flight until declared lost, SIGCONTed once the trainer moved on: its starts are given back, the groups it then sends are refused and counted, it goes on as a new generation, and no group staler than max_staleness is trained."""
-    eta, gps, steps, hb_timeout = 1, 2, 10, 4.0
+    eta, gps, steps, hb_timeout = 1, 2, 14, 4.0
     sc = Scenario(out=tmp_path, workers=2, steps=steps, gps=gps, eta=eta, secret="run-secret",
                   trainer_args=["--refuse-stale", "1"],
-                  worker_args={0: ["--batch", "2", "--stall-at", "2", "--stall-s", "1"], 1: ["--batch", "2"]})
+                  worker_args={0: ["--batch", "2", "--stall-at", "1", "--stall-s", "1"], 1: ["--batch", "2"]})
     procs = sc.launch()
     pid = 0
     try:
-        wait_for(lambda: (tmp_path / "stalling0.json").exists(), 120, "rollout 0's second batch in flight")
+        wait_for(lambda: (tmp_path / "stalling0.json").exists(), 120, "rollout 0's first batch in flight")
         pid = procs.procs["worker0"].pid
         _freeze(pid)
         frozen_at = len(sc.records("sync0.jsonl"))  # versions published when it froze
@@ -190,6 +190,7 @@ def test_a_worker_thawed_after_it_was_declared_lost_cannot_loosen_the_bound(tmp_
                  hb_timeout + 30, "rollout 0 declared lost")
         wait_for(lambda: len(sc.records("sync0.jsonl")) >= frozen_at + eta + 2, 90,
                  f"the trainer {eta + 2} versions further, on rollout 1 alone")
+        thawed_at = len(sc.records("sync0.jsonl"))
         os.kill(pid, signal.SIGCONT)
         assert procs.wait("trainer0", 120) == 0, procs.logs()
         codes = [procs.wait(f"worker{w}", 30) for w in range(2)]
@@ -198,6 +199,7 @@ def test_a_worker_thawed_after_it_was_declared_lost_cannot_loosen_the_bound(tmp_
             os.kill(pid, signal.SIGCONT)
         procs.close()
     assert codes == [0, 0], procs.logs()
+    assert thawed_at <= steps - 4, thawed_at  # its held groups reached the trainer while it still trained
     loss = next(r for r in sc.records("losses.jsonl") if r["role"] == "rollout" and r["rank"] == 0)
     done = sc.records("done.jsonl")[0]
     trained = [r for r in sc.records("hub0.jsonl") if r["step"] <= steps]  # later: the drain after the stop
