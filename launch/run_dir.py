@@ -10,7 +10,8 @@ whose resume then failed on a changed config. Here, in order (``launch.train`` a
   (``loop.checkpoints``: the loop's own answer); partial writes are named, never used; a dir
   holding an earlier run (complete checkpoints or metric records) is refused without
   ``loop.resume=true``; a resume with no complete checkpoint starts at step 0 and says so (the
-  earlier metric records are kept, ``loop.metrics``).
+  earlier metric records are kept, ``loop.metrics``); a resume with another model than the
+  checkpoint's is refused here, before the warm start fits one (``check_same_model``).
 - ``check_changes``: the new config against the checkpoint run's ``run_config.yaml``
   (``loop.resume_changes``: the table of allowed changes; the others refused in one line).
 - ``commit_config``: ``run_config.yaml`` is written only once all checks passed; when the run's
@@ -73,7 +74,39 @@ def inspect_run_dir(cfg, say=log.warning, knobs=("loop.run_dir", "pass loop.resu
     if cfg.loop.resume and resume_from is None and records:
         say(f"loop.resume=true but {run_dir} holds no complete checkpoint: the run starts at step 0; the "
             f"{records} earlier step record(s) move to {SUPERSEDED} at its first step")
+    if resume_from is not None:
+        check_same_model(cfg, resume_from)
     return RunDirState(run_dir, resume_from, records)
+
+
+# the sizes a warm-start preset fixes before its tokenizer (vocab) and fit exist
+_SHAPE = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+          "max_position_embeddings", "tie_word_embeddings")
+
+
+def check_same_model(cfg, checkpoint: Path) -> None:
+    """A resume with another model than the checkpoint's is refused here, in one line naming the
+    fields, before the warm start fits a new policy or any process starts (the trainer's loader
+    used to refuse it minutes later, in a 24-line traceback, after ``run_config.yaml`` had been
+    replaced). The launch's model is known from its config alone: ``model.path``'s
+    ``config.json``, ``model.hf_config``, or the warm-start preset's sizes (its vocabulary comes
+    from the tokenizer later, and the loader still compares every field)."""
+    from launch.preflight import model_shape
+    from megatron_darl.models.qwen3.config import spec_from_hf
+    from megatron_darl.trainer.checkpoint_io import read_metadata
+
+    hf, source = model_shape(cfg)
+    mine = spec_from_hf(hf, source).to_dict()
+    try:
+        meta = read_metadata(checkpoint)
+        saved = meta.model_spec or spec_from_hf(meta.hf_config).to_dict()
+    except OSError as exc:
+        raise ValueError(f"loop.resume: {exc}") from None
+    keys = _SHAPE if source == "warmstart.model" else sorted(mine)
+    diff = [f"{k}: checkpoint {saved.get(k)!r} vs {mine[k]!r}" for k in keys if k in saved and saved[k] != mine[k]]
+    if diff:
+        raise ValueError(f"loop.resume: {checkpoint} holds another model than this launch's ({source}): "
+                         f"{'; '.join(diff)}; resume with the checkpoint's model, or start a new loop.run_dir")
 
 
 def _old_config(run_dir: Path) -> tuple[dict | None, Path]:

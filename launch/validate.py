@@ -7,8 +7,11 @@ as a bare ``UnicodeDecodeError`` 16-30 s in, an empty one as "0 prompts cannot b
 shards", and ``temperature=0`` or ``group_size=1`` (no learning signal) trained without a word.
 
 - ``check_values`` (``launch.preflight``; no files): no config value is NaN; the learning
-  rate, the rendezvous port, the generated prompt count; a sampler and group size that give
-  group-normalized advantages something to normalize.
+  rate, the rendezvous and control ports (no privileged port: root binds port 1, and the run
+  went on), a finite importance-weight cap (``algorithm.mis.clip=inf`` trained uncapped), a
+  ``data.max_records`` that keeps prompts and applies (built-in data ignored it), the generated
+  prompt count; a sampler and group size that give group-normalized advantages something to
+  normalize.
 - ``check_inputs`` (once the policy is resolved): the dataset read exactly as every worker
   reads it (``data.load_dataset``: a bad row is named by file and line), enough prompts for the
   workers, and every prompt's token count (the policy's tokenizer and chat template) against
@@ -40,6 +43,21 @@ def check_values(cfg) -> None:
     port = cfg.cluster.master_port
     if not 0 <= port <= 65535:
         raise ValueError(f"cluster.master_port={port} must be in [0, 65535] (0: a free one)")
+    for key, port in (("cluster.master_port", port), ("transport.control.port", cfg.transport.control.port)):
+        if 0 < port < 1024:  # root binds it, so the run starts, on a port reserved for system services
+            raise ValueError(f"{key}={port} is a privileged port (1-1023, reserved for system services): "
+                             "use 0 (a free one) or a port in [1024, 65535]")
+    clip = cfg.algorithm.mis.clip
+    if math.isinf(clip):
+        raise ValueError(f"algorithm.mis.clip={clip}: the behavior weights would be uncapped, and one token "
+                         "with a large ratio pi_t / q can dominate an update; use a finite cap (default 2.0)")
+    records = cfg.data.max_records
+    if records == 0 or records < -1:
+        raise ValueError(f"data.max_records={records} keeps no prompts: use -1 (all) or N >= 1")
+    if records != -1 and cfg.data.source == "builtin":
+        key = "countdown" if cfg.data.task == "countdown" else "builtin"
+        raise ValueError(f"data.max_records={records} applies to dataset files; built-in data generates "
+                         f"data.{key}.num_prompts prompts: set that instead")
     _check_generated(cfg)
     if cfg.sampling.temperature <= 0:
         raise ValueError(f"sampling.temperature={cfg.sampling.temperature}: greedy decoding gives a prompt's "
