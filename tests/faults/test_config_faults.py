@@ -32,6 +32,10 @@ CASES = {
     "rendezvous port out of range": (["cluster.master_port=99999"], "cluster.master_port=99999 must be in [0, 65535]"),
     "greedy sampling (no learning signal)": (["sampling.temperature=0"], "sampling.temperature=0.0: greedy decoding"),
     "groups of one response (no learning signal)": (["algorithm.group_size=1"], "algorithm.group_size=1: a group of one"),
+    # these trained: root binds port 1; the weights went uncapped; max_records was ignored
+    "privileged control port": (["transport.control.port=1"], "transport.control.port=1 is a privileged port"),
+    "uncapped importance weights": (["algorithm.mis.clip=inf"], "algorithm.mis.clip=inf: the behavior weights"),
+    "max_records keeping no prompts": (["data.max_records=0"], "data.max_records=0 keeps no prompts"),
 }
 
 
@@ -53,4 +57,30 @@ def test_a_bad_value_stops_the_launcher_with_one_line(tmp_path, capsys, case, fa
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("(see")]
     assert code == 2 and len(err) == 1 and needle in err[0], (code, err)
     assert "Traceback" not in err[0] and not (run_dir / "run_config.yaml").exists()
+    fault_record["observed"] = err[0][:200]
+
+
+@pytest.mark.fault(kind="config", name="resume with another model size")
+def test_a_resume_with_another_model_is_refused_before_launch(tmp_path, capsys, fault_record):
+    """A resume whose model differs from the checkpoint's exits 2 in one line naming the field, before the warm start, and leaves run_config.yaml as it was."""
+    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
+
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "step_000002"
+    ckpt.mkdir(parents=True)
+    spec = {"hidden_size": 128, "intermediate_size": 384, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+            "head_dim": 32, "max_position_embeddings": 256, "tie_word_embeddings": True, "vocab_size": 100}
+    write_metadata(ckpt, CheckpointMetadata(hf_config={}, padded_vocab_size=128, dtype="float32", saved_tp=1,
+                                            saved_pp=1, model_spec=spec, extra={"trainer": {"step": 2}}))
+    (ckpt / "metadata.json").write_text("{}")
+    old_config = "# the checkpoint's run\nloop:\n  steps: 2\n"
+    (run_dir / "run_config.yaml").write_text(old_config)
+    code = train.main([f"loop.run_dir={run_dir}", "loop.resume=true", "loop.steps=4",
+                       "warmstart.model.intermediate_size=96", "warmstart.model.hidden_size=128",
+                       "warmstart.model.num_hidden_layers=4"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1, (code, err)
+    assert f"loop.resume: {ckpt} holds another model" in err[0] and "intermediate_size: checkpoint 384 vs 96" in err[0]
+    assert (run_dir / "run_config.yaml").read_text() == old_config
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "run.lock", "run_config.yaml"]
     fault_record["observed"] = err[0][:200]
