@@ -162,14 +162,17 @@ def _leave(launcher: int, grace_s: float) -> None:
 
 
 def start_child(name: str, config_file: str | None, overrides: list[str]):
-    """First things of a child process: leave with the launcher, log as ``name`` (libraries
+    """First things of a child process: leave with the launcher, make what it forks leave with it
+    (``run_lock.fence_forks``), log as ``name`` (libraries
     quiet unless ``loop.verbose``: ``launch.console``), take ``DARL_THREADS`` torch threads, and
     return the run's ``RunConfig`` with its secret."""
     from launch.config import load_run_config
     from launch.console import setup_logging
+    from launch.run_lock import fence_forks
 
     exit_with_launcher(os.environ)
     cfg = load_run_config(overrides, config_file=config_file)  # imports no Megatron: its warnings come later
+    fence_forks(cfg.loop.run_dir)  # what it forks (checkpoint writers) dies with it, without the run lock
     setup_logging(name, verbose=cfg.loop.verbose)
     threads = int(os.environ.get("DARL_THREADS", "0"))
     if threads:

@@ -14,6 +14,15 @@ works across the nodes of NFSv4 and Lustre (``-o flock``) mounts; on a filesyste
 (``ENOLCK``/``EOPNOTSUPP``) the record alone decides: a holder on this host whose process is
 gone is stale, one on another host is refused (delete the lock file once sure it is over).
 
+Processes a child forks (megatron-core's checkpoint writers: ``dist_checkpointing`` forks one
+writer per file bucket on every save, an async save one more) are another matter: a trainer
+killed mid-save left them orphaned and hung, holding ``run.lock`` through the descriptor they
+inherited (3 of 8 kills; once for 7+ minutes), so a resume was refused with no one to wait for.
+``fence_forks`` (called by every child at start, ``launch.lifeline.start_child``) makes each
+process forked from then on close its copies of the lock and, when the parent's main thread
+forked it (the signal follows the forking thread), die with its parent (``PR_SET_PDEATHSIG``). A launch that finds the lock held names the processes holding it, with
+their command lines, read from ``/proc`` (``lock_holders``).
+
 On Slurm, ``slurm/launch.sh`` opens the lock file itself and passes the descriptor in
 ``DARL_RUN_LOCK_FD``; ``launch.slurm prepare`` locks it and writes the record with the job id,
 and the batch script holds it until the job ends (a requeued job finds its own earlier record:
@@ -138,9 +147,12 @@ class RunLock:
             if holder is None:
                 who = "a run that is starting (no holder record yet)"
             else:
-                who = holder.describe()
+                who = holder.describe() + (f" ({holder.command})" if holder.command else "")
                 if holder.alive() is False:
-                    who += f" (pid {holder.pid} has exited; processes it started still hold the lock)"
+                    who += f"; pid {holder.pid} has exited, processes it started still hold the lock"
+            held = lock_holders(path, exclude=os.getpid())
+            if held:
+                who += "; held by " + ", ".join(f"pid {pid} ({cmd})" for pid, cmd in held[:4])
             raise RunDirBusy(f"{name}={run_dir} is in use by another run: {who}; lock {path}. "
                              f"Wait for it to end or stop it, or use another {name}") from None
         except OSError as exc:
@@ -180,3 +192,73 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def lock_holders(path: Path, exclude: int = -1) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of this host's processes with ``path`` open (from ``/proc``; those
+    this user may read), but ``exclude``; [] where there is no ``/proc``."""
+    target, found = os.path.realpath(path), []
+    try:
+        pids = sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+    except OSError:
+        return []
+    for pid in pids:
+        if pid == exclude:
+            continue
+        try:
+            if not any(os.path.realpath(f"/proc/{pid}/fd/{fd}") == target for fd in os.listdir(f"/proc/{pid}/fd")):
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        found.append((pid, cmd[:160] or "?"))
+    return found
+
+
+def fence_forks(run_dir: str | Path) -> list[int]:
+    """Every process this one forks from now on closes its copies of ``run_dir``'s lock and gets
+    SIGKILL when its parent dies (``PR_SET_PDEATHSIG``; a parent already gone: it exits at once).
+    Returns the lock's descriptors found here (inherited from the launcher)."""
+    target = os.path.realpath(Path(run_dir) / LOCK_NAME)
+    fds = []
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            if os.path.realpath(f"/proc/self/fd/{name}") == target:
+                fds.append(int(name))
+        except OSError:
+            continue
+    os.register_at_fork(before=_note_forking_pid, after_in_child=lambda: _fenced_child(fds))
+    return fds
+
+
+_forking_pid = 0  # set just before a fork: in the child, its parent's pid
+_forking_main = True  # ... and whether the parent's main thread forked it
+
+
+def _note_forking_pid() -> None:
+    import threading
+
+    global _forking_pid, _forking_main
+    _forking_pid, _forking_main = os.getpid(), threading.current_thread() is threading.main_thread()
+
+
+def _fenced_child(lock_fds: list[int]) -> None:
+    """In a freshly forked child: drop the lock, die with the parent (see ``fence_forks``)."""
+    import ctypes
+    import signal
+
+    parent = _forking_pid
+    for fd in lock_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if not _forking_main:  # the signal follows the forking *thread*: one that ends would kill the child
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the lock descriptors are closed at least
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)

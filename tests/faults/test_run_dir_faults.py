@@ -158,3 +158,65 @@ def test_a_resume_with_a_refused_change_names_it_and_changes_nothing(tmp_path, c
     fault_record["observed"] = refusal[0].replace(str(run_dir), "<run>")[:240]
 
 
+
+
+_LAUNCHER = """
+import subprocess, sys, time
+from launch.run_lock import RunLock
+lock = RunLock.acquire(sys.argv[1])
+trainer = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]], pass_fds=(lock.fd,))
+print(trainer.pid, flush=True)
+time.sleep(600)
+"""
+# a trainer rank as launch.lifeline.start_child begins it, then a save's forked writer that hangs
+# (megatron-core's dist_checkpointing forks its writers with this context)
+_TRAINER = """
+import multiprocessing, sys, time
+from launch.run_lock import fence_forks
+fence_forks(sys.argv[1])
+writer = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,), name="ckpt-writer")
+writer.start()
+print(writer.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.fault(kind="process", name="launcher and trainer killed while a forked checkpoint writer runs")
+def test_a_forked_writer_dies_with_its_trainer_and_frees_the_run_lock(tmp_path, fault_record):
+    """While the trainer lives, a launch is refused naming the lock's holders with pid and command line; once it is SIGKILLed its forked writer dies too, and the next launch takes the stale lock over with a log line."""
+    from launch.run_lock import RunDirBusy, RunLock
+
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(run_dir), _TRAINER], cwd=REPO, env=_env(),
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pids = []
+    try:
+        trainer = int(launcher.stdout.readline())
+        pids.append(trainer)
+        wait_for(lambda: len(psutil.Process(trainer).children()) == 1, 60, "the trainer's writer", poll=0.1)
+        writer = psutil.Process(trainer).children()[0].pid
+        pids.append(writer)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+        with pytest.raises(RunDirBusy) as busy:
+            RunLock.acquire(run_dir)
+        refused = str(busy.value)
+        assert f"pid {launcher.pid} has exited, processes it started still hold the lock" in refused, refused
+        assert f"held by pid {trainer} ({sys.executable} -c " in refused and "fence_forks" in refused, refused
+        assert f"pid {writer} " not in refused  # the writer closed its copy of the lock at the fork
+        os.kill(trainer, signal.SIGKILL)
+        wait_for(lambda: not psutil.pid_exists(writer) or psutil.Process(writer).status() == psutil.STATUS_ZOMBIE,
+                 10, "the writer to die with its trainer", poll=0.1)
+        said = []
+        with RunLock.acquire(run_dir, say=said.append):
+            pass
+    finally:
+        for pid in [launcher.pid] + pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert len(said) == 1 and f"took over the stale lock of host {os.uname().nodename} pid {launcher.pid}" in said[0]
+    fault_record["observed"] = (f"refused while the trainer lived: '...{refused.split('; ', 1)[-1][:160]}...'; "
+                                "after SIGKILL of launcher and trainer the forked writer died with the trainer "
+                                "and the next launch took the lock over")
