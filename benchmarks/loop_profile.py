@@ -200,21 +200,29 @@ def _tail(text: str | bytes | None) -> str:
 
 def run_layout(layout: str, variant: str, policy: Path | None, a: argparse.Namespace,
                run_dir: Path) -> float:
-    """One run in a fresh ``run_dir``; its wall seconds. ``RunFailed`` on a non-zero exit or a timeout."""
+    """One run in a fresh ``run_dir``; its wall seconds. ``RunFailed`` on a non-zero exit or a timeout.
+
+    The launcher's output (trainer rank 0's log) streams to ``<run_dir>.launch_train.log`` while it
+    runs, so a run killed at ``--timeout`` keeps what it logged; it moves into the run dir at exit."""
     shutil.rmtree(run_dir, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    log_path = run_dir.with_name(f"{run_dir.name}.launch_train.log")
     start = time.monotonic()
-    try:
-        proc = subprocess.run(launch_command(layout, variant, policy, a, run_dir), cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=a.timeout)
-    except subprocess.TimeoutExpired as err:
-        raise RunFailed(f"{layout} {variant}: no exit within --timeout {a.timeout:.0f} s:\n"
-                        f"{_tail(err.stdout)}{_tail(err.stderr)}") from None
-    if run_dir.is_dir():  # the launcher's own output (trainer rank 0's log): kept with the run
-        (run_dir / "launch_train.log").write_text((proc.stdout or "") + (proc.stderr or ""))
-    if proc.returncode != 0:
-        raise RunFailed(f"{layout} {variant} failed (exit {proc.returncode}):\n"
-                        f"{_tail(proc.stdout)}{_tail(proc.stderr)}")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(launch_command(layout, variant, policy, a, run_dir), cwd=REPO, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            rc = proc.wait(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=60)
+            raise RunFailed(f"{layout} {variant}: no exit within --timeout {a.timeout:.0f} s (its log: "
+                            f"{log_path}):\n{_tail(log_path.read_text(errors='replace'))}") from None
+    output = log_path.read_text(errors="replace")
+    if run_dir.is_dir():
+        shutil.move(log_path, run_dir / "launch_train.log")
+    if rc != 0:
+        raise RunFailed(f"{layout} {variant} failed (exit {rc}):\n{_tail(output)}")
     return time.monotonic() - start
 
 

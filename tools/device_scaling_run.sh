@@ -53,6 +53,7 @@ profile() {  # profile NAME VARIANT SPLIT ENGINE QUICK
   [ $rc -ne 0 ] && tail -25 "$OUT/runs/$name.log"
   grep -hE "first trained step|compiled in|dynamo" /tmp/darl_lp/*/logs/*.log /tmp/darl_lp/*/*.log 2>/dev/null | tail -3
   for d in /tmp/darl_lp/t*r*_"$variant"; do [ -d "$d" ] && keep "$name" "$d"; done
+  for f in /tmp/darl_lp/t*r*_"$variant".launch_train.log; do [ -f "$f" ] && mkdir -p "$OUT/runs/$name" && tail -c 60000 "$f" > "$OUT/runs/$name/launch_train.log"; done
   python3 - "$OUT/rec" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys, pathlib
 recs = sorted(pathlib.Path(sys.argv[1]).glob("loop_profile_*.json"), key=lambda p: p.stat().st_mtime)

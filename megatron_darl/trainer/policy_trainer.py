@@ -238,9 +238,11 @@ class PolicyTrainer:
     def warm_up(self, lengths: list[int], force: bool = False) -> float:
         """Compile what the first steps would: a log-prob pass and a forward/backward over a
         synthetic batch of sequences of ``lengths`` tokens (each scoring its second half), then
-        the same at three quarters of the lengths, so that kernels dynamo specialises on their
-        first size (Megatron's fused SwiGLU and bias-dropout-add) compile their dynamic-shape
-        graph here and not after the first step. The gradients are zeroed; no optimizer step, so
+        the same at three quarters of the lengths with one sequence more, then one sequence alone:
+        kernels dynamo specialises on their first sizes (Megatron's fused SwiGLU and
+        bias-dropout-add: sequence length and micro-batch rows) compile their dynamic-shape graph
+        here, and a one-row micro-batch (a size dynamo specialises) its own, not after the first
+        step. The gradients are zeroed; no optimizer step, so
         weights, optimizer state, schedule and version are untouched. On GPU with
         ``compile_warmup`` only (elsewhere nothing compiles; ``force``: run it anyway, as the
         tests do on CPU); every rank of the trainer calls it (the passes are collectives).
@@ -250,8 +252,9 @@ class PolicyTrainer:
             return 0.0
         start = time.perf_counter()
         cap = self.cfg.micro_batch.max_seq_len
-        for scale in (1.0, 0.75):
-            lens = [max(2, min(int(int(n) * scale), cap)) for n in lengths]
+        fitted = [max(2, min(int(n), cap)) for n in lengths]
+        shorter = [max(2, n * 3 // 4) for n in fitted]
+        for lens in (fitted, shorter + [min(shorter)], [min(fitted)]):
             self._warm_pass(torch.tensor(lens, dtype=torch.int64))
         if self.ps.device.type == "cuda":
             torch.cuda.synchronize()
