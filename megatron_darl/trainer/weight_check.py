@@ -37,8 +37,11 @@ def local_sum_of_squares(params: list[torch.Tensor], device: torch.device) -> to
     tensors = [p.detach() for p in params if p.numel()]
     if not tensors:
         return torch.zeros(1, dtype=torch.float64, device=device)
-    norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)  # one kernel per dtype/device
-    return torch.stack(norms).double().pow(2).sum().reshape(1).to(device)
+    try:
+        norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)  # one kernel per dtype/device
+    except TypeError:  # a torch before _foreach_norm's dtype: bf16 norms, still NaN/Inf where it matters
+        norms = torch._foreach_norm(tensors, 2)
+    return torch.stack([n.float() for n in norms]).double().pow(2).sum().reshape(1).to(device)
 
 
 def weight_norm(model_chunks: list, ps) -> float:
