@@ -100,8 +100,8 @@ def check_same_model(cfg, checkpoint: Path) -> None:
     try:
         meta = read_metadata(checkpoint)
         saved = meta.model_spec or spec_from_hf(meta.hf_config).to_dict()
-    except OSError as exc:
-        raise ValueError(f"loop.resume: {exc}") from None
+    except (OSError, ValueError):  # damaged metadata: the trainer's load refuses it, naming the file
+        return
     keys = _SHAPE if source == "warmstart.model" else sorted(mine)
     diff = [f"{k}: checkpoint {saved.get(k)!r} vs {mine[k]!r}" for k in keys if k in saved and saved[k] != mine[k]]
     if diff:
