@@ -119,7 +119,7 @@ def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     """One rank of HF -> Megatron: build shard, stream HF weights in, save dist checkpoint."""
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
-    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, save_model_checkpoint
+    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, check_finite, save_model_checkpoint
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
     _quiet_warnings()
@@ -132,6 +132,7 @@ def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     n_params = len(list(model[0].parameters()))
     bar = _progress(n_params, "load HF shard (rank 0)", job.progress and rank == 0)
     load_hf_checkpoint(model, job.src_dir, ps, progress=bar)
+    check_finite(job.src_dir, model[0].named_parameters())  # NaN/Inf weights are refused, not converted
     if bar is not None:
         bar.close()
         print("writing dist checkpoint ...", flush=True)

@@ -96,3 +96,21 @@ def test_force_deletes_nothing_outside_the_out_dir(tmp_path, capsys, entry, faul
     assert (victim / "precious.txt").read_text() == "mine"
     assert (out / "model.bin").read_text() == "an earlier conversion"
     fault_record["observed"] = line[:200]
+
+
+@pytest.mark.fault(kind="file", name="NaN in an HF model's embedding (HF -> Megatron)")
+def test_nan_weights_of_an_hf_model_are_refused_not_converted(tmp_path, capsys, fault_record):
+    """convert_hf_to_megatron refuses an HF model holding NaN in one line naming the weight and the directory; no output is left."""
+    from safetensors.torch import load_file, save_file
+
+    hf = _hf_dir(tmp_path / "hf")
+    index = json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = hf / index["model.embed_tokens.weight"]
+    tensors = load_file(str(shard))
+    tensors["model.embed_tokens.weight"][3, :5] = float("nan")
+    save_file(tensors, str(shard))
+    out = tmp_path / "mg"
+    line = _refused(to_mg, ["--hf-dir", str(hf), "--out-dir", str(out)], capsys,
+                    f"checkpoint {hf} is damaged: weight ", "(5 of ", "values are nan) after loading")
+    assert not out.exists()
+    fault_record["observed"] = line[:200]
