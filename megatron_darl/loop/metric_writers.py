@@ -22,6 +22,7 @@ later. Metrics are worth no run. So both files here are written the same way:
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
 MAX_PENDING = 100_000  # records kept in memory while a disk is full; beyond that the oldest are dropped
+_EVENT_FILES = itertools.count()  # a process's event files get distinct names, as SummaryWriter's do
 
 
 class Outage:
@@ -126,7 +128,7 @@ class TensorBoardEvents:
 
         self.log_dir = Path(log_dir)
         now = time.time()
-        name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.0"
+        name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.{next(_EVENT_FILES)}"
         header = _framed([event_pb2.Event(wall_time=now, file_version="brain.Event:2")])
         self.file = RecordAppender(self.log_dir / name, header=header)
 
