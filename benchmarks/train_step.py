@@ -92,7 +92,7 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
     from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
     from megatron_darl.trainer.flops import forward_flops, train_flops
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
-    from megatron_darl.trainer.policy_trainer import PolicyTrainer
+    from megatron_darl.trainer.policy_trainer import PolicyTrainer, compiled_frames
 
     ps = init_parallel(ParallelConfig(tp=tp, pp=pp))
     cfg = TrainerConfig(
@@ -119,6 +119,7 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
         "logprob_mfu": forward_flops(trainer.spec, lens) / logprob_s / devices,
         "step_s": step_s, "logprob_s": logprob_s, "peak_gib": peak,
         "microbatches_per_rank": len(trainer._microbatches(batch)),
+        "dynamo_frames": compiled_frames(),  # compiles, warm-up included (a growing count: recompiles)
     }
     peaks = [None] * world_size
     dist.all_gather_object(peaks, peak)

@@ -13,6 +13,10 @@ trained step on a cold 1.7B run (H200, ``TORCH_LOGS=recompiles``):
 So a kernel built by ``fused`` sees only detached tensors (no base, no ``requires_grad``: its callers
 are autograd Functions that write their own backward) whose leading dimension is marked unbacked,
 on which no range guard can be placed. One graph per kernel, trailing sizes and dtypes remains.
+An unbacked size alone leaves inductor's heuristics (reduction splits, block sizes) without a size
+to tune for, which cost a 1.7B train step 30% (H200: 42k -> 30k tokens/s); the row count of the
+call that compiles (the trainer's warm-up, sized like a micro-batch) is given as the hint, which
+steers only those heuristics, never a guard.
 """
 
 from __future__ import annotations
@@ -33,9 +37,17 @@ def fused(fn: Callable, rows: tuple[int, ...] = (0,)) -> Callable:
             if isinstance(arg, torch.Tensor):
                 arg = arg.detach()
                 if i in rows and arg.dim() > 0:
-                    torch._dynamo.decorators.mark_unbacked(arg, 0)
+                    _mark_rows(arg)
             prepared.append(arg)
         return compiled(*prepared)
 
     call.__wrapped__ = fn
     return call
+
+
+def _mark_rows(t: torch.Tensor) -> None:
+    """Dimension 0 unbacked, hinted with its current size (torch without ``hint_override``: bare)."""
+    try:
+        torch._dynamo.decorators.mark_unbacked(t, 0, hint_override=max(2, int(t.shape[0])))
+    except TypeError:
+        torch._dynamo.decorators.mark_unbacked(t, 0)
