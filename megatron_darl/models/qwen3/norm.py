@@ -9,20 +9,24 @@ for the forward and one for the backward. The arithmetic is Hugging Face's ``Qwe
 reference model. On CPU the module runs the same arithmetic eagerly (no compiler, exact fp32
 parity tests).
 
-On GPU the forward and the backward are each one compiled kernel over a ``(rows, hidden)`` matrix,
-written out as an autograd Function: q/k-norm inputs are strided views of the attention
-projections, and dynamo guards on views, ``requires_grad`` and (through inductor's fusion choices)
-ranges of the row count, so compiling the module's arithmetic under autograd recompiled with the
-micro-batch layout (``models/kernels.py`` says which guards and how ``fused`` avoids them). The
-backward is the derivative of the reference (the fp32 cast counts as the identity, as autograd
-treats it), with the weight's gradient summed over rows in fp32.
+The compiled function sees ``x`` as a contiguous ``(rows, hidden)`` matrix: q/k-norm inputs are
+strided views of the attention projections whose strides differ with the head count and the
+micro-batch layout, and dynamo guards on strides, so the raw views recompiled until they hit its
+recompile limit (8) and fell back to eager (seen on a DP rank of a 1.7B run). As a matrix the only
+varying size is the row count, which ``dynamic=True`` keeps symbolic: one graph per hidden size.
+
+What still recompiles: a matrix that is a view and one that is not (``reshape`` of a contiguous
+input), each grad mode, and inductor's row-count ranges; the trainer's warm-up calls it at three
+micro-batch shapes so that these compile before the first step. The detached, unbacked-rows call of
+the log-prob kernels (``models/kernels.py``), which never recompiles, made this module (~224 calls
+per micro-batch, as an autograd Function) cost 30% of a 1.7B train step on an H200
+(benchmarks/results/kernel_ab_*: per-call overhead or the unbacked rows' code; the A/B did not tell
+them apart), so the norm keeps the plain compiled call.
 """
 
 from __future__ import annotations
 
 import torch
-
-from megatron_darl.models.kernels import fused
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,50 +36,15 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * normed.to(x.dtype)
 
 
-def _forward_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return rms_norm_reference(x, weight, eps)
+_compiled_rms_norm = None
 
 
-def _backward_rows(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """(d x, d weight) of ``rms_norm_reference`` at ``x`` (rows, hidden) for ``grad`` (rows, hidden)."""
-    x32 = x.float()
-    rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (rows, 1)
-    normed = x32 * rstd
-    grad_normed = (grad * weight).float()
-    grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
-    grad_weight = (grad.float() * normed.to(x.dtype).float()).sum(0)
-    return grad_x.to(x.dtype), grad_weight.to(weight.dtype)
-
-
-_KERNELS: dict = {}
-
-
-def _kernel(name: str):
-    if name not in _KERNELS:  # compiled on first use: importing this module compiles nothing
-        _KERNELS["forward"] = fused(_forward_rows, rows=(0,))
-        _KERNELS["backward"] = fused(_backward_rows, rows=(0, 1))
-    return _KERNELS[name]
-
-
-class _FusedRMSNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, rows, weight, eps):  # noqa: D401
-        ctx.save_for_backward(rows, weight)
-        ctx.eps = eps
-        return _kernel("forward")(rows, weight, eps)
-
-    @staticmethod
-    def backward(ctx, grad):
-        rows, weight = ctx.saved_tensors
-        grad_x, grad_weight = _kernel("backward")(grad.contiguous(), rows, weight, ctx.eps)
-        return grad_x, grad_weight, None
-
-
-def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rms_norm_reference`` over the last dimension of ``x`` with compiled forward and backward
-    kernels (any device; the module uses it on CUDA)."""
-    rows = x.reshape(-1, x.shape[-1]).contiguous()  # (rows, hidden)
-    return _FusedRMSNorm.apply(rows, weight, eps).reshape(x.shape)
+def _fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    global _compiled_rms_norm
+    if _compiled_rms_norm is None:
+        _compiled_rms_norm = torch.compile(rms_norm_reference, dynamic=True)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # (rows, hidden): see the module docstring
+    return _compiled_rms_norm(rows, weight, eps).reshape(x.shape)
 
 
 class Qwen3RMSNorm(torch.nn.RMSNorm):
@@ -88,5 +57,5 @@ class Qwen3RMSNorm(torch.nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
-            return fused_rms_norm(x, self.weight, self.eps)
+            return _fused(x, self.weight, self.eps)
         return rms_norm_reference(x, self.weight, self.eps)
