@@ -41,6 +41,7 @@ from megatron_darl.models.qwen3.config import (
     spec_from_hf,
 )
 from megatron_darl.models.qwen3.hf_io import (
+    HF_SIDE_FILES,
     HFCheckpointReader,
     ShardedSafetensorsWriter,
     copy_side_files,
@@ -62,6 +63,7 @@ class ConversionJob:
     dtype: str = "fp32"  # to-Megatron only: parameter dtype of the checkpoint
     progress: bool = True
     max_shard_bytes: int = 2 * 1024**3  # to-HF only: safetensors file size
+    tokenizer_dir: str = ""  # to-HF only: take the tokenizer files from here (a checkpoint without them)
 
 
 def validate_hf_dir(hf_dir: str | Path, tp: int, pp: int) -> dict:
@@ -76,11 +78,15 @@ def validate_hf_dir(hf_dir: str | Path, tp: int, pp: int) -> dict:
     return cfg
 
 
-def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
+def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int, tokenizer_dir: str | Path = ""):
     """Check every file against ``checksums.json`` (before any is parsed), then
-    ``megatron_darl.json``, the layout and that every shard file is present/complete. The
-    weights are checked for NaN/Inf once loaded (``load_model_checkpoint``)."""
-    from megatron_darl.trainer.checkpoint_io import METADATA_NAME, check_shards, read_metadata, verify_files
+    ``megatron_darl.json``, the layout, that every shard file is present/complete and that there
+    is a tokenizer to export (the checkpoint's, or ``tokenizer_dir``'s): an HF dir without one
+    loads in transformers as an empty tokenizer. The weights are checked for NaN/Inf once loaded
+    (``load_model_checkpoint``)."""
+    from megatron_darl.trainer.checkpoint_io import (
+        METADATA_NAME, check_shards, has_tokenizer, missing_tokenizer, read_metadata, verify_files,
+    )
 
     if Path(ckpt_dir).is_dir():
         verify_files(ckpt_dir)
@@ -92,6 +98,11 @@ def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int):
         raise ValueError(f"tp={tp} does not divide padded_vocab_size={meta.padded_vocab_size} "
                          f"({source})")
     check_shards(ckpt_dir)
+    if tokenizer_dir and not has_tokenizer(tokenizer_dir):
+        raise ValueError(f"--tokenizer-dir {tokenizer_dir}: no tokenizer files there (tokenizer.json, "
+                         "tokenizer.model or vocab.json)")
+    if not tokenizer_dir and missing_tokenizer(ckpt_dir):
+        raise ValueError(missing_tokenizer(ckpt_dir))
     return meta
 
 
@@ -140,9 +151,7 @@ def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> Non
         hf_config=cfg, padded_vocab_size=vocab, dtype=str(DTYPES[job.dtype]).split(".")[-1],
         saved_tp=job.tp, saved_pp=job.pp, model_spec=spec.to_dict(),
     )
-    save_model_checkpoint(model, job.out_dir, meta)
-    if rank == 0:
-        copy_side_files(job.src_dir, job.out_dir)
+    save_model_checkpoint(model, job.out_dir, meta, model_files_from=job.src_dir)  # tokenizer: checksummed
 
 
 def megatron_to_hf_worker(rank: int, world_size: int, job: ConversionJob) -> None:
@@ -177,7 +186,17 @@ def megatron_to_hf_worker(rank: int, world_size: int, job: ConversionJob) -> Non
         all_parts = [p for ranks_parts, _ in everything for p in ranks_parts]
         finalize_shards(Path(job.out_dir), all_parts, sum(b for _, b in everything))
         copy_side_files(job.src_dir, job.out_dir)
+        if job.tokenizer_dir:
+            _copy_tokenizer(Path(job.tokenizer_dir), Path(job.out_dir))
         _write_hf_config(Path(job.out_dir), meta)
+
+
+def _copy_tokenizer(src: Path, out_dir: Path) -> None:
+    """``--tokenizer-dir``: every side file of ``src`` but ``config.json`` (the checkpoint's own
+    config, from its metadata, describes the weights), replacing the checkpoint's."""
+    for name in HF_SIDE_FILES:
+        if name != "config.json" and (src / name).is_file():
+            shutil.copy2(src / name, out_dir / name)
 
 
 def _write_hf_config(out_dir: Path, meta) -> None:

@@ -1,9 +1,12 @@
 """Accept a Megatron checkpoint wherever an HF checkpoint is expected, by converting it first.
 
-Our converter (``tools/convert_hf_to_megatron.py``) marks the Megatron directories it writes
-with a ``megatron_darl.json`` file. The engines load Hugging Face directories only, so such a
-directory is first converted back with ``tools/convert_megatron_to_hf.py`` into a temporary
-directory the caller owns (and deletes).
+Training checkpoints (``runs/<run>/checkpoints/step_NNNNNN``) and the directories our converter
+(``tools/convert_hf_to_megatron.py``) writes are marked with a ``megatron_darl.json`` file and
+carry the model's tokenizer and HF config. The engines load Hugging Face directories only, so
+such a directory is first converted back with ``tools/convert_megatron_to_hf.py`` into a
+temporary directory the caller owns (and deletes). One without a tokenizer (saved before
+checkpoints carried one) is refused in one line before the conversion: transformers would build
+an empty tokenizer and every prompt would encode as nothing.
 
 The converter is the one loader of such weights here: it verifies every file against the
 checkpoint's ``checksums.json`` and the loaded weights for NaN/Inf
@@ -18,11 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-MEGATRON_MARKER = "megatron_darl.json"  # written by tools/convert_hf_to_megatron.py
+MEGATRON_MARKER = "megatron_darl.json"  # written by training saves and tools/convert_hf_to_megatron.py
 
 
 def is_megatron_checkpoint(path: str | Path) -> bool:
-    """True when ``path`` is a directory our HF->Megatron converter wrote."""
+    """True when ``path`` is a training checkpoint or a directory our HF->Megatron converter wrote."""
     return (Path(path) / MEGATRON_MARKER).is_file()
 
 
@@ -32,6 +35,7 @@ def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path
     Raises:
         FileNotFoundError: ``model`` does not exist, or the converter script is missing.
         CheckpointDamaged: the checkpoint's files or weights are damaged (one line naming them).
+        ValueError: the checkpoint has no tokenizer (one line naming it).
         RuntimeError: the conversion failed otherwise (its output is in the message).
     """
     model = Path(model)
@@ -39,6 +43,10 @@ def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path
         raise FileNotFoundError(f"--model {model}: no such checkpoint directory")
     if not is_megatron_checkpoint(model):
         return model
+    from megatron_darl.trainer.checkpoint_io import missing_tokenizer
+
+    if missing_tokenizer(model):
+        raise ValueError(f"--model {missing_tokenizer(model)}, then pass the HF dir it writes to --model")
     converter = Path(converter)
     if not converter.is_file():
         raise FileNotFoundError(f"{model} is a Megatron checkpoint but converter {converter} is missing")

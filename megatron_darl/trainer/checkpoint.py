@@ -14,7 +14,11 @@ A checkpoint directory holds one dist_checkpointing checkpoint with:
 * RNG states per (PP, TP) coordinate (restored when TP and PP are unchanged; skipped otherwise:
   our models have no dropout, so only sampling-free determinism is affected);
 
-plus ``extra/dp<rank>.pt``, written by each DP replica's hub rank (TP 0, PP 0): the loop's own
+plus the model's HF files (``config.json``, tokenizer, chat template), copied by rank 0 from the
+directory the policy's weights came from (``trainer.cfg.init_checkpoint``: ``model.path`` or the
+warm start's, or an earlier checkpoint that carries them; the HF config alone for a random init),
+so that ``tools/eval.py --model <checkpoint>`` and the HF converter need nothing else;
+``extra/dp<rank>.pt``, written by each DP replica's hub rank (TP 0, PP 0): the loop's own
 state (replay buffer, log-prob cache), which is per DP shard (docs/architecture.md); and, with
 ``with_snapshots``, the trainer's parameter snapshots of older versions under ``snapshots/``
 (``snapshots.save_snapshots``: exact log-prob backfill continues across a resume). The extra
@@ -57,7 +61,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_darl.trainer import checksums, disk
 from megatron_darl.trainer.checkpoint_io import (
-    check_finite, check_shards, chunked_model_state_dict, damaged, save_sharded, verify_files,
+    check_finite, check_shards, chunked_model_state_dict, copy_model_files, damaged, save_sharded,
+    verify_files,
 )
 from megatron_darl.trainer.weight_check import require_finite
 
@@ -161,6 +166,8 @@ def save_checkpoint(
         if ps.tp_rank == 0 and ps.pp_rank == 0:
             (tmp / "extra").mkdir(exist_ok=True)
             torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
+        if ps.rank == 0:  # before the seal: checksummed with the weights
+            copy_model_files(getattr(trainer.cfg, "init_checkpoint", ""), tmp, _hf_dict(trainer))
     except (Exception, CheckpointException) as exc:  # a full disk, a lost mount (that one is a BaseException)
         error = exc
     failed = disk.any_rank(error is not None)  # also the barrier before the metadata
@@ -192,12 +199,16 @@ def _seal(trainer, tmp: Path, optim_sharding: str) -> OSError | None:
     return OSError(problem) if problem else None
 
 
+def _hf_dict(trainer) -> dict:
+    hf = trainer.hf_config
+    return dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
+
+
 def _write_metadata(trainer, ckpt_dir: Path, optim_sharding: str) -> None:
     from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
 
     ps, chunk = trainer.ps, trainer.model_chunks[0]
-    hf = trainer.hf_config
-    hf_dict = dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
+    hf_dict = _hf_dict(trainer)
     trainer_meta = {
         "step": trainer.step, "version": trainer.version, "dp": ps.dp_size,
         "optim_sharding": optim_sharding,

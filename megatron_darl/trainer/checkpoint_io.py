@@ -15,6 +15,11 @@ the converter, ``trainer.init_checkpoint``): it verifies each file against ``che
 before parsing it and the loaded weights for NaN/Inf after, so 4 KiB of zeros or 0xFF inside a
 tensor is refused in one line naming the file, never converted, evaluated or trained from.
 ``save_model_checkpoint`` writes that manifest, as a training save does.
+
+A checkpoint carries the model's HF files (``config.json``, ``generation_config.json``, the
+tokenizer and chat template: ``copy_model_files``), copied from the directory its weights came
+from before the manifest is written, so they are checksummed like the weights. Evaluating or
+exporting one needs nothing else: a checkpoint directory copied elsewhere still tokenizes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 METADATA_NAME = "megatron_darl.json"
 FORMAT_VERSION = 1
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one: a loadable tokenizer
 
 
 @dataclass
@@ -108,6 +114,37 @@ def previous_checkpoint(ckpt_dir: str | Path) -> Path | None:
     older = [p for p in path.parent.glob("step_*") if p.is_dir() and p.name < path.name
              and not p.name.endswith(".tmp") and (p / METADATA_NAME).is_file()]
     return max(older, default=None)
+
+
+def has_tokenizer(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` holds a tokenizer ``AutoTokenizer.from_pretrained`` can load (without
+    one, transformers builds an empty tokenizer that encodes every prompt as no tokens)."""
+    return any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def copy_model_files(src: str | Path | None, dst: str | Path, hf_config: dict | None = None) -> list[str]:
+    """Copy the HF side files of ``src`` (a HF model dir or another checkpoint) into ``dst``; write
+    ``hf_config`` as ``config.json`` where ``src`` has none. Returns the names written.
+
+    The tokenizer and chat template of the policy are a few MB at most (Qwen3: 11 MB), next to
+    weights of hundreds of MB or more, so each checkpoint carries its own copy."""
+    from megatron_darl.models.qwen3.hf_io import copy_side_files
+
+    src_dir = Path(src) if src else None
+    written = copy_side_files(src_dir, dst) if src_dir is not None and src_dir.is_dir() else []
+    if "config.json" not in written and hf_config:
+        (Path(dst) / "config.json").write_text(json.dumps(dict(hf_config), indent=2, sort_keys=True) + "\n")
+        written.append("config.json")
+    return written
+
+
+def missing_tokenizer(ckpt_dir: str | Path) -> str:
+    """The one-line refusal for a checkpoint without tokenizer files ("" when it has one)."""
+    if has_tokenizer(ckpt_dir):
+        return ""
+    return (f"checkpoint {ckpt_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): it was "
+            "saved without its model's HF files; pass --tokenizer-dir <the HF model it was trained "
+            "from> to tools/convert_megatron_to_hf.py")
 
 
 class CheckpointDamaged(ValueError):
@@ -193,8 +230,10 @@ def save_sharded(sharded_state: dict, ckpt_dir: str | Path) -> None:
     dist_checkpointing.save(sharded_state, str(ckpt_dir))
 
 
-def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMetadata) -> None:
-    """Collective over all ranks: write the model shards, then (rank 0) ``megatron_darl.json``.
+def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMetadata,
+                          model_files_from: str | Path | None = None) -> None:
+    """Collective over all ranks: write the model shards, then (rank 0) ``megatron_darl.json``
+    and the HF files of ``model_files_from`` (``copy_model_files``), then ``checksums.json``.
 
     ``ckpt_dir`` must exist. The metadata file is written last, so its presence marks a
     complete checkpoint.
@@ -209,6 +248,7 @@ def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMe
     if dist.get_rank() == 0:
         meta.megatron_core_version = getattr(megatron.core, "__version__", "")
         write_metadata(ckpt_dir, meta)
+        copy_model_files(model_files_from, ckpt_dir, meta.hf_config)
     dist.barrier()
     problem = checksums.write_manifest(Path(ckpt_dir))  # what every load verifies first
     if problem:

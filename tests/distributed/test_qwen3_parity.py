@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from megatron_darl.data import build_builtin_tokenizer
 from megatron_darl.trainer.parallel import run_local_gloo
 from tests.distributed.procs.qwen3_tiny import hf_logits, input_ids, make_tiny_hf
 
@@ -45,6 +46,7 @@ def work(tmp_path_factory) -> Path:
     for variant, tie in (("tied", True), ("untied", False)):
         model = make_tiny_hf(work / f"hf_{variant}", tie, seed=0 if tie else 1)
         torch.save(hf_logits(model, ids), work / f"ref_{variant}.pt")
+    build_builtin_tokenizer(work / "hf_tied")  # the converters carry a tokenizer through
     (work / "hf_tied" / "tokenizer_config.json").write_text('{"model_max_length": 128}\n')
     _tool("convert_hf_to_megatron", "--hf-dir", str(work / "hf_tied"),
           "--out-dir", str(work / "mg_tied"), "--tp", "2", "--pp", "2")
@@ -76,7 +78,7 @@ def test_round_trip_is_bitwise_identical(work):
     assert sorted(before) == sorted(after)
     for name, tensor in before.items():
         assert after[name].dtype == tensor.dtype and torch.equal(after[name], tensor), name
-    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"):
         assert (out / name).read_bytes() == (work / "hf_tied" / name).read_bytes(), name
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # really sharded

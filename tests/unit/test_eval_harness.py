@@ -170,6 +170,9 @@ def test_megatron_checkpoint_is_detected_and_converted(tmp_path):
     meg.mkdir()
     (meg / "megatron_darl.json").write_text("{}")
     assert is_megatron_checkpoint(meg) and not is_megatron_checkpoint(hf)
+    with pytest.raises(ValueError, match=f"checkpoint {meg} has no tokenizer"):  # before any conversion
+        resolve_hf_dir(meg, tmp_path / "t0", tmp_path / "none.py")
+    (meg / "tokenizer.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="converter"):
         resolve_hf_dir(meg, tmp_path / "t2", tmp_path / "none.py")
     fake = tmp_path / "convert.py"
