@@ -64,7 +64,7 @@ def test_model_group_gives_random_init_shape():
     ("loop.wandb.mode=cloud", "loop.wandb.mode"),
     ("sampling.n=3", "sampling.n"),
     ("transport.control.num_hubs=2", "num_hubs"),
-    ("algorithm.groups_per_step=3", "DP size"),
+    ("algorithm.groups_per_step=1", "DP size"),  # 2 DP ranks need 2 groups a step
     ("algorithm.ppo_minibatches=0", "algorithm.ppo_minibatches"),
     ("algorithm.ppo_epochs=0", "algorithm.ppo_epochs"),
     ("algorithm.mis.cap_mode=cut", "algorithm.mis.cap_mode"),
