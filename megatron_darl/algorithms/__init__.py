@@ -10,6 +10,9 @@ from megatron_darl.algorithms.importance import (
     prefix_posterior, version_alpha,
 )
 from megatron_darl.algorithms.loss import MAX_LOG_RATIO, PolicyLossInputs, PolicyLossStats, policy_loss
+from megatron_darl.algorithms.regularizers import (
+    KLEstimator, RegularizedLossInputs, RegularizerStats, kl_estimate, regularizer_loss,
+)
 from megatron_darl.algorithms.scores import (
     RATIO_SCORES,
     SCORES,
@@ -45,9 +48,12 @@ __all__ = [
     "VARIANTS",
     "BatchWeights",
     "CapMode",
+    "KLEstimator",
     "MixtureForm",
     "PolicyLossInputs",
     "PolicyLossStats",
+    "RegularizedLossInputs",
+    "RegularizerStats",
     "RatioBase",
     "ScoreKind",
     "Variant",
@@ -60,6 +66,7 @@ __all__ = [
     "fifo_score",
     "oldest_score",
     "grpo_advantages",
+    "kl_estimate",
     "group_scores",
     "kl_score",
     "mixture_log_density",
@@ -68,6 +75,7 @@ __all__ = [
     "needs_logprob_pass",
     "policy_loss",
     "random_score",
+    "regularizer_loss",
     "score_samples",
     "score_tokens",
     "select_groups",

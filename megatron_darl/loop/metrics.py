@@ -91,6 +91,7 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
         "backfill_snapshot": g("backfill_snapshot"),
         "backfill_nearest": g("backfill_nearest"),
         "backfill_own": g("backfill_own"),  # of both: own-version rows (the posterior's)
+        "ref_rows": g("ref_rows"),  # KL term: reference rows computed this step (0 when off)
         "selected_staleness_max": g("selected_staleness_max"),  # -1: nothing selected
         # rows the cache holds at the end of the step, by source
         **{f"cache_rows_{src}": g(f"cache_rows_{src}") for src in CACHE_SOURCES},

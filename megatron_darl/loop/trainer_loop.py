@@ -49,6 +49,7 @@ from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
 from megatron_darl.samples import SampleGroup
 from megatron_darl.step.planner import ShardPlanner
+from megatron_darl.step.regularize import ensure_reference, keep_versions
 from megatron_darl.step.runner import StepClock, StepRunner, uses_snapshots
 from megatron_darl.step.stats import StepStats
 from megatron_darl.trainer.parallel import ParallelState
@@ -88,7 +89,9 @@ class TrainerLoop:
                         if self.ps.is_hub else None)
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)
-        self.checkpoints = RunCheckpoints(cfg.loop, trainer, ps, self.use_snapshots, self._extra_state)
+        self.kl_reference = cfg.algorithm.kl_coef > 0  # the initial weights stay as snapshot v0
+        self.checkpoints = RunCheckpoints(cfg.loop, trainer, ps, self.use_snapshots or self.kl_reference,
+                                          self._extra_state)
         workers = cfg.transport.control.num_workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
         self.backlog = Backlog(cfg.algorithm.groups_per_step)  # hubs: groups beyond B for the next steps
@@ -142,7 +145,10 @@ class TrainerLoop:
     def run(self) -> int:
         """Train to ``loop.steps`` (0); raises ``RunAborted`` after the checkpoint when it gave up."""
         if self.use_snapshots:
-            self.trainer.snapshot(keep=self.runner.window.versions(self.trainer.version))
+            self.trainer.snapshot(keep=keep_versions(self.runner.window.versions(self.trainer.version),
+                                                      self.cfg.algorithm))
+        if self.kl_reference:
+            ensure_reference(self.trainer, only=not self.use_snapshots)
         self._warm_up()
         step, saved = self.start_step, None
         try:
@@ -181,7 +187,7 @@ class TrainerLoop:
         first wait (``PolicyTrainer.warm_up``): it overlaps the engines' start instead of
         sitting in the first step."""
         new = self.cfg.sampling.max_new_tokens
-        seconds = self.trainer.warm_up([new + 256, new // 2 + 64])
+        seconds = self.trainer.warm_up([new + 256, new // 2 + 64], **self.runner.train_kwargs)
         timeline.mark("warmed_up")
         if seconds and self.ps.rank == 0:
             log.info("trainer kernels compiled in %.1f s before the first step", seconds)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from megatron_darl.algorithms import (
-    CapMode, MixtureForm, ScoreKind, Variant, VariantSpec, variant_spec, with_rollout_is,
+    CapMode, KLEstimator, MixtureForm, ScoreKind, Variant, VariantSpec, variant_spec, with_rollout_is,
 )
 from megatron_darl.replay.window import VersionWindow
 from megatron_darl.step.candidates import RESCORE_MODES
@@ -49,6 +49,9 @@ class AlgorithmConfig:
     mis: MisConfig = field(default_factory=MisConfig)  # behavior weights and backfill
     adv_eps: float = 1e-6  # eps added to the group reward std of GRPO advantages
     seed: int = 0  # seed of the random score (darl_nofilter), per step and shard
+    entropy_coef: float = 0.0  # entropy bonus: loss -= coef * token-mean entropy (0 = off, no entropy pass)
+    kl_coef: float = 0.0  # KL to the initial policy: loss += coef * token-mean kl_estimator (0 = off)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (verl's kl | mse | low_var_kl)
 
     def __post_init__(self) -> None:
         variant_spec(self.variant)  # raises ValueError naming the choices
@@ -71,6 +74,16 @@ class AlgorithmConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
         self._check_weights()
+        self._check_terms()
+
+    def _check_terms(self) -> None:
+        for name in ("entropy_coef", "kl_coef"):
+            value = getattr(self, name)
+            if not value >= 0:  # NaN fails too
+                raise ValueError(f"algorithm.{name} must be >= 0 (0 = off), got {value}")
+        if self.kl_estimator not in {k.value for k in KLEstimator}:
+            names = ", ".join(k.value for k in KLEstimator)
+            raise ValueError(f"algorithm.kl_estimator={self.kl_estimator!r}: use one of {names}")
 
     def _check_weights(self) -> None:
         if not self.mis.clip > 0:

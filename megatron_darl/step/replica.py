@@ -41,8 +41,9 @@ class Op(enum.IntEnum):
 class ReplicaLink:
     """The hub's and its peers' ends of the model-parallel group of one DP replica."""
 
-    def __init__(self, ps) -> None:
+    def __init__(self, ps, payload_type: type = PolicyLossInputs) -> None:
         self.ps = ps
+        self.payload_type = payload_type  # the dataclass of the batches' loss inputs
         self.is_hub = ps.is_hub
         self.has_peers = ps.tp_size * ps.pp_size > 1
         self._src = dist.get_global_rank(ps.model_parallel_group, 0) if self.has_peers else ps.rank
@@ -65,7 +66,7 @@ class ReplicaLink:
             return
         self._header(int(op), arg)
         for batch in batches:
-            broadcast_batch(batch, self.ps, PolicyLossInputs)
+            broadcast_batch(batch, self.ps, self.payload_type)
 
     def receive(self) -> tuple[Op, int]:
         """Peer: the hub's next op and its argument."""
@@ -74,4 +75,4 @@ class ReplicaLink:
 
     def batch(self) -> TrainBatch:
         """Peer: the next batch the hub hands over."""
-        return broadcast_batch(None, self.ps, PolicyLossInputs)
+        return broadcast_batch(None, self.ps, self.payload_type)

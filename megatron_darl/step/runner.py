@@ -25,9 +25,10 @@ from typing import Sequence
 
 import torch
 
-from megatron_darl.algorithms import PolicyLossInputs, WeightRule, policy_loss
+from megatron_darl.algorithms import PolicyLossInputs, RegularizedLossInputs, WeightRule, policy_loss
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.step.planner import ShardPlanner, StepPlan
+from megatron_darl.step.regularize import ReferenceRows, keep_versions, regularized_loss_fn, terms_on
 from megatron_darl.step.replica import Op, ReplicaLink
 from megatron_darl.samples import SampleGroup
 from megatron_darl.trainer.batch import TrainBatch
@@ -75,13 +76,17 @@ class StepRunner:
 
     def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, planner: ShardPlanner | None,
                  trainer, ps) -> None:
-        self.link = ReplicaLink(ps)
+        self.terms = terms_on(algorithm)  # entropy / KL in the loss (``regularize.py``); off: the plain loss
+        self.link = ReplicaLink(ps, RegularizedLossInputs if self.terms else PolicyLossInputs)
         if (planner is not None) != self.link.is_hub:
             raise ValueError(f"rank {ps.rank} (tp {ps.tp_rank}, pp {ps.pp_rank}): the replica's hub "
                              "rank, and only it, holds the planner")
         self.algorithm, self.window = algorithm, replay.window
         self.planner, self.trainer, self.ps = planner, trainer, ps
-        self.loss_fn = loss_fn_for(algorithm.eps_low, algorithm.eps_high)
+        self.loss_fn = (regularized_loss_fn(algorithm) if self.terms
+                        else loss_fn_for(algorithm.eps_low, algorithm.eps_high))
+        self.train_kwargs = {"entropy": True} if algorithm.entropy_coef > 0 else {}
+        self.reference = ReferenceRows(algorithm) if self.terms and planner is not None else None
         self.logprobs = trainer.compute_logprobs  # (batch, version) -> (n,): the planner's pass
         self.use_snapshots = uses_snapshots(algorithm)
         self.prefetch_tokens = trainer.cfg.micro_batch.logprob_token_budget  # one pass of the wait
@@ -123,9 +128,13 @@ class StepRunner:
             return self._follow()
         trainer = self.trainer
         exact = trainer.snapshots.versions if self.use_snapshots else ()
-        return self.planner.step(groups, step, trainer.version, self.replica_logprobs, exact,
-                                 dp_sum=self.ps.dp_sum,
-                                 lap=(clock or StepClock()).lap)
+        lap = (clock or StepClock()).lap
+        plan = self.planner.step(groups, step, trainer.version, self.replica_logprobs, exact,
+                                 dp_sum=self.ps.dp_sum, lap=lap)
+        if self.reference is not None:
+            plan = self.reference.attach(plan, self.planner, self.replica_logprobs)
+            lap("reference_seconds")
+        return plan
 
     def replica_logprobs(self, batch: TrainBatch, version: int) -> torch.Tensor:
         """Hub: a log-prob pass as the replica runs it: announced to the peers, then run."""
@@ -146,9 +155,9 @@ class StepRunner:
         """Run the plan's mini-batches (one new version) and snapshot it; the trainer's StepResult."""
         if self.planner is not None:
             self.link.announce(Op.TRAIN, 0, plan.minibatches[: self.algorithm.ppo_minibatches])
-        result = self.trainer.train_steps(plan.minibatches, self.loss_fn)
+        result = self.trainer.train_steps(plan.minibatches, self.loss_fn, **self.train_kwargs)
         if self.use_snapshots:
-            self.trainer.snapshot(keep=self.window.versions(self.trainer.version))
+            self.trainer.snapshot(keep=keep_versions(self.window.versions(self.trainer.version), self.algorithm))
         if clock is not None:
             clock.lap("train_seconds")
         return result

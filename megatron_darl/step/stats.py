@@ -85,6 +85,7 @@ class StepStats:
     backfill_snapshot: float = _sum()
     backfill_nearest: float = _sum()
     backfill_own: float = _sum()  # of both: rows of a sample's own version (the posterior's, ``backfill.py``)
+    ref_rows: float = _sum()  # KL term: reference (version 0) rows computed (``regularize.py``)
     # behavior weights of the selection
     w_sum: float = _sum()
     w_sq_sum: float = _sum()

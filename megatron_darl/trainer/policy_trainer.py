@@ -20,7 +20,11 @@ contract and nothing else:
           loss, stats = policy_loss(logp, x.logp_base, x.weights, x.advantages, None,
                                     clip_low, clip_high, num_tokens=1.0)  # 1.0: a sum
           return loss, stats_as_floats(stats)
-* ``snapshot(version)`` / ``compute_logprobs(batch, version=k)`` for exact backfill;
+  With ``train_steps(..., entropy=True)`` the loss is called as ``loss_fn(logp, batch_slice,
+  entropy)``, ``entropy`` (n,) the differentiable per-token entropy of the same distribution
+  (for an entropy bonus; computed only then);
+* ``snapshot(version)`` / ``compute_logprobs(batch, version=k)`` for exact backfill (and the
+  reference policy of a KL term: one more snapshot, of version 0, kept by the caller);
 * ``warm_up(lengths)`` compiles the fused kernels (``torch.compile``) of both passes on a synthetic
   batch, changing no weight, so the first real step does not pay for it;
 * ``export_hf_stage()`` HF-named full tensors of this pipeline stage, for weight sync;
@@ -48,7 +52,7 @@ from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
 from megatron_darl.trainer.weight_check import weight_norm
 
-# (logp (n,) fp32 differentiable, batch_slice) -> (loss_sum scalar tensor, {stat: float})
+# (logp (n,) fp32 differentiable, batch_slice[, entropy (n,)]) -> (loss_sum scalar tensor, {stat: float})
 LossFn = Callable[[torch.Tensor, TrainBatch], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -184,13 +188,15 @@ class PolicyTrainer:
         budget = mb.logprob_token_budget if forward_only else mb.token_budget
         return split_microbatches(batch, budget, mb.pad_multiple, self.ps.device)
 
-    def _run(self, microbatches: list[MicroBatch], on_logprobs, forward_only: bool) -> None:
+    def _run(self, microbatches: list[MicroBatch], on_logprobs, forward_only: bool,
+             entropy: bool = False) -> None:
         try:
             run_schedule(
                 self.model, microbatches, on_logprobs, forward_only=forward_only,
                 tp_group=self.ps.tp_group, vocab_size=self.spec.vocab_size,
                 chunk_tokens=self.cfg.micro_batch.logprob_chunk_tokens,
                 needs_attention_mask=self.needs_attention_mask, temperature=self.temperature,
+                entropy=entropy,
             )
         except (RuntimeError, dist.DistBackendError) as exc:  # a timeout or a dead peer
             ps = self.ps
@@ -235,7 +241,7 @@ class PolicyTrainer:
             dist.broadcast(out, src=self._last_stage_rank(), group=self.ps.pp_group)
         return out.cpu()
 
-    def warm_up(self, lengths: list[int], force: bool = False) -> float:
+    def warm_up(self, lengths: list[int], force: bool = False, entropy: bool = False) -> float:
         """Compile what the first steps would: a log-prob pass and a forward/backward over a
         synthetic batch of sequences of ``lengths`` tokens (each scoring its second half), then
         the same at three quarters of the lengths with one sequence more, then one sequence alone:
@@ -246,6 +252,7 @@ class PolicyTrainer:
         weights, optimizer state, schedule and version are untouched. On GPU with
         ``compile_warmup`` only (elsewhere nothing compiles; ``force``: run it anyway, as the
         tests do on CPU); every rank of the trainer calls it (the passes are collectives).
+        ``entropy``: the train steps will take the entropy too (its kernels compile here).
         Returns the seconds spent.
         """
         if not force and (self.ps.device.type != "cuda" or not self.cfg.compile_warmup):
@@ -255,12 +262,12 @@ class PolicyTrainer:
         fitted = [max(2, min(int(n), cap)) for n in lengths]
         shorter = [max(2, n * 3 // 4) for n in fitted]
         for lens in (fitted, shorter + [min(shorter)], [min(fitted)]):
-            self._warm_pass(torch.tensor(lens, dtype=torch.int64))
+            self._warm_pass(torch.tensor(lens, dtype=torch.int64), entropy)
         if self.ps.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    def _warm_pass(self, lens: torch.Tensor) -> None:
+    def _warm_pass(self, lens: torch.Tensor, entropy: bool = False) -> None:
         """One log-prob pass and one forward/backward (zero loss) over sequences of ``lens``."""
         gen = torch.Generator().manual_seed(0)  # the same tokens on every rank of a replica
         ids = torch.randint(0, self.spec.vocab_size, (int(lens.sum()),), generator=gen)
@@ -268,12 +275,12 @@ class PolicyTrainer:
         mask = pos >= torch.repeat_interleave(lens // 2, lens)  # (L,) each sequence's second half
         batch = TrainBatch(ids, lens, mask, None)
         self.compute_logprobs(batch)
-        zero = lambda logp, mb: ((logp * 0.0).sum(), torch.tensor(logp.shape[0], dtype=torch.int,  # noqa: E731
-                                                                  device=logp.device), {})
+        zero = lambda logp, mb, *ent: ((logp * 0.0).sum() + sum((e * 0.0).sum() for e in ent),  # noqa: E731
+                                       torch.tensor(logp.shape[0], dtype=torch.int, device=logp.device), {})
         for chunk in self.model:
             chunk.train()
             chunk.zero_grad_buffer()
-        self._run(self._microbatches(batch), zero, forward_only=False)
+        self._run(self._microbatches(batch), zero, forward_only=False, entropy=entropy)
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -283,18 +290,19 @@ class PolicyTrainer:
         return forward_flops(self.spec, batch.seq_lens.tolist())
 
     # ------------------------------------------------------------------ train step
-    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> StepResult:
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn, entropy: bool = False) -> StepResult:
         """Forward/backward over ``batch`` with ``loss_fn``, one optimizer step, one new version."""
-        return self.train_steps([batch], loss_fn)
+        return self.train_steps([batch], loss_fn, entropy)
 
-    def train_steps(self, minibatches: list[TrainBatch], loss_fn: LossFn) -> StepResult:
+    def train_steps(self, minibatches: list[TrainBatch], loss_fn: LossFn, entropy: bool = False) -> StepResult:
         """One optimizer step per mini-batch, in order, then one new weight version.
 
         PPO mini-batches (docs/algorithm.md): whatever ``loss_fn`` reads from the batches (proximal
         log-probs, weights, advantages) was fixed before the first one, so the ratio moves off 1
         from the second mini-batch on. Each step's loss is normalised by that mini-batch's scored
         tokens over all DP ranks; every DP rank must pass the same number of mini-batches.
-        Increments ``step`` once per mini-batch and ``version`` once.
+        Increments ``step`` once per mini-batch and ``version`` once. ``entropy``: ``loss_fn`` also
+        takes the per-token entropy (module docstring).
         """
         if not minibatches:
             raise ValueError("train_steps needs at least one mini-batch")
@@ -306,7 +314,7 @@ class PolicyTrainer:
         records: list[tuple[int, torch.Tensor, dict[str, float]]] = []
         grad_norms, lr = [], 0.0
         for batch in minibatches:
-            grad_norm, lr = self._optimizer_step(batch, loss_fn, records)
+            grad_norm, lr = self._optimizer_step(batch, loss_fn, records, entropy)
             grad_norms.append(grad_norm)
         self.version += 1
         weights = weight_norm(self.model_chunks, self.ps)  # one fused norm; its host sync ends the step
@@ -317,10 +325,11 @@ class PolicyTrainer:
         result.weight_norm = weights
         return result
 
-    def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFn, records: list) -> tuple[Any, float]:
+    def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFn, records: list,
+                        entropy: bool = False) -> tuple[Any, float]:
         """Forward/backward over one mini-batch and one optimizer step; (grad_norm, lr)."""
-        def on_logprobs(logp: torch.Tensor, mb: MicroBatch):
-            loss_sum, stats = loss_fn(logp, mb.batch)
+        def on_logprobs(logp: torch.Tensor, mb: MicroBatch, *ent: torch.Tensor):
+            loss_sum, stats = loss_fn(logp, mb.batch, *ent)
             if loss_sum.dim() != 0:
                 raise ValueError(f"loss_fn must return a scalar loss sum, got {tuple(loss_sum.shape)}")
             records.append((int(logp.shape[0]), loss_sum.detach(), stats))
@@ -331,7 +340,7 @@ class PolicyTrainer:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._run(self._microbatches(batch), on_logprobs, forward_only=False)
+        self._run(self._microbatches(batch), on_logprobs, forward_only=False, entropy=entropy)
         self.scheduler.step(increment=1)  # LR of this step (see optim.build_lr_scheduler)
         lr = float(self.optimizer.param_groups[0]["lr"])
         out = self.optimizer.step()  # (update_successful, grad_norm, num_zeros_in_grad)

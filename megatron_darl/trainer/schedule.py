@@ -7,6 +7,10 @@ the scored positions) and hands them to ``on_logprobs``, which returns what Mega
 expects from a loss function: ``(loss_sum, num_tokens, reduced)``. Micro-batches keep their own
 padded shapes (``variable_seq_lengths``; see ``batch.py``), so the ``seq_length`` and
 ``micro_batch_size`` given to the schedule are only upper bounds.
+
+With ``entropy=True`` (an entropy bonus in the loss) the last stage takes the log-probs and the
+per-token entropies in one pass (``logprobs.vocab_parallel_logprobs_entropy``) and calls
+``on_logprobs(logp, mb, entropy)``; otherwise the log-prob-only path runs as it always has.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from typing import Callable
 import torch
 
 from megatron_darl.trainer.batch import MicroBatch
-from megatron_darl.trainer.logprobs import vocab_parallel_logprobs
+from megatron_darl.trainer.logprobs import vocab_parallel_logprobs, vocab_parallel_logprobs_entropy
 
-# (logp (n,) fp32, micro-batch) -> (loss_sum scalar, num_tokens int scalar, reduced dict)
+# (logp (n,) fp32, micro-batch[, entropy (n,) fp32]) -> (loss_sum scalar, num_tokens int scalar, reduced dict)
 LastStageFn = Callable[[torch.Tensor, MicroBatch], tuple]
 
 
@@ -38,12 +42,14 @@ def run_schedule(
     chunk_tokens: int,
     needs_attention_mask: bool,
     temperature: float = 1.0,
+    entropy: bool = False,
 ) -> None:
     """Run forward (and backward unless ``forward_only``) over ``microbatches``.
 
     Gradients accumulate in the DDP buffers; with ``forward_only=False`` Megatron's
     ``finalize_model_grads`` (set on the model config by the trainer) reduces and scales them.
-    Log-probs are of ``softmax(logits / temperature)``, the sampler's density.
+    Log-probs are of ``softmax(logits / temperature)``, the sampler's density; with ``entropy``
+    its per-token entropy is passed to ``on_logprobs`` too.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -55,6 +61,8 @@ def run_schedule(
         def loss_func(logits: torch.Tensor):
             # logits: (B, S, V / TP) on the last stage
             flat = logits.reshape(-1, logits.shape[-1])
+            if entropy:
+                return _with_entropy(flat, mb, on_logprobs, tp_group, vocab_size, chunk_tokens, temperature)
             if 2 * mb.pred_rows.numel() >= flat.shape[0]:
                 # Mostly scored: score every row (targets 0 elsewhere) and pick the scored
                 # values; cheaper than copying the rows out and scattering their gradient back.
@@ -81,6 +89,14 @@ def run_schedule(
         micro_batch_size=rows,
         forward_only=forward_only,
     )
+
+
+def _with_entropy(flat, mb: MicroBatch, on_logprobs: LastStageFn, tp_group, vocab_size: int,
+                  chunk_tokens: int, temperature: float):
+    """``on_logprobs(logp, mb, entropy)`` over the scored rows of ``flat`` (B * S, V / TP)."""
+    rows = _mask_padded_vocab(flat.index_select(0, mb.pred_rows), vocab_size, tp_group)
+    logp, entropy = vocab_parallel_logprobs_entropy(rows, mb.targets, tp_group, chunk_tokens, temperature)
+    return on_logprobs(logp, mb, entropy)
 
 
 def _mask_padded_vocab(rows: torch.Tensor, vocab_size: int, tp_group) -> torch.Tensor:
