@@ -93,7 +93,14 @@ def run_schedule(
 
 def _with_entropy(flat, mb: MicroBatch, on_logprobs: LastStageFn, tp_group, vocab_size: int,
                   chunk_tokens: int, temperature: float):
-    """``on_logprobs(logp, mb, entropy)`` over the scored rows of ``flat`` (B * S, V / TP)."""
+    """``on_logprobs(logp, mb, entropy)`` over the scored rows of ``flat`` (B * S, V / TP); like the
+    log-prob-only path, every row when most are scored (no copy of the logits), else a copy of those."""
+    if 2 * mb.pred_rows.numel() >= flat.shape[0]:
+        targets = torch.zeros(flat.shape[0], dtype=mb.targets.dtype, device=flat.device)
+        targets[mb.pred_rows] = mb.targets
+        flat = _mask_padded_vocab(flat, vocab_size, tp_group)
+        logp, entropy = vocab_parallel_logprobs_entropy(flat, targets, tp_group, chunk_tokens, temperature)
+        return on_logprobs(logp[mb.pred_rows], mb, entropy[mb.pred_rows])
     rows = _mask_padded_vocab(flat.index_select(0, mb.pred_rows), vocab_size, tp_group)
     logp, entropy = vocab_parallel_logprobs_entropy(rows, mb.targets, tp_group, chunk_tokens, temperature)
     return on_logprobs(logp, mb, entropy)
