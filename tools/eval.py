@@ -9,7 +9,8 @@ Writes ``results.json``, ``results.md`` and one ``samples_<benchmark>.jsonl`` pe
 ``<repo>/../shared/data/benchmarks``) at the paths in ``configs/eval/benchmarks.yaml``, or at
 ``--<name>-path``. ``--limit`` takes the first N prompts of each benchmark, or a fraction of them
 (``--limit 0.1``); a bar per benchmark shows the prompts done. A Megatron checkpoint (a directory
-with ``megatron_darl.json``) is converted to a temporary HF directory first.
+with ``megatron_darl.json``: a training checkpoint ``runs/<run>/checkpoints/step_NNNNNN`` or a
+converted one) is converted to a temporary HF directory first, with the tokenizer it carries.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ CONVERTER = REPO / "tools" / "convert_megatron_to_hf.py"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     table = load_benchmark_table(TABLE)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="HF checkpoint dir, or Megatron dir with megatron_darl.json")
+    p.add_argument("--model", required=True, help="HF model dir, or a Megatron checkpoint (runs/<run>/checkpoints/step_N)")
     p.add_argument("--benchmarks", default="gsm8k,math500,aime24", help=f"comma list of {','.join(table)}")
     p.add_argument("--n", type=int, default=16, help="samples per prompt")
     p.add_argument("--k", default="", help="comma list of pass@k values (default: powers of 2 and n)")

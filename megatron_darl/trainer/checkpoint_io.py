@@ -16,10 +16,12 @@ before parsing it and the loaded weights for NaN/Inf after, so 4 KiB of zeros or
 tensor is refused in one line naming the file, never converted, evaluated or trained from.
 ``save_model_checkpoint`` writes that manifest, as a training save does.
 
-A checkpoint carries the model's HF files (``config.json``, ``generation_config.json``, the
-tokenizer and chat template: ``copy_model_files``), copied from the directory its weights came
-from before the manifest is written, so they are checksummed like the weights. Evaluating or
-exporting one needs nothing else: a checkpoint directory copied elsewhere still tokenizes.
+The HF side files (``config.json``, ``generation_config.json``, tokenizer, chat template:
+``copy_model_files``) come from the directory the weights came from and are written before the
+manifest, so they are checksummed like the weights; converted and training checkpoints alike
+carry them, and one copied elsewhere evaluates and exports with nothing else. Without a tokenizer
+transformers builds an empty one (every prompt encodes as no tokens), so the tools refuse such a
+checkpoint by name (``missing_tokenizer``) rather than export or score it.
 """
 
 from __future__ import annotations
