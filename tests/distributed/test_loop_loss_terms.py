@@ -3,18 +3,29 @@
 Two steps of ``experiment=smoke`` with ``algorithm.entropy_coef`` and ``algorithm.kl_coef`` set: the
 run completes, every step logs ``entropy`` (in (0, log V]) and ``kl_ref`` (exactly 0 at step 0,
 where the policy still is the reference, and >= 0 for k3), reference rows were computed, and the
-checkpoint carries the reference weights (snapshot v0) a resume needs.
+checkpoint carries the reference weights (snapshot v0) a resume needs. At TP = 2 (slow) the same run
+(sync, whose steps do not depend on timing) logs the same values: the entropy's extra all-reduce, the reference pass and the regularised
+inputs' broadcast to the hub's TP peer.
 """
 
 import json
 import math
 
+import pytest
+
 from tests.distributed.test_loop_smoke import run_smoke
 
+TERMS = ("algorithm.entropy_coef=0.001", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=k3")
 
-def test_smoke_run_with_entropy_and_kl_terms_logs_both(tmp_path):
-    proc = run_smoke(tmp_path, "algorithm.entropy_coef=0.001", "algorithm.kl_coef=0.001",
-                     "algorithm.kl_estimator=k3", steps=2)
+
+@pytest.fixture(scope="module")
+def tp1(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("terms_tp1")
+    return run_dir, run_smoke(run_dir, *TERMS, steps=2)
+
+
+def test_smoke_run_with_entropy_and_kl_terms_logs_both(tp1):
+    tmp_path, proc = tp1
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
@@ -27,3 +38,18 @@ def test_smoke_run_with_entropy_and_kl_terms_logs_both(tmp_path):
     assert rows[1]["kl_ref"] > 0
     assert (ckpt / "snapshots" / "v00000000").is_dir()
     assert "KL reference: the initial weights kept as snapshot v0" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_the_terms_at_tp2_log_what_tp1_logs(tmp_path):
+    # sync (eta 0): each step trains exactly the groups of its version, whatever the timing
+    runs = [run_smoke(tmp_path / f"tp{tp}", *TERMS, "algorithm=sync", f"cluster.trainer_ranks={tp}",
+                      f"parallel.tp={tp}", steps=2) for tp in (1, 2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    one, two = ([json.loads(line) for line in (tmp_path / f"tp{tp}" / "metrics.jsonl").read_text().splitlines()]
+                for tp in (1, 2))
+    for a, b in zip(one, two, strict=True):
+        for key in ("entropy", "kl_ref", "loss"):
+            assert b[key] == pytest.approx(a[key], abs=1e-5), key
+        assert b["ref_rows"] == a["ref_rows"]
