@@ -38,7 +38,7 @@ from megatron_darl.trainer.batch import TrainBatch
 log = logging.getLogger(__name__)
 
 REFERENCE_VERSION = 0  # the initial policy
-LOSS_STATS = ("clip_frac_low", "clip_frac_high", "mean_ratio", "mean_weight")
+LOSS_STATS = ("clip_frac_low", "clip_frac_high", "mean_ratio", "mean_weight")  # policy_loss stats logged
 
 
 def terms_on(algorithm: AlgorithmConfig) -> bool:

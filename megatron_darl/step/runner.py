@@ -28,12 +28,11 @@ import torch
 from megatron_darl.algorithms import PolicyLossInputs, RegularizedLossInputs, WeightRule, policy_loss
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.step.planner import ShardPlanner, StepPlan
-from megatron_darl.step.regularize import ReferenceRows, keep_versions, regularized_loss_fn, terms_on
+from megatron_darl.step.regularize import LOSS_STATS, ReferenceRows, keep_versions, regularized_loss_fn, terms_on
 from megatron_darl.step.replica import Op, ReplicaLink
 from megatron_darl.samples import SampleGroup
 from megatron_darl.trainer.batch import TrainBatch
 
-LOSS_STATS = ("clip_frac_low", "clip_frac_high", "mean_ratio", "mean_weight")
 
 
 class StepClock:

@@ -3,9 +3,9 @@
 Two steps of ``experiment=smoke`` with ``algorithm.entropy_coef`` and ``algorithm.kl_coef`` set: the
 run completes, every step logs ``entropy`` (in (0, log V]) and ``kl_ref`` (exactly 0 at step 0,
 where the policy still is the reference, and >= 0 for k3), reference rows were computed, and the
-checkpoint carries the reference weights (snapshot v0) a resume needs. At TP = 2 (slow) the same run
-(sync, whose steps do not depend on timing) logs the same values: the entropy's extra all-reduce, the reference pass and the regularised
-inputs' broadcast to the hub's TP peer.
+checkpoint carries the reference weights (snapshot v0) a resume needs. At TP = 2 (slow) a run (sync:
+its steps do not depend on timing) logs what TP = 1 logs: the entropy's extra all-reduce, the
+reference pass and the regularised inputs' broadcast to the hub's TP peer.
 """
 
 import json
