@@ -34,7 +34,6 @@ from megatron_darl.samples import SampleGroup
 from megatron_darl.trainer.batch import TrainBatch
 
 
-
 class StepClock:
     """Wall seconds of the parts of one step, each since the previous lap (``*_seconds`` metrics)."""
 
