@@ -135,3 +135,28 @@ def test_reference_rows_attach_once_per_sample_and_mask_stand_ins(minibatches, e
     calls.clear()
     plan = ref.attach(planner.step([make_group(2, 1, rewards=(0.0, 1.0))], 1, 1, logprobs), planner, logprobs)
     assert calls.count(REFERENCE_VERSION) == 1 and plan.stats.ref_rows == 2  # only the new group's
+
+
+def test_the_reference_snapshot_is_taken_at_version_0_and_refused_when_a_resume_lacks_it():
+    from types import SimpleNamespace
+
+    from megatron_darl.step.regularize import ensure_reference, keep_versions
+    from megatron_darl.trainer.snapshots import ParamSnapshots
+
+    param = torch.arange(3.0)
+    trainer = SimpleNamespace(snapshots=ParamSnapshots([param], pin=False), version=0)
+    ensure_reference(trainer, only=True)
+    assert trainer.snapshots.versions == [0]
+    with torch.no_grad():
+        param += 1  # trained on: the reference keeps the initial weights
+    trainer.version = 3
+    trainer.snapshots.take(3)  # what a resume loads besides the checkpoint's snapshots
+    ensure_reference(trainer, only=True)  # a variant without backfill snapshots keeps v0 alone
+    assert trainer.snapshots.versions == [0]
+    with trainer.snapshots.swapped_in(0):
+        assert torch.equal(param, torch.arange(3.0))
+    assert keep_versions([2, 3], AlgorithmConfig(kl_coef=0.1)) == [2, 3, 0]
+    assert keep_versions([2, 3], AlgorithmConfig()) == [2, 3]
+    resumed = SimpleNamespace(snapshots=ParamSnapshots([param], pin=False), version=3)
+    with pytest.raises(ValueError, match="algorithm.kl_coef > 0 needs the initial policy"):
+        ensure_reference(resumed, only=False)
