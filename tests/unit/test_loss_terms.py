@@ -59,7 +59,7 @@ def test_regularizer_loss_values_and_gradients_against_direct_sums():
     torch.testing.assert_close(g_ent, d_ent, atol=1e-7, rtol=0)
     assert (g_logp[-3:] == 0).all() and (g_ent[-3:] == 0).all()
     torch.testing.assert_close(float(stats.entropy), float(ent[:9].detach().mean()), atol=1e-6, rtol=0)
-    torch.testing.assert_close(float(stats.kl), float(k3[:9].mean()), atol=1e-6, rtol=0)
+    torch.testing.assert_close(float(stats.kl), float(k3[:9].detach().mean()), atol=1e-6, rtol=0)
     off, off_stats = regularizer_loss(logp, None, None)  # both off: exactly zero, no stats
     assert float(off) == 0.0 and float(off_stats.kl) == 0.0 and not off.requires_grad
     with pytest.raises(ValueError, match="entropy"):
