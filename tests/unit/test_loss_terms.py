@@ -96,8 +96,8 @@ def test_loss_fn_with_terms_adds_them_and_with_coefs_zero_is_bitwise_the_plain_l
     pol, _ = policy_loss(lp, base.logp_base, base.weights, base.advantages, None, 0.2, 0.2, num_tokens=1.0)
     direct = pol + 0.1 * ((lp - ref.float()) * mask).sum() - 0.01 * (e * mask).sum()
     torch.testing.assert_close(loss_c, direct, atol=1e-6, rtol=0)
-    torch.testing.assert_close(stats_c["kl_ref"], float(((lp - ref.float()) * mask).sum() / 10), atol=1e-6, rtol=0)
-    torch.testing.assert_close(stats_c["entropy"], float(e[:10].mean()), atol=1e-6, rtol=0)
+    torch.testing.assert_close(stats_c["kl_ref"], float(((lp.detach() - ref.float()) * mask).sum() / 10), atol=1e-6, rtol=0)
+    torch.testing.assert_close(stats_c["entropy"], float(e[:10].detach().mean()), atol=1e-6, rtol=0)
 
 
 def test_config_refuses_bad_terms():
