@@ -39,7 +39,7 @@ def assert_quiet_console(console: str, run_dir: Path) -> None:
     for noise in ("DistributedDataParallelConfig(", "OptimizerConfig(", "Params for bucket", "UserWarning",
                   "Loading weights"):
         assert noise not in logs, noise
-    assert "step 0 reward" in console and f"done: {STEPS} steps" in console
+    assert f"step 1/{STEPS} reward" in console and f"done: {STEPS} steps" in console
 
 
 def finite(value) -> bool:

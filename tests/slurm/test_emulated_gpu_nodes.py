@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 
 import pytest
 
 from local_cluster import LocalSlurm, missing_binaries
+from slurm_jobs import job_info, wait_state
 
 
 def test_two_emulated_nodes_split_the_hosts_gpus(tmp_path):
@@ -34,12 +34,17 @@ def test_two_emulated_nodes_split_the_hosts_gpus(tmp_path):
         res = cluster.run(["sbatch", "--parsable", "--nodes=2", "--gpus-per-node=2",
                            f"--output={tmp_path}/out.txt", str(job)])
         assert res.returncode == 0, res.stderr
-        deadline = time.time() + 60
-        while cluster.run(["squeue", "-h"]).stdout.strip() and time.time() < deadline:
-            time.sleep(0.5)
+        job_id = int(res.stdout.strip().split(";")[0])
+        try:
+            info = wait_state(cluster, job_id, timeout=180, output=tmp_path / "out.txt")
+        except AssertionError as err:  # say why Slurm kept it waiting
+            nodes = cluster.run(["scontrol", "show", "node", "-o"]).stdout
+            ctld = (cluster.root / "log" / "slurmctld.log").read_text()[-3000:]
+            raise AssertionError(f"{err}\n{job_info(cluster, job_id)}\n{nodes}\n{ctld}") from None
+        assert info["JobState"] == "COMPLETED", info
         seen = {p.stem: p.read_text().split() for p in tmp_path.glob("node*_*.txt")}
         assert seen == {"node1_2": ["node1", "2", "0,1"], "node2_2": ["node2", "2", "2,3"],
-                        "node2_1": ["node2", "1", "2"]}, (tmp_path / "out.txt").read_text()
+                        "node2_1": ["node2", "1", "2"]}
     finally:
         cluster.cancel_all()
         cluster.stop()

@@ -33,7 +33,9 @@ def _nodes_idle(cluster) -> bool:
 
 
 def _step_lines(log: str) -> list[int]:
-    return [int(m) for m in re.findall(r"INFO step (\d+) reward", log)]
+    """The steps a trainer log reports trained, 0-based as in metrics.jsonl (it prints
+    ``<variant> step n/N`` counting from 1, as the checkpoints do)."""
+    return [int(m) - 1 for m in re.findall(r"INFO \w+ step (\d+)/\d+ reward", log)]
 
 
 def test_scancel_leaves_a_checkpoint_and_resubmission_resumes(slurm_cluster, warm_policy, tmp_path):
