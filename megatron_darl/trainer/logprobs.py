@@ -64,25 +64,39 @@ def _chunk_grad(x, lse, g, local, in_range, scale: float) -> torch.Tensor:
 _COMPILED: dict = {}
 
 
-def _kernel(fn, x: torch.Tensor):
+def _kernel(fn, x: torch.Tensor, rows: tuple[int, ...] = (0, 1, 2, 3, 4)):
     """``fn`` fused by ``torch.compile`` on CUDA (one read of the bf16 chunk per pass, no fp32
-    copy of it), compiled once for every chunk size and pass (``models/kernels.py``); eager
-    elsewhere, so CPU results are plain PyTorch arithmetic."""
+    copy of it), compiled once for every chunk size and pass (``models/kernels.py``; ``rows``: the
+    positions of its per-row tensor arguments); eager elsewhere, so CPU results are plain PyTorch
+    arithmetic."""
     if not x.is_cuda:
         return fn
     if fn not in _COMPILED:
-        _COMPILED[fn] = fused(fn, rows=(0, 1, 2, 3, 4))  # every tensor argument is per row
+        _COMPILED[fn] = fused(fn, rows=rows)
     return _COMPILED[fn]
+
+
+def _local_targets(logits: torch.Tensor, targets: torch.Tensor, vocab_start: int):
+    """(column of each target in this rank's slice or 0, whether it is in the slice), both (n,)."""
+    local = targets - vocab_start
+    in_range = (local >= 0) & (local < logits.shape[1])  # (n,) bool
+    return torch.where(in_range, local, torch.zeros_like(local)), in_range
+
+
+def _target_logits(logits, local, in_range, acc: torch.dtype, scale: float, group) -> torch.Tensor:
+    """(n,) scaled logit of each target, summed over the TP group (one rank holds each)."""
+    picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(acc) * scale
+    target_logit = torch.where(in_range, picked, torch.zeros_like(picked))
+    _all_reduce(target_logit, dist.ReduceOp.SUM, group)
+    return target_logit
 
 
 class _VocabParallelLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, vocab_start, group, chunk_tokens, scale):  # noqa: D401
-        n, v_local = logits.shape
+        n = logits.shape[0]
         acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        local = targets - vocab_start
-        in_range = (local >= 0) & (local < v_local)  # (n,) bool
-        local = torch.where(in_range, local, torch.zeros_like(local))
+        local, in_range = _local_targets(logits, targets, vocab_start)
         lse = torch.empty(n, dtype=acc, device=logits.device)
         for start in range(0, n, chunk_tokens):
             x = logits[start : start + chunk_tokens]  # (c, V/tp) never upcast as a whole
@@ -91,9 +105,7 @@ class _VocabParallelLogProb(torch.autograd.Function):
             sum_exp = _kernel(_row_sum_exp, x)(x, row_max, scale)
             _all_reduce(sum_exp, dist.ReduceOp.SUM, group)
             lse[start : start + chunk_tokens] = row_max + torch.log(sum_exp)
-        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(acc) * scale
-        target_logit = torch.where(in_range, picked, torch.zeros_like(picked))
-        _all_reduce(target_logit, dist.ReduceOp.SUM, group)
+        target_logit = _target_logits(logits, local, in_range, acc, scale, group)
         ctx.save_for_backward(logits, local, in_range, lse)
         ctx.chunk_tokens, ctx.scale = chunk_tokens, scale
         return target_logit - lse
@@ -134,39 +146,26 @@ def _chunk_grad_entropy(x, lse, ent, g, gh, local, in_range, scale: float) -> to
     return (grad * scale).to(x.dtype)
 
 
-def _kernel_rows(fn, x: torch.Tensor, rows: tuple[int, ...]):
-    """``_kernel`` for functions whose per-row tensor arguments sit at ``rows``."""
-    if not x.is_cuda:
-        return fn
-    if fn not in _COMPILED:
-        _COMPILED[fn] = fused(fn, rows=rows)
-    return _COMPILED[fn]
-
-
 class _VocabParallelLogProbEntropy(torch.autograd.Function):
     """Log-probs of the targets and entropies of the rows, of ``softmax(logits * scale)``."""
 
     @staticmethod
     def forward(ctx, logits, targets, vocab_start, group, chunk_tokens, scale):  # noqa: D401
-        n, v_local = logits.shape
+        n = logits.shape[0]
         acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        local = targets - vocab_start
-        in_range = (local >= 0) & (local < v_local)  # (n,) bool
-        local = torch.where(in_range, local, torch.zeros_like(local))
+        local, in_range = _local_targets(logits, targets, vocab_start)
         lse = torch.empty(n, dtype=acc, device=logits.device)
         ent = torch.empty(n, dtype=acc, device=logits.device)
         for start in range(0, n, chunk_tokens):
             x = logits[start : start + chunk_tokens]  # (c, V/tp)
             row_max = _kernel(_row_max, x)(x, acc, scale)
             _all_reduce(row_max, dist.ReduceOp.MAX, group)
-            sums = _kernel_rows(_row_sums, x, (0, 1))(x, row_max, scale)  # (c, 2)
+            sums = _kernel(_row_sums, x, (0, 1))(x, row_max, scale)  # (c, 2)
             _all_reduce(sums, dist.ReduceOp.SUM, group)
             log_s = torch.log(sums[:, 0])
             lse[start : start + chunk_tokens] = row_max + log_s
             ent[start : start + chunk_tokens] = log_s - sums[:, 1] / sums[:, 0]
-        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).to(acc) * scale
-        target_logit = torch.where(in_range, picked, torch.zeros_like(picked))
-        _all_reduce(target_logit, dist.ReduceOp.SUM, group)
+        target_logit = _target_logits(logits, local, in_range, acc, scale, group)
         ctx.save_for_backward(logits, local, in_range, lse, ent)
         ctx.chunk_tokens, ctx.scale = chunk_tokens, scale
         return target_logit - lse, ent
@@ -177,7 +176,7 @@ class _VocabParallelLogProbEntropy(torch.autograd.Function):
         grad_logits = torch.empty_like(logits)
         grad_logp = grad_logp.to(lse.dtype).contiguous()  # a sum's gradient arrives with stride 0
         grad_ent = grad_ent.to(lse.dtype).contiguous()
-        kernel = _kernel_rows(_chunk_grad_entropy, logits, (0, 1, 2, 3, 4, 5, 6))
+        kernel = _kernel(_chunk_grad_entropy, logits, (0, 1, 2, 3, 4, 5, 6))
         for start in range(0, logits.shape[0], ctx.chunk_tokens):
             end = min(start + ctx.chunk_tokens, logits.shape[0])
             grad_logits[start:end] = kernel(

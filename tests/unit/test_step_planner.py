@@ -314,21 +314,24 @@ class ThreadSum:
         return total
 
 
-def test_two_shards_take_their_quota_and_share_alpha():
-    b = 4
-    planners = [ShardPlanner(algo("darl", b=b), ReplayConfig(k=4), shard=i, num_shards=2) for i in range(2)]
-    groups = [make_group(g, g % 3) for g in range(1, 13)]
-    dp, plans = ThreadSum(2), [None, None]
+@pytest.mark.parametrize("b, shards, quotas", [(4, 2, [2, 2]), (5, 3, [2, 2, 1])])
+def test_shards_take_their_quota_and_share_alpha(b, shards, quotas):
+    """B split over the DP shards as evenly as it goes (5 on 3: 2, 2, 1), one alpha for all."""
+    planners = [ShardPlanner(algo("darl", b=b), ReplayConfig(k=4), shard=i, num_shards=shards)
+                for i in range(shards)]
+    assert [p.quota for p in planners] == quotas
+    groups = [make_group(g, g % 3) for g in range(1, 31)]
+    dp, plans = ThreadSum(shards), [None] * shards
 
     def run(i):
-        mine = [g for g in groups if shard_of(g.group_id, 2) == i]
+        mine = [g for g in groups if shard_of(g.group_id, shards) == i]
         plans[i] = planners[i].step(mine, 2, 2, fake_logprobs, exact_versions=[0, 1], dp_sum=dp)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(shards)]
     [t.start() for t in threads]
     [t.join(30) for t in threads]
-    assert all(len(pl.selection.entries) == b // 2 for pl in plans)
-    total = plans[0].selection.version_tokens + plans[1].selection.version_tokens
+    assert [len(pl.selection.entries) for pl in plans] == quotas
+    total = sum(pl.selection.version_tokens for pl in plans)
     assert torch.equal(sum(dp.parts), total) and all(torch.isfinite(pl.loss_inputs.weights).all() for pl in plans)
 
 
