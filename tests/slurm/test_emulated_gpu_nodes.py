@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +23,8 @@ def test_two_emulated_nodes_split_the_hosts_gpus(tmp_path):
     devices.mkdir()
     for k in range(4):
         os.mknod(devices / f"nvidia{k}", 0o600 | 0o020000, os.makedev(195, k))  # character devices
-    cluster = LocalSlurm(tmp_path / "cluster", nodes=2, gpus=2, split_host_gpus=True,
-                         gpu_device_dir=str(devices))
+    root = Path(tempfile.mkdtemp(prefix="emu", dir="/tmp"))  # slurmd's socket paths: <= 108 chars
+    cluster = LocalSlurm(root, nodes=2, gpus=2, split_host_gpus=True, gpu_device_dir=str(devices))
     job = tmp_path / "job.sh"
     job.write_text("#!/bin/bash\n" + "".join(
         f"srun --nodes=1 --ntasks=1 -w {node} --gpus-per-node={g} --exact "
@@ -49,3 +51,4 @@ def test_two_emulated_nodes_split_the_hosts_gpus(tmp_path):
         cluster.cancel_all()
         cluster.stop()
         shutil.rmtree(devices, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
