@@ -40,8 +40,11 @@ on an inherited pipe (under Slurm in a 0600 file), never in their environment, w
 readable in /proc/PID/environ. A process without it cannot stop the run, join it, pose as a
 member or feed it samples, versions or weight-sync headers. A TCPStore has no access control,
 so a process that reaches the port can still read values, delete or overwrite keys, replay the
-run's own earlier values, move the staleness counters and write the data-plane rendezvous keys:
-it can disrupt a run (a timeout or error naming the key), not steer it. The store listens only
+run's own earlier values and write the data-plane rendezvous keys: it can disrupt a run (a
+timeout or error naming the key), not steer it. The staleness counters, the published version and
+the workers' generations are not in the store: they live in the ledger on trainer rank 0
+(`transport/ledger.py`), which answers only requests authenticated with the secret (a handshake,
+then an HMAC over a sequence number and the body of each request) and logs any other. The store listens only
 on the address its host resolves to (`transport.control.bind` to choose), and the run files that
 name its port are 0600; keep the port on a private network.
 """
