@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron_darl.models.kernels import fused
+from megatron_darl.trainer.kernels import fused
 
 
 def _all_reduce(tensor: torch.Tensor, op, group) -> None:
@@ -66,7 +66,7 @@ _COMPILED: dict = {}
 
 def _kernel(fn, x: torch.Tensor, rows: tuple[int, ...] = (0, 1, 2, 3, 4)):
     """``fn`` fused by ``torch.compile`` on CUDA (one read of the bf16 chunk per pass, no fp32
-    copy of it), compiled once for every chunk size and pass (``models/kernels.py``; ``rows``: the
+    copy of it), compiled once for every chunk size and pass (``kernels.py``; ``rows``: the
     positions of its per-row tensor arguments); eager elsewhere, so CPU results are plain PyTorch
     arithmetic."""
     if not x.is_cuda:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from megatron_darl.models.kernels import fused
+from megatron_darl.trainer.kernels import fused
 from megatron_darl.trainer import logprobs
 
 

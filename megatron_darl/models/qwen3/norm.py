@@ -18,7 +18,7 @@ varying size is the row count, which ``dynamic=True`` keeps symbolic: one graph 
 What still recompiles: a matrix that is a view and one that is not (``reshape`` of a contiguous
 input), each grad mode, and inductor's row-count ranges; the trainer's warm-up calls it at three
 micro-batch shapes so that these compile before the first step. The detached, unbacked-rows call of
-the log-prob kernels (``models/kernels.py``), which never recompiles, made this module (~224 calls
+the log-prob kernels (``trainer/kernels.py``), which never recompiles, made this module (~224 calls
 per micro-batch, as an autograd Function) cost 30% of a 1.7B train step on an H200
 (benchmarks/results/kernel_ab_*: per-call overhead or the unbacked rows' code; the A/B did not tell
 them apart), so the norm keeps the plain compiled call.
