@@ -121,6 +121,17 @@ def max_positions(cfg) -> int:
     return spec_from_hf(hf, source).max_position_embeddings
 
 
+def check_eval(cfg) -> None:
+    """``eval.benchmarks`` names known benchmarks whose files are there (a typo would otherwise
+    surface in the evaluating worker, after the trainer started)."""
+    from megatron_darl.eval.periodic import check_benchmarks
+
+    try:
+        check_benchmarks(cfg.eval)
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
+
+
 def preflight(cfg) -> None:
     """Every pre-flight check; the first failure raises a one-line ``ValueError``."""
     from launch.validate import check_values
@@ -133,3 +144,4 @@ def preflight(cfg) -> None:
     check_reward(cfg)
     check_paths(cfg)
     check_model(cfg)
+    check_eval(cfg)

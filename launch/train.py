@@ -208,6 +208,13 @@ def outcome(run_dir: Path) -> str:
     if s.get("reward_first") is not None:
         lines.append(f"reward: {s['reward_first']:.3f} (first {s['reward_window_steps']} steps) -> "
                      f"{s['reward_last']:.3f} (last {s['reward_window_steps']} steps)")
+    points = s.get("heldout") or []
+    if points:
+        from megatron_darl.loop.metrics import describe_point
+
+        ends = [points[0], points[-1]] if len(points) > 1 else points
+        lines.append("held-out: " + " -> ".join(f"{describe_point(p)} at version {p['version']}" for p in ends)
+                     + (f" ({len(points)} points in metrics.jsonl)" if len(points) > 2 else ""))
     plot = run_dir / "progress.png"
     lines.append(f"summary: {summary_path}" + (f"   plot: {plot}" if plot.exists() else ""))
     return "\n".join(lines)

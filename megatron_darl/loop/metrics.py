@@ -9,7 +9,9 @@ back, so cumulative counters, the plot and ``summary.json`` span restarts; recor
 resume runs again move to ``metrics.superseded.jsonl`` at its first new step, so a resume that
 fails before one changes nothing and no record is ever deleted), TensorBoard, and
 W&B when configured (imported lazily: a missing package or network never stops training), and
-drives a live tqdm bar. ``close`` writes ``progress.png`` and ``summary.json``. A full disk
+drives a live tqdm bar. Held-out points (``eval.*``, ``loop.heldout_eval``) are records of their
+own in the same file, marked ``"kind": "heldout"`` (``is_heldout``; readers of training steps
+skip them). ``close`` writes ``progress.png`` and ``summary.json``. A full disk
 stops none of it: the jsonl and TensorBoard writers log once and retry at the next record
 (``metric_writers``), and ``close`` says what it could not write instead of raising.
 """
@@ -33,6 +35,7 @@ from megatron_darl.step.stats import CACHE_SOURCES, StepStats
 log = logging.getLogger(__name__)
 HISTOGRAMS = ("staleness_hist", "selected_hist")
 SUPERSEDED = "metrics.superseded.jsonl"  # records of steps a resume ran again, never deleted
+HELDOUT_KIND = "heldout"  # ``kind`` of a held-out point's record in metrics.jsonl (training records have none)
 
 
 def _ratio(num: float, den: float, empty: float = 0.0) -> float:
@@ -164,8 +167,12 @@ class MetricsLogger:
         self.path = self.run_dir / "metrics.jsonl"
         self.start_step = start_step
         rows = read_metrics(self.path) if self.path.exists() else None
-        self.history = [r for r in rows or [] if int(r["step"]) < start_step]  # earlier steps (a resume)
-        self._again = [r for r in rows or [] if int(r["step"]) >= start_step]  # steps run again
+        kept = [r for r in rows or [] if _kept(r, start_step)]  # earlier steps (a resume), in file order
+        self._kept = kept  # what the first new record leaves in the file (the resume's rewrite)
+        self.history = [r for r in kept if not is_heldout(r)]  # training steps
+        self.heldout = [r for r in kept if is_heldout(r)]  # held-out points (``log_heldout``)
+        self._again = [r for r in rows or [] if not _kept(r, start_step)]  # steps run again
+        self._last_step = int(self.history[-1]["step"]) if self.history else 0  # W&B's step so far
         self._rewrite = rows is not None  # the file is left as it is until the first new record
         last = self.history[-1] if self.history else {}
         self._wall_offset = float(last.get("wall_seconds", 0.0))
@@ -192,7 +199,7 @@ class MetricsLogger:
                         int(again[0]["step"]), int(again[-1]["step"]), self.start_step, SUPERSEDED)
             self._again = []
         if self._rewrite:
-            old = [r for r in self.history if int(r["step"]) < self.start_step]
+            old = self._kept
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in old))
             os.replace(tmp, self.path)
@@ -235,12 +242,44 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.write(step, record)
         if self._wandb is not None:
+            self._last_step = step
             self._wandb.log({k: v for k, v in record.items() if v is not None}, step=step)
         try:
             self._show(step, record)
         except OSError:  # the bar's stream on a full disk: the log line says it (metric_writers)
             pass
         return record
+
+    def log_heldout(self, point: Mapping[str, Any]) -> dict[str, Any]:
+        """Write one held-out point (``loop.heldout_eval``) as a record of its own: ``kind``
+        ``heldout``, ``step`` = ``version`` = the trainer steps behind the scored weights (the
+        training record of step v-1 reports that version), ``heldout/<benchmark>/avg@n`` and
+        ``pass@k``. TensorBoard plots it at that step; W&B, whose steps only increase, at the
+        latest step, against ``heldout/version``. Not part of ``history`` (training steps)."""
+        from megatron_darl.eval.periodic import point_metrics
+
+        version = int(point["version"])
+        record = {"step": version, "kind": HELDOUT_KIND, "version": version, **point_metrics(point),
+                  "wall_seconds": self._wall_offset + time.monotonic() - self._start}
+        self.heldout.append(record)
+        self._write_jsonl(record)
+        if self._tb is not None:
+            self._tb.write(version, {k: v for k, v in record.items() if k.startswith("heldout")})
+        if self._wandb is not None:
+            try:
+                self._wandb.define_metric("heldout/*", step_metric="heldout/version")
+                self._wandb.log({"heldout/version": version, **{k: v for k, v in record.items()
+                                                                 if k.startswith("heldout/")}},
+                                step=self._last_step)
+            except Exception as exc:  # noqa: BLE001 (W&B never stops training)
+                log.warning("W&B: held-out point of version %d not logged: %s", version, exc)
+        log.info("held-out at version %d: %s", version, describe_point(record))
+        return record
+
+    @property
+    def heldout_versions(self) -> list[int]:
+        """Versions with a held-out point in ``metrics.jsonl`` (a resume does not score them again)."""
+        return [int(r["version"]) for r in self.heldout]
 
     def _write_jsonl(self, record: Mapping[str, Any]) -> None:
         """The record to ``metrics.jsonl``; on a full disk it waits in memory (``metric_writers``)."""
@@ -284,6 +323,9 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
         summary = summarize(self.history, {**self.cfg.extra, **(extra or {})})
+        if self.heldout:
+            summary["heldout"] = [{k: v for k, v in r.items() if k == "version" or k.startswith("heldout")}
+                                  for r in sorted(self.heldout, key=lambda r: r["version"])]
         summary_path = self.run_dir / "summary.json"
         if self._file is None and not self._unopened and summary_path.exists():  # no step made here
             return summary
@@ -301,6 +343,30 @@ class MetricsLogger:
         except OSError as exc:
             log.error("%s not written: %s", summary_path if self.history else self.run_dir, exc)
         return summary
+
+
+def is_heldout(record: Mapping[str, Any]) -> bool:
+    """A held-out point (``MetricsLogger.log_heldout``), not a training step."""
+    return record.get("kind") == HELDOUT_KIND
+
+
+def _kept(record: Mapping[str, Any], start_step: int) -> bool:
+    """Whether a resume at ``start_step`` keeps ``record``: the steps before it, and the held-out
+    points of the versions it restores (up to ``start_step``: the weights of the checkpoint)."""
+    if is_heldout(record):
+        return int(record["version"]) <= start_step
+    return int(record["step"]) < start_step
+
+
+def describe_point(record: Mapping[str, Any]) -> str:
+    """``heldout 0.312 avg@1 (64 prompts)`` per benchmark, for the log and the run's last lines."""
+    parts = []
+    for key, value in record.items():
+        bits = key.split("/")
+        if len(bits) == 3 and bits[0] == "heldout" and bits[2].startswith("avg@") and value is not None:
+            prompts = record.get(f"heldout/{bits[1]}/prompts")
+            parts.append(f"{bits[1]} {value:.3f} {bits[2]}" + (f" ({prompts:.0f} prompts)" if prompts else ""))
+    return ", ".join(parts) or "-"
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ cluster.{master_*,devices,gpus,threads,grace,          allowed         where pro
   rollout_failure,rollout_restarts}, parallel.{backend,timeout_s}
 engine.*, worker.*                                     allowed         how samples are generated; engines
                                                                        get the resumed weights first
+eval.*                                                 allowed         held-out scoring touches no training state
 trainer.micro_batch.*, trainer.{activation_recompute,  allowed         memory and speed only; the checkpoint
   sequence_parallel,grad_reduce_in_fp32,peak_tflops,                   replaces the initial weights and RNG
   init_checkpoint,seed,snapshots}, parallel.seed
@@ -85,6 +86,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
       "parallel.timeout_s"),
      Rule.ALLOWED, "where the processes run, not what they compute"),
     (("engine.", "worker."), Rule.ALLOWED, "how samples are generated (engines get the resumed weights first)"),
+    (("eval.",), Rule.ALLOWED, "which versions are scored on held-out prompts; scoring never touches training state"),
     (("trainer.micro_batch.", "trainer.activation_recompute", "trainer.sequence_parallel",
       "trainer.grad_reduce_in_fp32", "trainer.peak_tflops", "trainer.init_checkpoint", "trainer.seed",
       "trainer.snapshots", "trainer.compile_warmup", "parallel.seed"),

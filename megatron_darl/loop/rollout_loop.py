@@ -73,6 +73,24 @@ def engine_config(cfg: RunConfig):
     return cfg.engine if cfg.engine.model_path else dataclasses.replace(cfg.engine, model_path=cfg.model.path)
 
 
+def heldout_server(cfg: RunConfig, worker_id: int, engine, tokenizer):
+    """The held-out evaluation hook when this worker is ``eval.worker`` of a run with
+    ``eval.benchmarks`` (``loop.heldout_eval``), else None. Its sets are loaded here, once."""
+    if not cfg.eval.enabled or worker_id != cfg.eval.worker:
+        return None
+    from megatron_darl.eval.periodic import harness_config, heldout_sets
+    from megatron_darl.loop.heldout_eval import HeldoutServer
+    from megatron_darl.transport import connect_store
+
+    sets = heldout_sets(cfg.eval, cfg.data, cfg.reward)
+    if sets:
+        log.info("rollout %d: evaluates %s when the trainer asks", worker_id,
+                 ", ".join(f"{name} ({len(records)} prompts)" for name, records in sets.items()))
+    ecfg = harness_config(cfg.eval, cfg.sampling.max_new_tokens, cfg.reward)
+    return HeldoutServer(cfg.eval, sets, engine, tokenizer, ecfg,
+                         lambda: connect_store(cfg.transport.control, who=f"rollout {worker_id} (eval)"))
+
+
 def run_rollout(cfg: RunConfig, worker_id: int) -> int:
     """Entry of one rollout worker (called by ``launch.rollout``): 0 after the trainer's stop flag.
 
@@ -90,18 +108,21 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
     source, num_prompts = build_prompt_source(cfg, tokenizer, worker_id, int(hf["max_position_embeddings"]))
     engine = build_engine(engine_cfg)
+    evaluator = heldout_server(cfg, worker_id, engine, tokenizer)
     timeline.mark("engine_ready")
     if cfg.worker.initial_version >= 0:  # the engine loaded the policy's own weights: version 0
         timeline.mark("first_weights")
     try:
         worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
                                engine, source, cfg.sampling, get_reward_fn(cfg.data.task, cfg.reward),
-                               lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                               lambda ids: tokenizer.decode(ids, skip_special_tokens=True), on_version=evaluator)
         resume_position(cfg, worker, worker_id, num_prompts)
         code = worker.run()
         log.info("rollout %d: exit %d after %d groups sent; last weights version loaded %d",
                  worker_id, code, worker.groups_sent, worker.weights_version)
     finally:
+        if evaluator is not None:
+            evaluator.close()
         engine.close()
     if code:
         raise RolloutAborted(code, worker.exit_reason)

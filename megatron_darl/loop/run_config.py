@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from megatron_darl.data.config import DataConfig
+from megatron_darl.eval.periodic import PeriodicEvalConfig
 from megatron_darl.loop.config import LoopConfig, ModelConfig, density_temperature
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.loop.warmstart import WarmStartConfig
@@ -120,6 +121,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # TP/PP layout
     transport: TransportConfig = field(default_factory=lambda: _transport(8, 2))  # B, eta
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # local process layout
+    eval: PeriodicEvalConfig = field(default_factory=PeriodicEvalConfig)  # held-out points while training
 
     def __post_init__(self) -> None:
         check_consistent(self)
@@ -152,6 +154,9 @@ def check_consistent(cfg: RunConfig) -> None:
         if va != vb:
             raise ValueError(f"{a}={va} must equal {b}={vb}")
     _check_sampling(cfg.sampling)
+    if cfg.eval.enabled and cfg.eval.worker >= cfg.cluster.rollout_workers:
+        raise ValueError(f"eval.worker={cfg.eval.worker} must be below cluster.rollout_workers="
+                         f"{cfg.cluster.rollout_workers} (the rollout worker that evaluates)")
     mp = cfg.parallel.tp * cfg.parallel.pp
     if cfg.cluster.trainer_ranks % mp:
         raise ValueError(f"cluster.trainer_ranks={cfg.cluster.trainer_ranks} is not a multiple of "

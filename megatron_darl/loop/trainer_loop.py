@@ -40,6 +40,8 @@ import torch
 
 from megatron_darl import timeline
 from megatron_darl.loop.checkpoint_policy import RunCheckpoints, newest_checkpoint
+from megatron_darl.eval.periodic import planned
+from megatron_darl.loop.heldout_eval import HeldoutRequests
 from megatron_darl.loop.endpoints import (
     Backlog, Received, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
     wait_for_workers, worker_health,
@@ -99,11 +101,14 @@ class TrainerLoop:
         self.made = torch.zeros(workers, dtype=torch.int64)
         self.step_groups = torch.zeros(workers, dtype=torch.int64)  # per worker groups received this step
         self.start_step = self._maybe_resume()
+        self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
+        self.heldout = (HeldoutRequests(cfg.eval, cfg.loop.steps, endpoints.store, self.logger.heldout_versions)
+                        if ps.rank == 0 and planned(cfg.eval, cfg.data) else None)  # rank 0: held-out points
         if ps.rank == 0:
             if self.start_step > 0:
                 seed_store(endpoints.store, self.base_received, self.base_made.tolist())
+            self._request_heldout()  # the version the workers start from (before they may load it)
             mark_ready(endpoints.store)
-        self.logger = MetricsLogger(cfg.loop, run_config, self.start_step) if ps.rank == 0 else None
         self.stop = _StopFlag()
         self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
         self.sync: SyncReport | None = None  # the last weight sync that finished (stage leaders)
@@ -253,12 +258,22 @@ class TrainerLoop:
         result = self.runner.train(plan, clock)
         if self._diverged(step, result):
             return False
+        self._request_heldout()  # before the publish: the worker checks as it loads the version
         self._publish()
         clock.lap("publish_seconds")
         if self.planner is not None:  # the hub: end the step, log it
             self.planner.evict(self.trainer.version, plan.stats)
             self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
+        if self.heldout is not None:
+            for point in self.heldout.poll():
+                self.logger.log_heldout(point)
         return True
+
+    def _request_heldout(self) -> None:
+        """Rank 0: ask the evaluating worker for the current version when it is due
+        (``loop.heldout_eval``: never waits here)."""
+        if self.heldout is not None:
+            self.heldout.request(self.trainer.version)
 
     def _diverged(self, step: int, result: StepResult) -> bool:
         """A loss, gradient norm or weight norm that is NaN/Inf stops the run before the weights it
@@ -364,6 +379,10 @@ class TrainerLoop:
         if self.ps.rank == 0:  # past the last collective: the other ranks may leave before rank 0
             for r in range(1, self.ps.world_size):
                 self.ep.heartbeat.unwatch(TRAINER, r)
+        if self.heldout is not None:  # the points still out (the final version's), each bounded
+            worker, wait = self.cfg.eval.worker, not self.fatal and self.stop.signum is None
+            for point in self.heldout.drain(wait, lambda: self.ep.heartbeat.is_alive(WORKER, worker)):
+                self.logger.log_heldout(point)
         if self.logger is not None:
             self.logger.close({"variant": self.cfg.algorithm.variant, "final_version": self.trainer.version})
         if self.ps.rank == 0:

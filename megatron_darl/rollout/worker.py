@@ -131,13 +131,14 @@ class RolloutWorker:
 
     Args:
         decode: token ids -> response text for ``reward_fn`` (the tokenizer's decode).
+        on_version: called with each version the engine loads, at a safe point (generation resumed).
         reward_fn: ``reward_fn(record, response_text) -> float``; any callable.
     """
 
     def __init__(
         self, cfg: RolloutWorkerConfig, transport: TransportConfig, engine: Engine | StreamingEngine,
         prompts: PromptSource, sampling: SamplingConfig, reward_fn: RewardFn,
-        decode: Callable[[list[int]], str],
+        decode: Callable[[list[int]], str], on_version: Callable[[int], None] | None = None,
     ) -> None:
         if cfg.worker_id >= transport.control.num_workers:
             raise ValueError(
@@ -145,6 +146,7 @@ class RolloutWorker:
             )
         self.cfg, self.transport, self.engine, self.prompts = cfg, transport, engine, prompts
         self.sampling, self.reward_fn, self.decode = sampling, reward_fn, decode
+        self.on_version = on_version  # called at a safe point with each version the engine loads
         self.me = MemberInfo.here(WORKER, cfg.worker_id)
         self.groups_made = 0  # local group counter (folded into group ids)
         self.groups_sent = 0  # groups posted to hubs by this process
@@ -231,6 +233,7 @@ class RolloutWorker:
                                   gpu=device_uuid(engine_device) if isinstance(engine_device, torch.device) else None)
         stream = as_stream(self.engine, self.cfg.chunk_tokens)
         stream.resume(receiver.version)
+        self._loaded(receiver.version)
         pending: list[_Pending] = []
 
         def safe_point() -> None:
@@ -288,8 +291,18 @@ class RolloutWorker:
         stream.resume(receiver.version)
         if self.weights_version < 0 <= receiver.version:  # a resumed run's first weights
             timeline.mark("first_weights")
+        changed = receiver.version != self.weights_version
         self.weights_version = receiver.version
         self.sync_seconds += time.monotonic() - start
+        if changed:
+            self._loaded(receiver.version)
+
+    def _loaded(self, version: int) -> None:
+        """The engine holds ``version`` (resumed, at a safe point): the ``on_version`` hook's turn
+        (the held-out evaluation of ``loop.heldout_eval``: engine calls outside the stream, never
+        samples, staleness reservations or groups)."""
+        if self.on_version is not None and version >= 0:
+            self.on_version(version)
 
     def _admit(self, gate: StalenessGate, stream: StreamingEngine, receiver: WeightReceiver) -> int:
         """Submit groups while fewer than ``batch_limit`` are in flight and the bound allows; a

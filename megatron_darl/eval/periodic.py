@@ -1,0 +1,198 @@
+"""Held-out evaluation while training: which versions are scored, on which prompts, and how.
+
+Why inside the run: ``eval/heldout.py`` scores a run's checkpoints afterwards, which needs a
+checkpoint per point and a second model build. A run with ``eval.benchmarks`` set scores its own
+versions as it goes, on a rollout engine that already holds them (``loop/heldout_eval.py`` carries
+the requests and results over the control store), so the curve costs only the generations.
+
+This module is the pure part: ``PeriodicEvalConfig`` (the ``eval.*`` keys), ``is_due`` (the
+schedule), ``heldout_sets`` (benchmark names -> prompt records) and ``score_version`` (one point:
+every set through ``harness.evaluate_benchmark``). Benchmark names are those of
+``configs/eval/benchmarks.yaml`` plus ``heldout``: the run's own generated task, held out:
+
+- ``data.task=builtin``: prompts drawn with the next seed that the training set does not
+  contain (the arithmetic task has only ~4k distinct problems, so most of another seed's draws
+  are training prompts and are dropped);
+- ``data.task=countdown``: its hash-held-out ``split=test``;
+- a file dataset has no held-out split: ``heldout`` is skipped there (one log line), so the
+  default config stays valid for every dataset; name a benchmark instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron_darl.eval.harness import BenchmarkResult, EvalConfig, check_limit, evaluate_benchmark, take_limit
+
+log = logging.getLogger(__name__)
+HELDOUT = "heldout"  # the run's own generated task, held out
+REPO = Path(__file__).resolve().parents[2]
+TABLE = REPO / "configs" / "eval" / "benchmarks.yaml"
+
+
+@dataclass
+class PeriodicEvalConfig:
+    """``eval.*``: held-out evaluation of the run's versions (docs/guide.md, Validation while training)."""
+
+    benchmarks: list[str] = field(default_factory=list)  # "heldout" and/or configs/eval/benchmarks.yaml names; [] = off
+    every_n_steps: int = 0  # also score version v when v % N == 0; 0 = only at start and end
+    at_start: bool = True  # score version 0 (the initial policy) of a fresh run
+    at_end: bool = True  # score the final version (after loop.steps steps)
+    limit: float = 64  # prompts per benchmark: a count N >= 1, a fraction in (0, 1), or -1 for all
+    n: int = 1  # samples per prompt (avg@n; pass@k up to n)
+    temperature: float = 0.0  # 0 = greedy
+    ks: list[int] = field(default_factory=list)  # pass@k values (each <= n); [] = powers of 2 and n
+    max_new_tokens: int = 0  # response length limit; 0 = sampling.max_new_tokens
+    batch_prompts: int = 64  # prompts per engine.generate call
+    seed: int = 0  # sampling seed (the same for every version)
+    worker: int = 0  # the rollout worker that evaluates (with its engine, between its generations)
+    timeout_s: float = 600.0  # the trainer's longest wait for a version's result; a late one is named, skipped
+
+    def __post_init__(self) -> None:
+        if len(set(self.benchmarks)) != len(self.benchmarks):
+            raise ValueError(f"eval.benchmarks={self.benchmarks}: a benchmark is named twice")
+        for name, ok, rule in (("every_n_steps", self.every_n_steps >= 0, ">= 0 (0: start and end only)"),
+                               ("n", self.n >= 1, ">= 1"), ("temperature", self.temperature >= 0, ">= 0 (0: greedy)"),
+                               ("max_new_tokens", self.max_new_tokens >= 0, ">= 0 (0: sampling.max_new_tokens)"),
+                               ("batch_prompts", self.batch_prompts >= 1, ">= 1"), ("worker", self.worker >= 0, ">= 0"),
+                               ("timeout_s", self.timeout_s > 0, "> 0")):
+            if not ok:
+                raise ValueError(f"eval.{name}={getattr(self, name)} must be {rule}")
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError(f"eval.n={self.n} with eval.temperature=0: greedy samples are all the same; "
+                             "set eval.temperature > 0 or eval.n=1")
+        bad = [k for k in self.ks if not 1 <= k <= self.n]
+        if bad:
+            raise ValueError(f"eval.ks={self.ks}: every k must be in [1, eval.n={self.n}]")
+        check_limit(self.limit, "eval.limit")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.benchmarks)
+
+
+def is_due(cfg: PeriodicEvalConfig, version: int, final: bool) -> bool:
+    """Whether ``version`` is scored: 0 (``at_start``), the final one (``at_end``), every N-th."""
+    if not cfg.enabled:
+        return False
+    return ((version == 0 and cfg.at_start) or (final and cfg.at_end)
+            or (cfg.every_n_steps > 0 and version % cfg.every_n_steps == 0))
+
+
+def known_benchmarks(table: Path = TABLE) -> list[str]:
+    """Every name ``eval.benchmarks`` accepts."""
+    from megatron_darl.eval.benchmarks import load_benchmark_table
+
+    return [HELDOUT, *load_benchmark_table(table)]
+
+
+def check_benchmarks(cfg: PeriodicEvalConfig, table: Path = TABLE) -> None:
+    """Every name is known and its file is there (``ValueError`` / ``FileNotFoundError`` naming the key)."""
+    known = known_benchmarks(table)
+    for name in cfg.benchmarks:
+        if name not in known:
+            raise ValueError(f"eval.benchmarks: {name!r} is not a benchmark; known: {', '.join(known)} "
+                             f"(configs/eval/benchmarks.yaml)")
+        if name != HELDOUT:
+            try:
+                _benchmark_data(name, table)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"eval.benchmarks: {err}") from None
+
+
+def planned(cfg: PeriodicEvalConfig, data) -> list[str]:
+    """The benchmarks a run with ``data`` evaluates: ``eval.benchmarks`` less a ``heldout`` its
+    dataset has none of (the trainer asks for points only when this is not empty)."""
+    return [n for n in cfg.benchmarks if n != HELDOUT or heldout_data(data) is not None]
+
+
+def _benchmark_data(name: str, table: Path):
+    from megatron_darl.data.locations import benchmark_home
+    from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
+
+    bench = load_benchmark_table(table)[name]
+    return resolve_benchmark(name, bench, REPO / "configs" / "data", benchmark_home())
+
+
+def heldout_data(data) -> Any:
+    """The ``DataConfig`` of ``heldout`` for the run's ``data``, or None when it has no held-out split."""
+    if data.source != "builtin":
+        return None
+    if data.task == "countdown":
+        return dataclasses.replace(data, name=HELDOUT, countdown=dataclasses.replace(data.countdown, split="test"))
+    return dataclasses.replace(data, name=HELDOUT, builtin=dataclasses.replace(data.builtin, seed=data.builtin.seed + 1))
+
+
+def _heldout_records(data, limit: float) -> list:
+    """The held-out prompts of the run's generated task (see the module docstring)."""
+    from megatron_darl.data.loaders import load_dataset
+
+    records = load_dataset(heldout_data(data)).records
+    if data.task == "builtin":  # drop every problem the run trains on, and repeats
+        seen = {r.prompt for r in load_dataset(data).records}
+        unseen = []
+        for r in records:
+            if r.prompt not in seen:
+                seen.add(r.prompt)
+                unseen.append(r)
+        records = unseen
+    return take_limit(records, limit)
+
+
+def heldout_sets(cfg: PeriodicEvalConfig, data, reward=None) -> dict[str, list]:
+    """``{benchmark: its first eval.limit prompt records}``; ``heldout`` left out (logged) for a
+    file dataset. Raises ``ValueError`` when a set has no prompts."""
+    from megatron_darl.data.loaders import load_dataset
+    from megatron_darl.rewards import reference_check
+
+    sets = {}
+    for name in cfg.benchmarks:
+        if name == HELDOUT:
+            if heldout_data(data) is None:
+                log.info("eval: data=%s (a file) has no held-out split: 'heldout' skipped; name a benchmark "
+                         "of configs/eval/benchmarks.yaml in eval.benchmarks instead", data.name)
+                continue
+            records = _heldout_records(data, cfg.limit)
+        else:
+            bench = _benchmark_data(name, TABLE)
+            records = take_limit(load_dataset(bench, reference_check(bench.task, reward)).records, cfg.limit)
+        if not records:
+            raise ValueError(f"eval.benchmarks: {name!r} has no prompts to evaluate")
+        sets[name] = records
+    return sets
+
+
+def harness_config(cfg: PeriodicEvalConfig, max_new_tokens: int, reward=None) -> EvalConfig:
+    """The harness's settings for one version (the sets are already limited)."""
+    kwargs = {"reward": reward} if reward is not None else {}
+    return EvalConfig(n=cfg.n, ks=list(cfg.ks), temperature=cfg.temperature, top_p=1.0,
+                      max_new_tokens=cfg.max_new_tokens or max_new_tokens, seed=cfg.seed,
+                      batch_prompts=cfg.batch_prompts, limit=-1, score_workers=1, progress=False, **kwargs)
+
+
+def score_version(version: int, sets: dict[str, list], engine, tokenizer, ecfg: EvalConfig) -> dict[str, Any]:
+    """One point: ``{"version", "seconds", "results": {benchmark: BenchmarkResult as a dict}}``."""
+    start = time.monotonic()
+    results: dict[str, BenchmarkResult] = {
+        name: evaluate_benchmark(name, records, engine, tokenizer, ecfg) for name, records in sets.items()}
+    return {"version": version, "seconds": time.monotonic() - start,
+            "results": {name: asdict(r) for name, r in results.items()}}
+
+
+def point_metrics(point: dict[str, Any]) -> dict[str, float]:
+    """The logged scalars of a point: ``heldout/<benchmark>/avg@<n>``, ``.../pass@k``, lengths."""
+    out: dict[str, float] = {}
+    for name, r in point.get("results", {}).items():
+        prefix = f"heldout/{name}"
+        out[f"{prefix}/avg@{r['n']}"] = float(r["avg_at_n"])
+        out |= {f"{prefix}/{k}": float(v) for k, v in r["pass_at_k"].items()}
+        out[f"{prefix}/prompts"] = float(r["num_prompts"])
+        out[f"{prefix}/mean_response_tokens"] = float(r["mean_response_tokens"])
+        out[f"{prefix}/truncated_fraction"] = float(r["truncated_fraction"])
+    out["heldout_seconds"] = float(point.get("seconds", 0.0))
+    return out
