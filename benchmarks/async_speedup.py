@@ -111,6 +111,7 @@ def run_once(variant: str, seed: int, cluster: str, args, run_dir: Path, fresh: 
         raise RuntimeError(f"{variant} seed {seed} on {cluster} failed ({proc.returncode}):\n"
                            + proc.stdout[-2000:] + proc.stderr[-2000:])
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("kind") != "heldout"]  # training steps only (eval.* points)
     return {"rows": rows, "launch_seconds": time.monotonic() - start}
 
 

@@ -232,6 +232,7 @@ def read_run(run_dir: Path, wall_seconds: float) -> RunResult:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (the run logged no step)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("kind") != "heldout"]  # training steps only (eval.* points)
     if not rows:
         raise ValueError(f"{path}: no step rows")
     timeline = run_dir / "launch_timeline.json"

@@ -58,7 +58,8 @@ def run_rule(rule: str, a: argparse.Namespace, run_dir: Path) -> list[dict]:
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{rule} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("kind") != "heldout"]  # training steps only (eval.* points)
 
 
 def audit_summary(rows: list[dict]) -> dict:

@@ -82,6 +82,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise ReportError(f"{path} line {lineno}: not valid JSON ({err.msg})") from None
+        if row.get("kind") == "heldout":  # a held-out point (eval.*), not a step
+            continue
         missing = [k for k in REQUIRED if not isinstance(row.get(k), (int, float))]
         if missing:
             raise ReportError(f"{path} line {lineno}: no numeric {', '.join(missing)}")

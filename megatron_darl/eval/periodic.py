@@ -43,7 +43,7 @@ class PeriodicEvalConfig:
     every_n_steps: int = 0  # also score version v when v % N == 0; 0 = only at start and end
     at_start: bool = True  # score version 0 (the initial policy) of a fresh run
     at_end: bool = True  # score the final version (after loop.steps steps)
-    limit: float = 64  # prompts per benchmark: a count N >= 1, a fraction in (0, 1), or -1 for all
+    limit: float = 256  # prompts per benchmark: a count N >= 1, a fraction in (0, 1), or -1 for all
     n: int = 1  # samples per prompt (avg@n; pass@k up to n)
     temperature: float = 0.0  # 0 = greedy
     ks: list[int] = field(default_factory=list)  # pass@k values (each <= n); [] = powers of 2 and n
@@ -77,11 +77,11 @@ class PeriodicEvalConfig:
 
 
 def is_due(cfg: PeriodicEvalConfig, version: int, final: bool) -> bool:
-    """Whether ``version`` is scored: 0 (``at_start``), the final one (``at_end``), every N-th."""
+    """Whether ``version`` is scored: 0 (``at_start``), the final one (``at_end``), every N-th after 0."""
     if not cfg.enabled:
         return False
     return ((version == 0 and cfg.at_start) or (final and cfg.at_end)
-            or (cfg.every_n_steps > 0 and version % cfg.every_n_steps == 0))
+            or (cfg.every_n_steps > 0 and version > 0 and version % cfg.every_n_steps == 0))
 
 
 def known_benchmarks(table: Path = TABLE) -> list[str]:
@@ -145,8 +145,8 @@ def _heldout_records(data, limit: float) -> list:
 
 
 def heldout_sets(cfg: PeriodicEvalConfig, data, reward=None) -> dict[str, list]:
-    """``{benchmark: its first eval.limit prompt records}``; ``heldout`` left out (logged) for a
-    file dataset. Raises ``ValueError`` when a set has no prompts."""
+    """``{benchmark: its first eval.limit prompt records}``, ``heldout`` under the dataset's name
+    (``data.name``) and left out (logged) for a file dataset. Raises ``ValueError`` when a set has no prompts."""
     from megatron_darl.data.loaders import load_dataset
     from megatron_darl.rewards import reference_check
 
@@ -163,7 +163,8 @@ def heldout_sets(cfg: PeriodicEvalConfig, data, reward=None) -> dict[str, list]:
             records = take_limit(load_dataset(bench, reference_check(bench.task, reward)).records, cfg.limit)
         if not records:
             raise ValueError(f"eval.benchmarks: {name!r} has no prompts to evaluate")
-        sets[name] = records
+        key = data.name if name == HELDOUT and data.name not in cfg.benchmarks else name
+        sets[key] = records  # heldout's points are named after the task: heldout/builtin/avg@1
     return sets
 
 
