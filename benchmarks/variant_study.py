@@ -80,26 +80,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.async_speedup import SIZES, load_partial, mean_std, run_once, save_partial  # noqa: E402
 from benchmarks.record import device_name, print_table, write_result  # noqa: E402
 from megatron_darl.eval.heldout import list_checkpoints  # noqa: E402
+from tools.variant_report import t_interval  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-# case -> (configs/algorithm preset, extra overrides, the preset's window K)
-CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
+# case -> (configs/algorithm preset, extra overrides, its window K: an int, or None for eta + 1)
+CASES: dict[str, tuple[str, tuple[str, ...], int | None]] = {
     "sync": ("sync", (), 1),
-    "async": ("async", ("algorithm.score=oldest",), 3),
-    "async_is": ("async_is", ("algorithm.score=oldest",), 3),
-    "decoupled": ("decoupled", ("algorithm.score=oldest", "algorithm.mis.cap_mode=mask",
-                                "algorithm.mis.clip=2.0"), 3),
+    # the queue baselines train each group once, oldest first; their window holds every version
+    # the bound lets the worker run ahead (K = eta + 1), else groups leave it untrained
+    "async": ("async", ("algorithm.score=oldest",), None),
+    "async_is": ("async_is", ("algorithm.score=oldest",), None),
+    "decoupled": ("decoupled", ("algorithm.score=oldest",), None),  # the preset: AReaL's masked cap
     "darl": ("darl", (), 4),
-    "darl_nofilter": ("darl_nofilter", (), 4),
-    "darl_nomis": ("darl_nomis", (), 4),
     "darl_once": ("darl_once", (), 4),  # D-ARL without replay
+    "darl_nomis": ("darl_nomis", (), 4),
+    "darl_nofilter": ("darl_nofilter", (), 4),
+    "darl_keta": ("darl", (), None),  # D-ARL with the window of the bound, K = eta + 1
     # diagnostics of the corrections (not in the default plan): the decoupled objective without
     # its behavior weights (PPO ratio against pi_t on the stale queue); D-ARL with replay capped
     # at two selections per group
-    "async_prox": ("sync", ("algorithm.score=oldest",), 1),
+    "async_prox": ("sync", ("algorithm.score=oldest",), None),
     "darl_twice": ("darl", ("replay.max_replays=2",), 4),
 }
-DEFAULT_CASES = ("sync", "async", "async_is", "decoupled", "darl", "darl_nofilter", "darl_nomis")
+DEFAULT_CASES = ("sync", "async", "decoupled", "darl", "darl_once", "darl_nomis", "darl_nofilter", "darl_keta")
 TRAIN_KEYS = ("reward_mean", "staleness_mean", "selected_mean", "times_selected_max", "weight_ess",
               "weight_clip_frac", "weight_mean_pos", "weight_mean_neg", "weight_clip_frac_pos", "weight_clip_frac_neg",
               "clip_frac_low", "clip_frac_high", "selected_score_mean", "mean_ratio")
@@ -118,18 +121,24 @@ def plan_runs(cases: list[str], etas: list[int], seeds: list[int]) -> list[tuple
 
 def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
     """The algorithm preset of a case and the Hydra overrides of its run."""
-    preset, extra, k = CASES[case]
+    preset, extra, _ = CASES[case]
     b = args.groups
     per_call = b * (eta + 1) if args.rollout_batch == "window" else b
-    out = [f"algorithm.max_staleness={eta}", f"replay.k={max(k, eta + 1)}", *extra,
+    out = [f"algorithm.max_staleness={eta}", f"replay.k={window_k(case, eta)}", *extra,
            f"algorithm.ppo_minibatches={args.minibatches}", f"algorithm.group_size={args.group_size}",
            f"worker.groups_per_batch={per_call}", f"sampling.max_new_tokens={args.max_new_tokens}",
            f"data={args.data}", *args.data_overrides_prefixed, f"model.path={args.model_path}",
            f"loop.checkpoint_interval={args.eval_every}", "loop.keep_checkpoints=0",  # each is scored
-           "loop.receive_timeout_s=1200",
-           "replay.drop_degenerate=false",  # else the backlog is dead groups: no staleness (docstring)
+           "loop.receive_timeout_s=1200", f"replay.drop_degenerate={str(not args.keep_degenerate).lower()}",
            *args.overrides]
     return preset, out
+
+
+def window_k(case: str, eta: int) -> int:
+    """The window K of a case at max staleness ``eta``: the preset's (D-ARL's 4, sync's 1), or
+    ``eta + 1`` for the queue baselines and ``darl_keta``."""
+    k = CASES[case][2]
+    return eta + 1 if k is None else k
 
 
 def evaluate_run(run_dir: Path, args, devices: list[int]) -> list[dict]:
@@ -185,13 +194,17 @@ def summarize(rows: list[dict], points: list[dict], target: float, per_step: int
             train.append({"step": step, **_interval_means(rows, prev, step)})
             prev = step
     reached = next((c for c in curve if c[3] >= target), None)
-    selected = [r["selected_mean"] for r in rows if isinstance(r.get("selected_mean"), (int, float))]
+    # realized staleness: over the groups trained (a step that trained none has a mean of 0.0)
+    trained = [(r["selected_mean"], r.get("groups_selected", 1.0)) for r in rows
+               if isinstance(r.get("selected_mean"), (int, float)) and r.get("groups_selected", 1.0)]
+    groups = sum(n for _, n in trained)
     return {"curve": curve, "train": train, "final_accuracy": curve[-1][3],
             "initial_accuracy": curve[0][3], "samples_to_target": reached[1] if reached else None,
             "steps": len(rows), "samples_generated": rows[-1]["samples_generated"],
             "samples_trained": rows[-1].get("samples_trained"),
             "wall_seconds": rows[-1]["wall_seconds"] - rows[0]["wall_seconds"],
-            "staleness_mean": statistics.fmean(selected) if selected else None,
+            "staleness_mean": sum(v * n for v, n in trained) / groups if groups else None,
+            "groups_trained_per_step": groups / len(rows) if rows and "groups_selected" in rows[-1] else None,
             "train_reward_last": statistics.fmean(r["reward_mean"] for r in rows[-max(1, len(rows) // 10):])}
 
 
@@ -204,9 +217,12 @@ def aggregate(done: dict[str, dict], plan: list[tuple[str, int, int]]) -> tuple[
         m = {key: mean_std([r[key] for r in runs]) for key in
              ("final_accuracy", "samples_to_target", "wall_seconds", "staleness_mean",
               "initial_accuracy", "train_reward_last")}
-        metrics[f"{case}_eta{eta}"] = {**m, "variant": case, "max_staleness": eta, "runs": runs}
-        table.append({"case": case, "eta": eta, "final_acc": m["final_accuracy"]["mean"],
-                      "+-": m["final_accuracy"]["std"], "to_target": m["samples_to_target"]["mean"],
+        m["groups_trained_per_step"] = mean_std([r.get("groups_trained_per_step") for r in runs])
+        ci = t_interval([r["final_accuracy"] for r in runs])
+        metrics[f"{case}_eta{eta}"] = {**m, "final_accuracy_ci95": ci, "variant": case, "max_staleness": eta,
+                                       "window_k": window_k(case, eta), "runs": runs}
+        table.append({"case": case, "eta": eta, "K": window_k(case, eta), "final_acc": m["final_accuracy"]["mean"],
+                      "ci95+-": ci["half"], "to_target": m["samples_to_target"]["mean"],
                       "reached": f"{m['samples_to_target']['n']}/{m['samples_to_target']['of']}",
                       "staleness": m["staleness_mean"]["mean"], "wall_s": m["wall_seconds"]["mean"]})
     return metrics, table
@@ -244,8 +260,8 @@ def weights_digest(model_dir: Path) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", default=",".join(DEFAULT_CASES), help=f"cases among {', '.join(CASES)}")
-    p.add_argument("--staleness", default="1,2,4,8", help="max staleness values (eta) of the async cases")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--staleness", default="1,4,8", help="max staleness values (eta) of the async cases")
+    p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--steps", type=int, default=300, help="trainer steps per run (the sample budget)")
     p.add_argument("--groups", type=int, default=16, help="groups per step B")
     p.add_argument("--group-size", type=int, default=8, help="responses per group G")
@@ -254,6 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--rollout-batch", choices=("window", "step"), default="window",
                    help="groups per engine call: (eta+1)*B (staleness realized) or B")
+    p.add_argument("--keep-degenerate", action="store_true",
+                   help="replay.drop_degenerate=false in every run (the spec drops them; the studies "
+                        "before issue 39 kept them)")
     p.add_argument("--data", default="countdown", help="configs/data preset of a generated task")
     p.add_argument("--data-set", action="append", default=[], dest="data_overrides",
                    help="data KEY=VALUE override, e.g. countdown.max_numbers=7 (train and test)")
@@ -295,6 +314,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="write the record of the plan's runs that --partial holds and name the others "
                         "(config.left_out); fits and runs nothing: a study cut short by a device "
                         "budget or a Slurm time limit still reports what finished")
+    p.add_argument("--more-partials", type=Path, action="append", default=[], metavar="FILE",
+                   help="with --record-finished: a further partial file (one per device call, each with "
+                        "its own warm start) whose runs join the record; repeat it per file")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = p.parse_args(argv)
     args.data_overrides_prefixed = [f"data.{o}" for o in args.data_overrides]
@@ -305,14 +327,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--runs-per-gpu must be >= 1")
     if args.metric == "sampled" and args.eval_samples < 1:
         p.error("--metric sampled needs --eval-samples >= 1")
-    if args.record_finished and (args.partial is None or not args.partial.exists()):
-        p.error(f"--record-finished reads the runs from --partial, and {args.partial} does not exist")
+    missing = [f for f in [args.partial, *args.more_partials] if f is None or not f.exists()]
+    if args.record_finished and missing:
+        p.error(f"--record-finished reads the runs from --partial and --more-partials; missing: {missing}")
+    if args.more_partials and not args.record_finished:
+        p.error("--more-partials is read by --record-finished only")
     return args
 
 
 def settings(args, ws_key: str) -> dict:
     """What makes two runs comparable: a partial file only mixes runs made under these."""
-    keys = ("steps", "groups", "group_size", "minibatches", "lr", "max_new_tokens", "rollout_batch",
+    keys = ("steps", "groups", "group_size", "minibatches", "lr", "max_new_tokens", "rollout_batch", "keep_degenerate",
             "data", "data_overrides", "eval_every", "test_prompts", "eval_samples", "eval_temperature",
             "metric",
             "size", "cluster", "overrides")
@@ -403,6 +428,29 @@ def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dic
     return failed + [f"{c}_eta{e}_s{s}" for c, e, s in todo]
 
 
+def finished_runs(args) -> tuple[dict[str, dict], str, dict]:
+    """The runs of ``--partial`` and ``--more-partials``, the device they ran on and the record's
+    settings. Each file may hold its own warm start (a device call on a fresh machine fits one:
+    a seed block per call), named in each of its runs (``warmstart``) and listed in the settings;
+    every other setting, and the device, must agree, and no run may be in two files."""
+    done, device, keys = {}, None, []
+    for path in [args.partial, *args.more_partials]:
+        saved = json.loads(path.read_text())
+        key = saved.get("config", {}).get("warmstart", "")
+        got = load_partial(path, settings(args, key))
+        if not saved.get("device"):  # this machine's name would mislabel runs made on the GPU machine
+            raise SystemExit(f'{path}: names no device its runs ran on (written before partial files '
+                             'did); add "device": "<torch.cuda.get_device_name(0) there, or cpu>" to it')
+        if device is not None and saved["device"] != device:
+            raise SystemExit(f"{path}: its runs ran on {saved['device']}, the others on {device}")
+        if set(got) & set(done):
+            raise SystemExit(f"{path}: runs {sorted(set(got) & set(done))} are in an earlier partial file too")
+        done.update({name: {**run, "warmstart": run.get("warmstart", key)} for name, run in got.items()})
+        device = saved["device"]
+        keys += [key] if key not in keys else []
+    return done, device, settings(args, keys[0] if len(keys) == 1 else keys)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     plan = plan_runs(args.variants.split(","), [int(e) for e in args.staleness.split(",") if e],
@@ -410,13 +458,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.seed_major:  # every case of seed 0 first: a call cut short still compares the cases
         plan.sort(key=lambda run: run[2])
     device, left_out = None, []
-    if args.record_finished:  # the partial file names its warm start; the settings must match it
-        saved = json.loads(args.partial.read_text())
-        run_config = settings(args, saved.get("config", {}).get("warmstart", ""))
-        done, device = load_partial(args.partial, run_config), saved.get("device")
-        if not device:  # this machine's name would mislabel runs made on the GPU machine
-            raise SystemExit(f'{args.partial}: names no device its runs ran on (written before partial files '
-                             'did); add "device": "<torch.cuda.get_device_name(0) there, or cpu>" to it')
+    if args.record_finished:  # each partial file names its warm start; the other settings must match
+        done, device, run_config = finished_runs(args)
         left_out = [f"{c}_eta{e}_s{s}" for c, e, s in plan if f"{c}_eta{e}_s{s}" not in done]
         plan = [(c, e, s) for c, e, s in plan if f"{c}_eta{e}_s{s}" in done]
         if not plan:

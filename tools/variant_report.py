@@ -68,6 +68,39 @@ def _spread(per_run: list[float | None]) -> dict:
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values), "of": len(per_run)}
 
 
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(values: list[float | None]) -> dict:
+    """Mean and two-sided 95% t-interval over the runs with a value: ``mean``, ``lo``, ``hi``,
+    ``half`` (the half-width; None for fewer than two values), ``n`` of ``of``. Past 30 degrees of
+    freedom the quantile is 1.96 + 2.4 / df (within 0.003 of the exact one)."""
+    got = [v for v in values if v is not None]
+    out = {"mean": statistics.fmean(got) if got else None, "lo": None, "hi": None, "half": None,
+           "n": len(got), "of": len(values)}
+    if len(got) > 1:
+        df = len(got) - 1
+        q = _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+        half = q * statistics.stdev(got) / len(got) ** 0.5
+        out.update(lo=out["mean"] - half, hi=out["mean"] + half, half=half)
+    return out
+
+
+def _fmt_ci(ci: dict, digits: int = 3) -> str:
+    if ci.get("mean") is None:
+        return "-"
+    text = f"{ci['mean']:.{digits}f}"
+    return text + (f" [{ci['lo']:.{digits}f}, {ci['hi']:.{digits}f}]" if ci.get("half") is not None else "")
+
+
+def case_name(m: dict) -> str:
+    """The case as the tables name it: ``darl_keta`` (K = eta + 1) as ``darl_k<eta + 1>``."""
+    return f"darl_k{m['max_staleness'] + 1}" if m["variant"] == "darl_keta" else m["variant"]
+
+
 def sync_gain_target(record: dict, share: float = 0.75) -> float | None:
     """The accuracy at ``share`` of sync's mean gain (start to final): a target every record can
     reach, where the study's fixed ``--target`` may lie above every curve. None without a sync case
@@ -86,28 +119,35 @@ def samples_to(m: dict, target: float) -> dict:
 
 
 def accuracy_table(record: dict) -> str:
-    """Final accuracy, samples to targets and realized staleness per case, with the sync gap.
+    """Per case: final accuracy with its 95% t-interval over seeds, the sync gap, samples to 3/4
+    of sync's gain and realized staleness (issue 39's columns), then the rest.
 
-    Two targets: the study's ``--target`` (its column only when some run reached it) and 3/4 of
-    sync's gain (``sync_gain_target``), the sample-efficiency measure that reads on any record."""
+    Two targets: 3/4 of sync's gain (``sync_gain_target``: sync's mean initial accuracy plus 3/4
+    of its mean gain), the sample-efficiency measure that reads on any record, and the study's
+    ``--target`` (its column only when some run reached it)."""
     sync = record["metrics"].get("sync_eta0", {}).get("final_accuracy", {}).get("mean")
     fixed = record["config"].get("target")
     relative = sync_gain_target(record)
     show_fixed = any(m["samples_to_target"]["n"] for m in record["metrics"].values())
-    head = ["case", "max staleness", "seeds", "test acc. start", "test acc. final", "vs sync"]
-    head += [f"samples to {fixed}", "reached"] if show_fixed else []
+    show_k = any("window_k" in m for m in record["metrics"].values())
+    head = ["case", "max staleness", *(["K"] if show_k else []), "seeds", "test acc. start",
+            "test acc. final [95% CI]", "vs sync"]
     head += [f"samples to {relative:.3f} (3/4 of sync's gain)", "reached"] if relative is not None else []
-    head += ["realized staleness", "train reward (last 10%)", "wall s"]
+    head += [f"samples to {fixed}", "reached"] if show_fixed else []
+    show_b = any((m.get("groups_trained_per_step") or {}).get("n") for m in record["metrics"].values())
+    head += ["realized staleness", *(["groups trained / step"] if show_b else []), "train reward (last 10%)", "wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in _cases(record):
-        final = m["final_accuracy"]
+        final = t_interval([r["final_accuracy"] for r in m["runs"]])
         gap = "-" if sync is None or final["mean"] is None or m["variant"] == "sync" else f"{final['mean'] - sync:+.3f}"
-        row = [m["variant"], str(m["max_staleness"]), str(final["of"]), _fmt(m["initial_accuracy"]), _fmt(final), gap]
-        reaches = ([m["samples_to_target"]] if show_fixed else []) + (
-            [samples_to(m, relative)] if relative is not None else [])
+        row = [case_name(m), str(m["max_staleness"]), *([str(m.get("window_k", "-"))] if show_k else []),
+               str(final["of"]), _fmt(m["initial_accuracy"]), _fmt_ci(final), gap]
+        reaches = ([samples_to(m, relative)] if relative is not None else []) + (
+            [m["samples_to_target"]] if show_fixed else [])
         for reach in reaches:
             row += [_fmt(reach, 0), f"{reach['n']}/{reach['of']}"]
-        row += [_fmt(m["staleness_mean"], 2), _fmt(m["train_reward_last"]), _fmt(m["wall_seconds"], 0)]
+        row += [_fmt(m["staleness_mean"], 2), *([_fmt(m.get("groups_trained_per_step"), 1)] if show_b else []),
+                _fmt(m["train_reward_last"]), _fmt(m["wall_seconds"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -136,7 +176,8 @@ def sweep_table(record: dict, column: int = 3) -> str:
         lines.append("| " + " | ".join(["sync (eta 0)", *(_fmt(sync) for _ in etas)]) + " |")
     order = _case_order(record)
     for case, finals in sorted(by_case.items(), key=lambda kv: order[kv[0]]):
-        lines.append("| " + " | ".join([case, *(_fmt(finals.get(e)) for e in etas)]) + " |")
+        label = "darl_keta (K = eta + 1)" if case == "darl_keta" else case
+        lines.append("| " + " | ".join([label, *(_fmt(finals.get(e)) for e in etas)]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +210,7 @@ def diagnostics_table(record: dict) -> str:
         cells = [_run_mean(runs, k) for k in (
             "selected_mean", "weight_ess", "weight_clip_frac", "weight_clip_frac_pos", "weight_clip_frac_neg",
             "weight_mean_pos", "weight_mean_neg", "clip_frac_low", "clip_frac_high", "selected_score_mean")]
-        lines.append("| " + " | ".join([m["variant"], str(m["max_staleness"]), *(
+        lines.append("| " + " | ".join([case_name(m), str(m["max_staleness"]), *(
             "-" if c is None else f"{c:.3g}" for c in cells[:1]), shares, *(
             "-" if c is None else f"{c:.3g}" for c in cells[1:])]) + " |")
     return "\n".join(lines) + "\n"
@@ -195,7 +236,7 @@ def plot(record: dict, out: Path) -> Path:
             curves = [([c[1] for c in r["curve"]], [c[3] for c in r["curve"]]) for r in m["runs"]]
             grid, mean, std = mean_band(curves, points=40)
             style = {"color": "black", "linestyle": "--"} if m["variant"] == "sync" else {}
-            (line,) = ax.plot(grid, mean, label=f"{m['variant']} (n={len(curves)})", **style)
+            (line,) = ax.plot(grid, mean, label=f"{case_name(m)} (n={len(curves)})", **style)
             ax.fill_between(grid, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)],
                             alpha=0.15, color=line.get_color())  # the band in its line's colour
             top = max([top, *(a + b for a, b in zip(mean, std))])

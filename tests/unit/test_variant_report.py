@@ -85,6 +85,26 @@ def test_samples_to_three_quarters_of_syncs_gain_read_from_each_runs_curve():
     assert "3/4" not in variant_report.accuracy_table(flat)
 
 
+def test_the_final_accuracy_carries_a_95_percent_t_interval_over_seeds():
+    """Five seeds 0.10..0.18: mean 0.14, sd sqrt(0.001), half-width t(0.975, 4) = 2.776 times
+    sd / sqrt(5) = 0.0393 (a normal quantile would give 0.0277, a wrong df 0.0351 or 0.0453)."""
+    ci = variant_report.t_interval([0.10, 0.12, 0.14, 0.16, 0.18, None])
+    assert (ci["n"], ci["of"]) == (5, 6) and ci["mean"] == pytest.approx(0.14)
+    assert ci["half"] == pytest.approx(2.776 * 0.001 ** 0.5 / 5 ** 0.5, rel=1e-9)
+    assert (ci["lo"], ci["hi"]) == (pytest.approx(0.14 - 0.039259, abs=1e-6), pytest.approx(0.14 + 0.039259, abs=1e-6))
+    assert variant_report.t_interval([0.0, 1.0])["half"] == pytest.approx(12.706 * 0.5)  # df 1
+    assert variant_report.t_interval([0.3])["half"] is None  # one seed: no interval
+    many = [0.0, 1.0] * 20 + [0.5]  # df 40: 1.96 + 2.4 / 40 = 2.02 (exact 2.021)
+    got = variant_report.t_interval(many)
+    assert got["half"] / (statistics.stdev(many) / len(many) ** 0.5) == pytest.approx(2.021, abs=0.002)
+
+    record = _record([_case("sync", 0, [0.20, 0.20]), _case("darl_keta", 8, [0.10, 0.12, 0.14, 0.16, 0.18])])
+    record["metrics"]["darl_keta_eta8"]["window_k"] = 9
+    rows = variant_report.accuracy_table(record).splitlines()
+    assert rows[0].startswith("| case | max staleness | K | seeds | test acc. start | test acc. final [95% CI] |")
+    assert rows[3].startswith("| darl_k9 | 8 | 9 | 5 | 0.000 ± 0.000 | 0.140 [0.101, 0.179] | -0.060 |")
+
+
 def test_a_missing_cell_reads_as_a_dash_and_one_staleness_has_no_sweep(tmp_path):
     record = _record([_case("sync", 0, [0.08, 0.09]), _case("async", 1, [0.06, 0.08]),
                       _case("darl_twice", 8, [0.05, 0.07])])
