@@ -13,36 +13,41 @@ the training temperature) and deletes it. Per run the record keeps:
   greedy_accuracy, sampled_accuracy]`` per evaluation, samples consumed = step x B x G (what
   enters training; the same for every case), test_accuracy the ``--metric`` one;
 - ``final_accuracy``, ``samples_to_target`` (samples consumed at the first evaluation at or above
-  ``--target``; None when never), ``wall_seconds``, ``staleness_mean`` (realized: mean age of
-  the trained samples, t - v);
+  ``--target``; None when never), ``wall_seconds``, ``staleness_mean`` (realized: mean age t - v
+  of the trained groups, each step weighted by the groups it trained), ``groups_trained_per_step``;
 - ``train``: per evaluation interval the means of the training reward, the staleness of the
   selected samples, ``weight_ess``, ``weight_clip_frac`` (and mean weight and capped share by
   advantage sign, ``weight_mean_pos/neg``, ``weight_clip_frac_pos/neg``), ``clip_frac_low/high``, the score,
   and the selected-version histogram summed over the interval.
 
 Cases are ``<variant>_eta<eta>``: ``sync`` (eta 0, once per seed) and, per max staleness eta,
-``async`` (naive), ``async_is`` (async + rollout IS at 2.0), ``decoupled`` (AReaL's masked cap at
-2.0: with the truncating cap it would compute exactly what ``async_is`` computes,
-docs/algorithm.md section 6), ``darl``, ``darl_once`` (no replay), ``darl_nofilter``,
-``darl_nomis``; the window is ``K = max(preset K, eta + 1)`` so that every arrival is inside it.
-Each case is a preset (``configs/algorithm/<case>.yaml``, ``algorithm=<case>`` in any run); the
-overrides a case adds are the study's settings (the baselines' queue order, decoupled's masked
-cap), never what makes the variant.
+``async`` (naive), ``decoupled`` (AReaL's decoupled PPO: own-behavior weights with the masking cap
+at 2.0), ``darl``, ``darl_once`` (no replay), ``darl_nomis``, ``darl_nofilter``, and ``darl_keta``
+(darl with the window K = eta + 1; the tables name it ``darl_k<eta + 1>``); ``async_is`` (async +
+rollout IS at 2.0, verl's truncating form) on request. The D-ARL cases keep their preset's
+window, the paper's K = 4; the queue baselines (``async``, ``async_is``, ``decoupled``) train
+each group once, oldest first, and get K = eta + 1: no window of theirs, and a shorter one would
+evict groups the bound let the worker generate before they are trained. Each case is a preset
+(``configs/algorithm/<case>.yaml``, ``algorithm=<case>`` in any run); the overrides a case adds
+are the study's settings (the baselines' queue order, the window), never what makes the variant.
+Degenerate groups (all rewards equal) are dropped, as the spec says (``--keep-degenerate``: the
+studies before issue 39).
 
-How the staleness is made real. The loop's trainer waits for B new groups per step, the rollout
-worker may run ``eta`` versions ahead, and a weight sync waits for the worker's batch, so a
-worker that generates B groups per call stays one version ahead whatever eta is. With
-``--rollout-batch window`` (default) the first engine call generates ``(eta + 1) * B`` groups;
-that backlog of ``eta * B`` groups then stays in the trainer's buffer (each step adds B and
-trains B), and the queue-reading baselines (``async``, ``async_is``, ``decoupled``, with
-``algorithm.score=oldest``) train every sample exactly ``eta`` versions after it was generated
-(from step eta on), on any hardware. D-ARL's variants choose from the same buffer by their own
-score. ``--rollout-batch step`` generates B per call (the realized staleness is then ~1).
-Every case runs with ``replay.drop_degenerate=false``: early on most groups of a hard task are
-degenerate (all responses wrong), and with them unselectable the trainer trains every group it
-can as soon as it arrives, so the backlog holds only dead groups and the realized staleness
-collapses (measured on CPU, tiny policy, eta 8: 1.13 with dropping, 8.0 from step 8 on
-without). Each step then trains B groups in every case; a degenerate one adds no gradient.
+How the staleness is made real. The trainer waits for B new groups per step, the rollout worker
+may start groups up to ``(t + eta + 1) * B``, and a batch engine reserves its whole batch or
+nothing. With ``--rollout-batch step`` (default; B groups per engine call) the worker fills the
+bound and stays eta versions ahead: the buffer holds a backlog of ``eta * B`` groups, and the
+queue baselines (``algorithm.score=oldest``) train every group eta versions after it was
+generated. ``--rollout-batch window`` ((eta + 1) * B per call) waits for room for the whole batch,
+so the worker generates one batch every eta + 1 versions and the trained age cycles 0..eta.
+Measured on CPU (tiny policy, B 16, G 8, eta 4, seed 0; realized staleness = mean age of the
+trained groups): step and degenerate groups kept 4.00 from step 10 on (3.43 over the run); step
+with them dropped 1.00, with 6.5 of 16 groups trained a step; window with them dropped 0.98
+(async) and 1.55 (darl), 17 of 40 async steps training nothing. Dropping them collapses the
+staleness because a step trains every non-degenerate group it holds, up to B: with fewer than B
+arriving per version none waits, so the backlog is dead groups. Real staleness with dropping
+needs the step to wait for B trainable groups (the loop's change, not the study's).
+D-ARL's variants choose from the same buffer by their own score.
 
     python benchmarks/variant_study.py --out-dir OUT --partial OUT/partial.json --budget 540  # GPU
     python benchmarks/variant_study.py --cpu --size tiny --steps 120 --variants sync,async --staleness 4,8
@@ -56,7 +61,9 @@ every run of the plan is in the partial file. A call that ends mid-run loses lit
 (``tools/device_variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
 holds only this study's runs. When the time runs out before the plan does, ``--record-finished``
 writes the record of the runs that finished (on any machine: the partial file names its
-device) and lists the rest under ``config.left_out``. ``tools/variant_report.py`` draws the
+device) and lists the rest under ``config.left_out``; ``--more-partials`` adds the partial files
+of further device calls, each seed block with the warm start its machine fitted (issue 39's plan:
+``tools/device_variant_study.sh``). ``tools/variant_report.py`` draws the
 plot and the table of docs/results.md from the record.
 """
 
@@ -268,8 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minibatches", type=int, default=1, help="algorithm.ppo_minibatches M (all cases)")
     p.add_argument("--lr", type=float, default=3e-5, help="RL learning rate (trainer.optimizer.lr)")
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--rollout-batch", choices=("window", "step"), default="window",
-                   help="groups per engine call: (eta+1)*B (staleness realized) or B")
+    p.add_argument("--rollout-batch", choices=("window", "step"), default="step",
+                   help="groups per engine call: B (the worker stays eta versions ahead) or (eta+1)*B")
     p.add_argument("--keep-degenerate", action="store_true",
                    help="replay.drop_degenerate=false in every run (the spec drops them; the studies "
                         "before issue 39 kept them)")
@@ -432,7 +439,8 @@ def finished_runs(args) -> tuple[dict[str, dict], str, dict]:
     """The runs of ``--partial`` and ``--more-partials``, the device they ran on and the record's
     settings. Each file may hold its own warm start (a device call on a fresh machine fits one:
     a seed block per call), named in each of its runs (``warmstart``) and listed in the settings;
-    every other setting, and the device, must agree, and no run may be in two files."""
+    every other setting, and the device, must agree, and a run in two files must be the same run
+    (a warm machine's partial file keeps the earlier calls' runs)."""
     done, device, keys = {}, None, []
     for path in [args.partial, *args.more_partials]:
         saved = json.loads(path.read_text())
@@ -443,9 +451,11 @@ def finished_runs(args) -> tuple[dict[str, dict], str, dict]:
                              'did); add "device": "<torch.cuda.get_device_name(0) there, or cpu>" to it')
         if device is not None and saved["device"] != device:
             raise SystemExit(f"{path}: its runs ran on {saved['device']}, the others on {device}")
-        if set(got) & set(done):
-            raise SystemExit(f"{path}: runs {sorted(set(got) & set(done))} are in an earlier partial file too")
-        done.update({name: {**run, "warmstart": run.get("warmstart", key)} for name, run in got.items()})
+        got = {name: {**run, "warmstart": run.get("warmstart", key)} for name, run in got.items()}
+        clash = sorted(n for n in set(got) & set(done) if got[n] != done[n])  # a later call's file of
+        if clash:  # the same warm machine holds the earlier runs too: the same, not a clash
+            raise SystemExit(f"{path}: runs {clash} are in an earlier partial file with other results")
+        done.update(got)
         device = saved["device"]
         keys += [key] if key not in keys else []
     return done, device, settings(args, keys[0] if len(keys) == 1 else keys)

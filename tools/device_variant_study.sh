@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's variant study on the GPU machine, one device call at a time:
+# The variant study (issues 17 and 39) on the GPU machine, one device call at a time:
 #
 #   DARL_COMMIT=<sha> bash tools/device_variant_study.sh SECONDS [benchmarks/variant_study.py args...]
 #
@@ -19,8 +19,35 @@
 # what finished: benchmarks/variant_study.py --record-finished --partial partial.json (same args).
 # Measured on one H100 (16 cores, 57M, 200 steps, M = 4): 8 runs at once take ~2.2 s per step
 # for sync and async and ~3.6 s for the variants with a log-prob pass; 9 at once (lr 3e-5)
-# 1.6-2.2 s for sync and async, ~2 s for darl_once, 3.5-4 s for darl and darl_twice (replay).
-# Plan calls so (or resume across them); the machine goes back after 30 minutes held, warm or not.
+# 1.6-2.2 s for sync and async, ~2 s for darl_once, 3.5-4 s for darl and darl_twice (replay);
+# 12 at once 2.3-2.8 s (sync, async) and 3.5 s (darl). So a run-step costs ~0.2-0.3 s of one
+# GPU's share of the host (16 cores a GPU), whatever the packing.
+#
+# Issue 39's plan (part 3), on nvidia-h100-x4 (64 cores), carry [".whl"]:
+#   grid: sync (eta 0) + {async, decoupled, darl, darl_once, darl_nomis, darl_nofilter, darl_keta}
+#   x eta {1, 4, 8}: 25 runs a seed; K = 4 for the D-ARL cases, eta + 1 for the queue baselines
+#   and darl_keta (named darl_k2/k5/k9); degenerate groups dropped; lr 3e-5 (sync 0.152 +- 0.002
+#   at 200 steps, M = 4: 155949's record), B 16, G 8, M 4, 100 steps (sync has ~80% of its
+#   200-step gain by step 100), held-out points every 25 steps (512 prompts, greedy + 4 sampled).
+#   Full grid 5 seeds = 125 runs ~ 125 x 100 x 0.25 s / 4 GPUs ~ 13 min of training, plus launch and
+#   evaluation per run and the warm start and staging per call: it does not fit 25 minutes as
+#   10-minute calls of 32 slots at 200 steps (~50 min), hence 100 steps and one seed block a call.
+#   One call = one seed: its 25 runs at once, 7 a GPU (~1.6 s/step: ~160 s of training, ~40 s
+#   launch, ~50 s for 5 held-out points, ~250-300 s a run), after the warm start (a fresh machine
+#   fits it, ~1-2 min, not measured at 57M on H100; a warm one reuses $STATE) and the .whl
+#   install (~20 s): ~400-450 s a call, under the 540 s budget. Each call's block is complete
+#   (every case of its seed, one warm start), so blocks from fresh machines pool as seeds.
+#     call k (k = 0, 1, 2; then 3, 4 if the time is there):
+#       DARL_COMMIT=<sha> bash tools/device_variant_study.sh 560 --seeds k --seed-major \
+#         --parallel 25 --runs-per-gpu 7 --steps 100 --eval-every 25 --minibatches 4 --lr 3e-5 \
+#         --budget 480 --reuse-trained
+#     (a machine still warm from the call before may take two seeds: --seeds k,k+1 --parallel 50
+#     --runs-per-gpu 13, ~470 s, no fit.) Save each call's $OUT/partial.json here under its own name
+#     (e.g. benchmarks/results/partials/issue39_call<k>.json); then
+#       python benchmarks/variant_study.py --record-finished --seeds 0,1,2 --steps 100 --eval-every 25 \
+#         --minibatches 4 --lr 3e-5 --partial <call 0's> --more-partials <call 1's> --more-partials <call 2's>
+#       python tools/variant_report.py benchmarks/results/variant_study_<new>.json
+#   3 seeds = 3 calls ~ 22-24 min of the session's device time; 5 seeds need 5 (two sessions).
 set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"

@@ -1,0 +1,67 @@
+"""The variant study's plan as issue 39 asks for it: the window per case (D-ARL's K = 4 at every
+staleness, eta + 1 for the queue baselines and ``darl_keta``), degenerate groups dropped unless
+asked, and a record pooled from the partial files of several device calls, each with its own
+warm start (a seed block per call)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import variant_study as vs
+from benchmarks.async_speedup import save_partial
+
+
+def _args(*extra: str):
+    args = vs.parse_args(["--cpu", "--size", "tiny", *extra])
+    args.model_path = "/nowhere"
+    return args
+
+
+@pytest.mark.parametrize("case, eta, k", [("darl", 8, 4), ("darl_once", 1, 4), ("darl_nofilter", 4, 4),
+                                          ("async", 8, 9), ("decoupled", 4, 5), ("darl_keta", 1, 2),
+                                          ("darl_keta", 8, 9), ("sync", 0, 1)])
+def test_each_case_gets_its_window(case, eta, k):
+    preset, overrides = vs.case_overrides(case, eta, _args())
+    assert f"replay.k={k}" in overrides and f"algorithm.max_staleness={eta}" in overrides
+    assert preset == ("darl" if case == "darl_keta" else case)
+    assert "replay.drop_degenerate=true" in overrides  # the spec's rule, by default
+    assert not any("cap_mode" in o or "rollout_is" in o for o in overrides)  # presets make the variants
+
+
+def test_the_default_plan_is_issue_39s_grid():
+    args = _args()
+    plan = vs.plan_runs(args.variants.split(","), [int(e) for e in args.staleness.split(",")],
+                        [int(s) for s in args.seeds.split(",")])
+    assert len(plan) == 5 * (1 + 7 * 3)  # sync + 7 cases at eta 1, 4, 8; 5 seeds
+    assert {c for c, _, _ in plan} == {"sync", "async", "decoupled", "darl", "darl_once", "darl_nomis",
+                                       "darl_nofilter", "darl_keta"}
+    assert args.rollout_batch == "step"  # the worker stays eta versions ahead (the docstring)
+    _, kept = vs.case_overrides("async", 4, _args("--keep-degenerate"))
+    assert "replay.drop_degenerate=false" in kept
+
+
+def test_a_record_pools_the_partial_files_of_several_calls(tmp_path):
+    args = _args("--seeds", "0,1", "--variants", "sync")
+    run = {"final_accuracy": 0.1}
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    save_partial(a, vs.settings(args, "ws-A"), {"sync_eta0_s0": run}, device="H100")
+    save_partial(b, vs.settings(args, "ws-B"), {"sync_eta0_s1": {"final_accuracy": 0.2}}, device="H100")
+    args.partial, args.more_partials = a, [b, a]  # a repeated file holds the same runs: no clash
+    done, device, config = vs.finished_runs(args)
+    assert device == "H100" and config["warmstart"] == ["ws-A", "ws-B"]
+    assert done == {"sync_eta0_s0": {**run, "warmstart": "ws-A"},
+                    "sync_eta0_s1": {"final_accuracy": 0.2, "warmstart": "ws-B"}}
+    save_partial(c, vs.settings(args, "ws-C"), {"sync_eta0_s0": {"final_accuracy": 0.3}}, device="H100")
+    args.more_partials = [c]  # the same run with other results: refused
+    with pytest.raises(SystemExit, match="other results"):
+        vs.finished_runs(args)
+    save_partial(c, vs.settings(args, "ws-C"), {"sync_eta0_s1": run}, device="H200")
+    with pytest.raises(SystemExit, match="ran on H200"):
+        vs.finished_runs(args)
+    saved = json.loads(c.read_text())
+    saved["config"]["lr"] = 1.0  # another setting than the record's: refused by name
+    c.write_text(json.dumps(saved))
+    with pytest.raises(SystemExit, match="its runs were made with"):
+        vs.finished_runs(args)
