@@ -137,6 +137,7 @@ def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
            f"data={args.data}", *args.data_overrides_prefixed, f"model.path={args.model_path}",
            f"loop.checkpoint_interval={args.eval_every}", "loop.keep_checkpoints=0",  # each is scored
            "loop.receive_timeout_s=1200", f"replay.drop_degenerate={str(not args.keep_degenerate).lower()}",
+           "eval.benchmarks=[]",  # no held-out points in the run: the study scores its checkpoints
            *args.overrides]
     return preset, out
 
@@ -374,6 +375,7 @@ def trained_run(run_dir: Path, steps: int) -> dict | None:
     if not metrics.is_file() or not (last.is_dir() or (run_dir / "heldout.json").is_file()):
         return None
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("kind") != "heldout"]  # training steps only (eval.* points)
     if len(rows) < steps:
         return None
     print(f"{run_dir.name}: trained earlier, evaluating its remaining checkpoints", flush=True)

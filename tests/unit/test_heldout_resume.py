@@ -28,6 +28,9 @@ def test_only_a_run_whose_training_finished_is_reused(tmp_path):
     reused = trained_run(run, 4)
     assert reused is not None and [r["step"] for r in reused["rows"]] == [0, 1, 2, 3]
     assert trained_run(run, 6) is None  # 4 rows of 6: cut short in training
+    with open(run / "metrics.jsonl", "a") as f:  # the loop's own held-out points are no steps
+        f.write("".join(json.dumps({"step": s, "kind": "heldout"}) + "\n" for s in (0, 4)))
+    assert trained_run(run, 5) is None and [r["step"] for r in trained_run(run, 4)["rows"]] == [0, 1, 2, 3]
     (run / "checkpoints" / "step_000004").rename(run / "checkpoints" / "step_000004.scored")
     assert trained_run(run, 4) is None  # no checkpoint and no points: nothing to evaluate
     (run / "heldout.json").write_text(json.dumps({"points": [{"step": 0}, {"step": 4}]}))
