@@ -431,9 +431,10 @@ def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dic
                     done[key] = summary
                     save_partial(args.partial, run_config, done, device=device_name())
                 slowest = max(slowest, summary["run_seconds"])
+                stale = summary["staleness_mean"]  # None: no group trained (all degenerate, dropped)
                 print(f"{key}: test accuracy {summary['initial_accuracy']:.3f} -> "
-                      f"{summary['final_accuracy']:.3f}, realized staleness {summary['staleness_mean']:.2f}, "
-                      f"{summary['run_seconds']:.0f} s", flush=True)
+                      f"{summary['final_accuracy']:.3f}, realized staleness "
+                      f"{'-' if stale is None else f'{stale:.2f}'}, {summary['run_seconds']:.0f} s", flush=True)
     return failed + [f"{c}_eta{e}_s{s}" for c, e, s in todo]
 
 
