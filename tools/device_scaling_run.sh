@@ -44,7 +44,7 @@ profile() {  # profile NAME VARIANT SPLIT ENGINE QUICK
   if [ "$t" -lt 150 ]; then say "$name: SKIPPED (${t}s left)"; return 0; fi
   local args=(--model qwen3_1.7b --splits "$split" --variant "$variant" --steps "${DARL_STEPS:-8}" --skip 3
               --out-dir "$OUT/rec" --work-dir /tmp/darl_lp --timeout $(( t - 20 )) loop.save_at_end=false)
-  [ "$quick" = quick ] && args+=(--quick)
+  [ "$quick" = quick ] && args=(--quick "${args[@]}")  # options before the overrides: argparse takes one run of them
   [ "$engine" = vllm ] && args+=("rollout=vllm")
   local s; s=$(date +%s)
   timeout --kill-after=15 "$t" python3 benchmarks/loop_profile.py "${args[@]}" > "$OUT/runs/$name.log" 2>&1
