@@ -51,9 +51,10 @@ profile() {  # profile NAME VARIANT SPLIT ENGINE QUICK
   local rc=$?
   say "$name: rc $rc, $(( $(date +%s) - s )) s"
   [ $rc -ne 0 ] && tail -25 "$OUT/runs/$name.log"
-  grep -hE "first trained step|compiled in|dynamo" /tmp/darl_lp/*/logs/*.log /tmp/darl_lp/*/*.log 2>/dev/null | tail -3
-  for d in /tmp/darl_lp/t*r*_"$variant"; do [ -d "$d" ] && keep "$name" "$d"; done
-  for f in /tmp/darl_lp/t*r*_"$variant".launch_train.log; do [ -f "$f" ] && mkdir -p "$OUT/runs/$name" && tail -c 60000 "$f" > "$OUT/runs/$name/launch_train.log"; done
+  grep -hE "first trained step|compiled in|dynamo" "/tmp/darl_lp/t${split%:*}r${split#*:}_$variant"*.log "/tmp/darl_lp/t${split%:*}r${split#*:}_$variant"/logs/*.log 2>/dev/null | tail -3
+  local run_dir="/tmp/darl_lp/t${split%:*}r${split#*:}_$variant"  # this run's only: earlier runs' dirs stay
+  [ -d "$run_dir" ] && keep "$name" "$run_dir"
+  [ -f "$run_dir.launch_train.log" ] && mkdir -p "$OUT/runs/$name" && tail -c 60000 "$run_dir.launch_train.log" > "$OUT/runs/$name/launch_train.log"
   python3 - "$OUT/rec" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys, pathlib
 recs = sorted(pathlib.Path(sys.argv[1]).glob("loop_profile_*.json"), key=lambda p: p.stat().st_mtime)
