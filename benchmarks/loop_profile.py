@@ -26,7 +26,9 @@ itself (off the critical path when it runs in the background): ``weight_sync`` i
 round (a worker's share: broadcast and load; ``weight_sync_rounds`` per sync); and the workers'
 own ``worker_sync`` (pause, receive, load) and idle time with an empty engine
 (``worker_idle_gate``: the staleness bound refused a batch; ``worker_idle_weights``: no valid
-weights); each as a fraction of the step. ``engine_batch_groups`` is the groups per engine call.
+weights), and the worker loop's own time outside the engine poll (``worker_flush``: sending groups,
+back-pressure included; ``worker_admit``: admitting new ones; ``worker_collect``: decoding finished
+ones into groups); each as a fraction of the step. ``engine_batch_groups`` is the groups per engine call.
 ``--bound`` also runs ``benchmarks/weight_sync.py`` from GPU 0 to R workers in the same call:
 ``bound_seconds`` (one NCCL broadcast of the same bytes) and ``transfer_to_bound`` =
 weight_sync_transfer / bound_seconds.
@@ -85,7 +87,8 @@ REPO = Path(__file__).resolve().parents[1]
 PARTS = ("generation_seconds", "receive_wait_seconds", "prefetch_seconds", "logprob_seconds", "plan_seconds",
          "backfill_seconds", "train_seconds", "publish_seconds", "weight_sync_seconds",
          "weight_sync_wait_seconds", "weight_sync_transfer_seconds", "worker_sync_seconds",
-         "worker_idle_gate_seconds", "worker_idle_weights_seconds")
+         "worker_idle_gate_seconds", "worker_idle_weights_seconds", "worker_flush_seconds",
+         "worker_admit_seconds", "worker_collect_seconds")
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True}
 REALISTIC = {"groups": 32, "group_size": 8, "new_tokens": 1024}  # the scaling study's batch

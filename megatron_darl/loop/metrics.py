@@ -55,10 +55,17 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
     copied as they are. Histograms are lists indexed by staleness ``t - v`` (last bin: older).
     """
     g = lambda k: float(getattr(stats, k))  # noqa: E731
+    generated = g("samples_received") + g("samples_degenerate")  # replay.fill_batch drops count too
     out: dict[str, Any] = {
-        "reward_mean": _ratio(g("reward_sum"), g("samples_received")),
-        "response_length": _ratio(g("response_tokens_received"), g("samples_received")),
-        "groups_received": g("groups_received"),
+        # of every sample that arrived, the groups replay.fill_batch dropped included
+        "reward_mean": _ratio(g("reward_sum") + g("reward_sum_degenerate"), generated),
+        "response_length": _ratio(g("response_tokens_received") + g("response_tokens_degenerate"), generated),
+        "groups_received": g("groups_received"),  # that entered the buffer (fill_batch: trainable)
+        # replay.fill_batch: groups of equal rewards dropped on arrival (their starts given back),
+        # and their share of the groups that arrived: the generation the filter costs
+        "groups_degenerate": g("groups_degenerate"),
+        "samples_degenerate": g("samples_degenerate"),
+        "degenerate_share": _ratio(g("groups_degenerate"), g("groups_degenerate") + g("groups_received")),
         "samples_received": g("samples_received"),
         "samples_selected": g("samples_selected"),
         "groups_selected": g("groups_selected"),
@@ -116,7 +123,8 @@ class WorkerRates:
 
     ``generation_seconds`` is the mean over workers of the seconds each engine generated since the
     last step (``generation_seconds_w<N>`` per worker), ``worker_sync_seconds`` the mean seconds a
-    worker spent in weight syncs, and ``engine_batch_groups`` the groups per engine call (a batch
+    worker spent in weight syncs, ``worker_{flush,admit,collect}_seconds`` the mean seconds of the
+    worker loop's own work outside the engine poll, and ``engine_batch_groups`` the groups per engine call (a batch
     engine generates fewer than its batch when the staleness bound admits fewer). The statistics
     arrive with the beat (once a second), so one step's value may lag; their means over steps don't.
     """
@@ -140,6 +148,8 @@ class WorkerRates:
         out["worker_sync_seconds"] = sum(get(d, "sync_seconds") for d in deltas) / max(len(deltas), 1)
         for why in ("gate", "weights"):  # engine empty: the staleness bound refused / no valid weights
             out[f"worker_idle_{why}_seconds"] = sum(get(d, f"idle_{why}_seconds") for d in deltas) / max(len(deltas), 1)
+        for part in ("flush", "admit", "collect"):  # the worker loop's own time outside the engine poll
+            out[f"worker_{part}_seconds"] = sum(get(d, f"{part}_seconds") for d in deltas) / max(len(deltas), 1)
         calls = sum(get(d, "engine_calls") for d in deltas)
         out["engine_batch_groups"] = _ratio(sum(get(d, "groups_finished") for d in deltas), calls)
         return out
@@ -232,7 +242,7 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Write step ``step``'s metrics everywhere; returns the record as written."""
-        self._generated += float(metrics.get("samples_received", 0.0))
+        self._generated += float(metrics.get("samples_received", 0.0)) + float(metrics.get("samples_degenerate", 0.0))
         self._trained += float(metrics.get("samples_selected", 0.0))
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()},
                   "samples_generated": self._generated, "samples_trained": self._trained,

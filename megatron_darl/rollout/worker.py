@@ -157,6 +157,10 @@ class RolloutWorker:
         self.groups_finished = 0  # groups the engine returned
         self.sync_seconds = 0.0  # wall seconds in weight syncs (pause, receive, load, resume)
         self.idle_seconds = {"gate": 0.0, "weights": 0.0}  # engine empty: the bound refused, or no valid weights
+        # the loop's own wall seconds outside the engine poll (the engine keeps generating meanwhile,
+        # until its requests run out): sending groups (back-pressure included), admitting new ones
+        # (ledger requests), and turning finished ones into groups (decode, tensors)
+        self.host_seconds = {"flush": 0.0, "admit": 0.0, "collect": 0.0}
         self._blocked = ""  # why the last admission added nothing ("gate", "weights" or "")
         channel = transport.channel
         self.batch_limit = fair_share(cfg.inflight_limit, channel.groups_per_step, channel.max_staleness,
@@ -211,7 +215,8 @@ class RolloutWorker:
         """Cumulative statistics for the trainer's per-worker metrics (sent with each heartbeat)."""
         return {"engine_seconds": self.engine_seconds, "engine_calls": self.engine_calls,
                 "groups_finished": self.groups_finished, "sync_seconds": self.sync_seconds,
-                **{f"idle_{why}_seconds": s for why, s in self.idle_seconds.items()}}
+                **{f"idle_{why}_seconds": s for why, s in self.idle_seconds.items()},
+                **{f"{part}_seconds": s for part, s in self.host_seconds.items()}}
 
     def _trainer_lost(self, loss: PeerLoss) -> None:
         log.error("%s: %s is lost (silent %.1f s); exiting %d", self.me.describe(), loss.peer,
@@ -244,10 +249,14 @@ class RolloutWorker:
         # done yet would reach the trainer a batch late, so its rewards are awaited first.
         whole_batches = getattr(stream, "whole_batches", False)
         while not stop_requested(store):
+            start = time.monotonic()
             pending = self._flush(sender, pending + self._take_ready(), safe_point,
                                   lambda: stop_requested(store), wait=whole_batches)
+            self.host_seconds["flush"] += time.monotonic() - start
             safe_point()
+            start = time.monotonic()
             admitted = self._admit(gate, stream, receiver)
+            self.host_seconds["admit"] += time.monotonic() - start
             if admitted:  # where a restarted process continues its group ids
                 store.set(Keys.groups_made(self.cfg.worker_id), str(self.groups_made))
             got = self._collect(stream, pool, self.cfg.idle_sleep_s if stream.inflight() else 0.0)
@@ -340,11 +349,13 @@ class RolloutWorker:
             self.engine_seconds += time.monotonic() - start
             self.engine_calls += 1
         self.groups_finished += len(finished)
+        start = time.monotonic()
         for done in finished:
             ticket, record, index = self._started.pop(done.key)
             group = self._group(done.key, index, record, done.generations)
             texts = [self.decode(g.token_ids.tolist()) for g in done.generations]
             self._ready.append(_Pending(group, ticket, pool.submit(self._rewards, record.record, texts)))
+        self.host_seconds["collect"] += time.monotonic() - start
         return len(finished)
 
     def _take_ready(self) -> list[_Pending]:

@@ -82,11 +82,13 @@ def test_the_backlog_makes_one_step_per_b_groups_received():
 def test_worker_rates_are_per_step_deltas_of_each_workers_stats():
     rates = WorkerRates(2)
     stats = {0: {"engine_seconds": 2.0, "engine_calls": 1, "groups_finished": 8, "sync_seconds": 0.1,
-                 "idle_gate_seconds": 0.5},
-             1: {"engine_seconds": 1.0, "engine_calls": 1, "groups_finished": 4}}
+                 "idle_gate_seconds": 0.5, "flush_seconds": 0.4},
+             1: {"engine_seconds": 1.0, "engine_calls": 1, "groups_finished": 4, "collect_seconds": 0.2}}
     first = rates.step(lambda w: stats[w])
     assert first["generation_seconds_w0"] == 2.0 and first["generation_seconds"] == 1.5
     assert first["engine_batch_groups"] == 6.0 and first["worker_idle_gate_seconds"] == 0.25
+    assert first["worker_flush_seconds"] == 0.2 and first["worker_collect_seconds"] == 0.1
+    assert first["worker_admit_seconds"] == 0.0
     stats[0] = {**stats[0], "engine_seconds": 5.0, "engine_calls": 2, "groups_finished": 16}
     second = rates.step(lambda w: stats[w])
     assert second["generation_seconds_w0"] == 3.0 and second["generation_seconds_w1"] == 0.0
