@@ -4,7 +4,7 @@ Nothing here knows about process groups, configs or Megatron, so another RL pipe
 these functions into its own loss (docs/algorithm.md shows how).
 """
 
-from megatron_darl.algorithms.advantages import grpo_advantages
+from megatron_darl.algorithms.advantages import grpo_advantages, rewards_equal
 from megatron_darl.algorithms.importance import (
     CapMode, MixtureForm, behavior_weights, capped_tokens, mixture_log_density, prefix_mixture_log_density,
     prefix_posterior, version_alpha,
@@ -66,6 +66,7 @@ __all__ = [
     "fifo_score",
     "oldest_score",
     "grpo_advantages",
+    "rewards_equal",
     "kl_estimate",
     "group_scores",
     "kl_score",

@@ -55,3 +55,11 @@ def grpo_advantages(
     degenerate = (hi == lo)[inverse]  # (N,) all rewards equal (includes groups of one)
     adv = torch.where(degenerate, torch.zeros_like(r), centered / (std[inverse] + eps))
     return adv.to(torch.float32)
+
+
+def rewards_equal(rewards: torch.Tensor) -> bool:
+    """True when a group's ``(G,)`` rewards are all equal (a group of one included): the group is
+    degenerate, its GRPO advantages are exactly zero and it carries no policy gradient (the rule
+    ``grpo_advantages`` applies). An empty group is not: it has no rewards to compare."""
+    r = rewards.to(torch.float64)  # (G,) the same comparison as grpo_advantages
+    return r.numel() > 0 and bool(r.max() == r.min())

@@ -34,7 +34,10 @@ from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig,
     WeightSender, connect_store, register, serve_store,
 )
-from megatron_darl.transport.staleness import admit_fresh, groups_dropped, groups_refused, release_reservations
+from megatron_darl.algorithms import rewards_equal
+from megatron_darl.transport.staleness import (
+    admit_fresh, give_back_degenerate, groups_dropped, groups_refused, release_reservations,
+)
 from megatron_darl.transport.store import Keys, describe_peer, get_int, published_version, wait_key
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from megatron_darl.transport.weight_protocol import SyncKeys, SyncReport
@@ -89,15 +92,17 @@ def _release_on_loss(transport: TransportConfig, leave: Callable[[PeerLoss], Non
 def worker_health(ep: "TrainerEndpoints", num_workers: int) -> dict[str, float]:
     """Rank 0's per-step rollout-side health: workers beating now, worker processes lost and
     restarted so far, the groups that died with them (started, never delivered), and the groups
-    refused so far: sent by a worker after it was declared lost (``groups_fenced``), or over
-    ``max_staleness`` when they reached the trainer (``groups_refused_stale``); neither is trained."""
+    refused so far: sent by a worker after it was declared lost (``groups_fenced``), over
+    ``max_staleness`` when they reached the trainer (``groups_refused_stale``), or of equal rewards
+    under ``replay.fill_batch`` (``groups_refused_degenerate``); none is trained."""
     hb = ep.heartbeat
     refused = groups_refused(ep.store)
     return {"workers_alive": float(sum(hb.is_alive(WORKER, w) for w in range(num_workers))),
             "workers_lost": float(hb.losses(WORKER)),
             "worker_restarts": float(sum(max(0, hb.incarnations(WORKER, w) - 1) for w in range(num_workers))),
             "groups_dropped": float(groups_dropped(ep.store)),
-            "groups_fenced": float(refused["fenced"]), "groups_refused_stale": float(refused["stale"])}
+            "groups_fenced": float(refused["fenced"]), "groups_refused_stale": float(refused["stale"]),
+            "groups_refused_degenerate": float(refused["degenerate"])}
 
 
 def _leave_on_trainer_loss(rank: int, say_why: Callable[[str], None]) -> Callable[[PeerLoss], None]:
@@ -154,7 +159,8 @@ def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0,
 class Backlog:
     """Groups the hubs received beyond B per step so far: they count for the next steps, so the
     loop makes one step per B groups received on average and never waits for new groups while B
-    untrained ones sit in the buffer (two workers finishing a batch each at once)."""
+    untrained ones sit in the buffer (two workers finishing a batch each at once). With
+    ``replay.fill_batch`` only trainable groups count: degenerate ones never enter the buffer."""
 
     per_step: int  # B
     surplus: int = 0  # groups received beyond ``per_step`` per step so far
@@ -174,6 +180,8 @@ class Received:
 
     groups: list[SampleGroup] = field(default_factory=list)  # this replica's new groups (hub)
     total: int = 0  # groups the hubs received together (hub ranks)
+    degenerate: list[SampleGroup] = field(default_factory=list)  # fill_batch: this replica's dropped ones
+    short: bool = False  # fill_batch: the step goes on with fewer than it waited for (the guard)
     stopped: bool = False  # a signal cut the wait: checkpoint without this step
     fatal: str = ""  # the trainer must give up: why, naming each worker's state
 
@@ -188,22 +196,26 @@ class ProgressWatch:
 
     def __init__(self, ep: TrainerEndpoints, num_workers: int, timeout_s: float, step: int, need: int) -> None:
         self.ep, self.num_workers, self.timeout_s, self.step, self.need = ep, num_workers, timeout_s, step, need
-        self._total = 0
+        self._arrived = 0
 
-    def check(self, total: int) -> str:
-        """"" while the run can go on, else why it cannot (after ``total`` groups of ``need``).
+    def check(self, total: int, degenerate: int = 0) -> str:
+        """"" while the run can go on, else why it cannot (after ``total`` groups of ``need``, and
+        ``degenerate`` more dropped on arrival under ``replay.fill_batch``).
 
-        Idle time counts from the last group of any step (``ep.last_group_at``): a weight sync
-        that waited for a stuck worker is part of it.
+        Idle time counts from the last group of any step (``ep.last_group_at``), a dropped one
+        included (the rollout side is alive): a weight sync that waited for a stuck worker is part of it.
         """
         now = time.monotonic()
-        if total > self._total:
-            self._total, self.ep.last_group_at = total, now
+        if total + degenerate > self._arrived:
+            self._arrived, self.ep.last_group_at = total + degenerate, now
         idle = now - self.ep.last_group_at
         hb, store = self.ep.heartbeat, self.ep.store
         gone = [w for w in range(self.num_workers)
                 if (hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)])) and not self._restarting(w)]
         where = f"trainer step {self.step}: {total}/{self.need} groups"
+        if degenerate:  # groups did arrive: the task, not the rollout side, may be the cause
+            where += (f" ({degenerate} arrived, all degenerate: equal rewards, dropped by replay.fill_batch)"
+                      if not total else f" and {degenerate} degenerate ones dropped (replay.fill_batch)")
         if len(gone) == self.num_workers:
             return f"{where}; every rollout worker is gone: {self.states()}"
         if idle > self.timeout_s:
@@ -238,7 +250,8 @@ class ProgressWatch:
 
 def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: int, poll_s: float,
                    num_workers: int, stop: Callable[[], bool] = lambda: False,
-                   idle: Callable[[list[SampleGroup]], bool] = lambda groups: False) -> Received:
+                   idle: Callable[[list[SampleGroup]], bool] = lambda groups: False,
+                   max_degenerate: int | None = None) -> Received:
     """This replica's new groups once the hubs together hold ``need`` (hub ranks only: the
     replica's other ranks learn the outcome from the hub, ``StepRunner.follow_wait``).
 
@@ -247,7 +260,11 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     group more than ``max_staleness`` versions behind the weights the step trains (version
     ``step``: version v is the weights after v steps) is refused here and counted, its start given
     back (``staleness.admit_fresh``), so no step trains a group over the bound, whatever the
-    workers did. Between polls a hub calls ``idle(groups so
+    workers did. With ``max_degenerate`` (``replay.fill_batch``) a group whose rewards are all
+    equal is dropped here too, its start given back (``staleness.give_back_degenerate``), and only
+    the others count toward ``need``; once the hubs dropped ``max_degenerate`` in this wait, the
+    step goes on with what it has (``short``: a task the policy cannot learn never blocks the
+    run). Between polls a hub calls ``idle(groups so
     far)`` and sleeps ``poll_s`` only when it returns False: the trainer computes the rows the
     step will need while it waits (``step/prefetch.py``), one short pass per call. Every hub
     leaves with ``stopped`` when any hub's ``stop()`` turned true while waiting (a signal), and
@@ -260,16 +277,31 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     watch = ProgressWatch(ep, num_workers, timeout_s, step, need) if ps.rank == 0 else None
     verdict = ""
     while True:
-        out.groups += admit_fresh(ep.store, [r.group for r in ep.hub.poll()], step, ep.hub.cfg.max_staleness,
-                                  who=f"hub {ep.hub.hub}, trainer step {step}")
-        counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict))], dtype=torch.int64))
-        total = int(counts[0])
+        fresh = admit_fresh(ep.store, [r.group for r in ep.hub.poll()], step, ep.hub.cfg.max_staleness,
+                            who=f"hub {ep.hub.hub}, trainer step {step}")
+        if max_degenerate is not None:
+            equal = [rewards_equal(g.rewards) for g in fresh]
+            dead = [g for g, e in zip(fresh, equal) if e]
+            give_back_degenerate(ep.store, dead)
+            out.degenerate += dead
+            fresh = [g for g, e in zip(fresh, equal) if not e]
+        out.groups += fresh
+        counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict)), len(out.degenerate)],
+                                        dtype=torch.int64))
+        total, dropped = int(counts[0]), int(counts[3])
         if watch is not None:
-            verdict = verdict or watch.check(total)  # sent with the next sum: hubs leave together
+            verdict = verdict or watch.check(total, dropped)  # sent with the next sum: hubs leave together
         if int(counts[1]):
             return Received(stopped=True)
         if total >= need:
             out.total = total
+            return out
+        if max_degenerate is not None and dropped >= max_degenerate:
+            if ps.rank == 0:
+                log.warning("trainer step %d: %d degenerate groups dropped (equal rewards) and %d of %d trainable "
+                            "arrived: training with those (replay.fill_max_degenerate=%d; the task may be too "
+                            "hard or too easy for the policy)", step, dropped, total, need, max_degenerate)
+            out.total, out.short = total, True
             return out
         if int(counts[2]):
             return Received(fatal=verdict or f"trainer step {step}: trainer rank 0 gave up waiting for groups")

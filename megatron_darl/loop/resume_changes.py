@@ -37,6 +37,9 @@ cluster.trainer_ranks, parallel.tp, parallel.pp        refused         optimizer
 cluster.rollout_workers                                refused         worker positions are per worker id,
                                                                        in shards of 1/workers of the prompts
 replay.{rescore,rescore_audit}                         allowed         which groups a step re-scores
+replay.{fill_batch,fill_max_degenerate}                allowed         which arrivals count toward B; the
+                                                                       buffer holds no group either rule
+                                                                       would select differently
 algorithm.*, replay.*                                  refused         the buffer, cache, snapshots and
                                                                        selection state were made for them
 sampling.*                                             refused         G, the sampler's density and the
@@ -99,6 +102,9 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
     (("replay.rescore", "replay.rescore_audit", "replay.prefetch"), Rule.ALLOWED,
      "which buffered groups are re-scored at a step, and when rows are computed; the buffer keeps "
      "every group's last score"),
+    (("replay.fill_batch", "replay.fill_max_degenerate"), Rule.ALLOWED,
+     "which arrivals count toward a step's B: degenerate groups are never selected either way "
+     "(replay.drop_degenerate, which fill_batch needs), and the restored counts hold trainable groups"),
     (("algorithm.", "replay."), Rule.REFUSED,
      "the replay buffer, log-prob cache, snapshots and selection state were made for it"),
     (("sampling.",), Rule.REFUSED, "the buffered samples were drawn with it (G, density, prompt order)"),

@@ -3,7 +3,8 @@ per iteration (M x epochs PPO mini-batch optimizer steps); synchronous training 
 with eta = 0 and K = 1 (``configs/algorithm/sync.yaml``).
 
 A step starts once the hubs hold the step's B new groups; groups beyond that count for the next
-steps (``endpoints.Backlog``).
+steps (``endpoints.Backlog``). With ``replay.fill_batch`` those are B trainable groups: the hubs
+drop degenerate ones on arrival and give their starts back (``endpoints.receive_groups``).
 
 Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one per DP shard, on
 the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
@@ -309,6 +310,9 @@ class TrainerLoop:
             return None
         self.backlog.took(received.total)
         self._count(received.groups)
+        if self.planner is not None and received.degenerate:
+            self.planner.dropped_degenerate(received.degenerate)  # the step's metrics
+            self._count(received.degenerate, made_only=True)
         return received.groups
 
     def _wait(self, step: int) -> Received:
@@ -319,7 +323,8 @@ class TrainerLoop:
                                   self.cfg.transport.control.num_workers,
                                   stop=lambda: self.stop.signum is not None or (
                                       publisher is not None and publisher.failure() is not None),
-                                  idle=lambda groups: prefetch and self.runner.prefetch(groups, step))
+                                  idle=lambda groups: prefetch and self.runner.prefetch(groups, step),
+                                  max_degenerate=self.cfg.replay.max_degenerate(self.cfg.algorithm.groups_per_step))
         self.runner.end_wait(received.stopped, bool(received.fatal))
         return received
 
@@ -329,12 +334,16 @@ class TrainerLoop:
         why = f"trainer step {step}: the replica's hub gave up waiting for groups" if fatal else ""
         return Received(stopped=stopped, fatal=why)
 
-    def _count(self, groups: Sequence[SampleGroup]) -> None:
+    def _count(self, groups: Sequence[SampleGroup], made_only: bool = False) -> None:
         """Received groups, and per worker how many it made (a group carries its ordinal among
-        its worker's groups: ``SampleGroup.worker_index``)."""
-        self.received += len(groups)
+        its worker's groups: ``SampleGroup.worker_index``); ``made_only``: groups dropped on
+        arrival (``replay.fill_batch``), which count only there (a resume continues after them)."""
         for g in groups:
             self.made[g.worker_id] = max(int(self.made[g.worker_id]), g.worker_index + 1)
+        if made_only:
+            return
+        self.received += len(groups)
+        for g in groups:
             self.step_groups[g.worker_id] += 1
 
     def _log(self, step: int, t: int, stats: StepStats, result: StepResult, laps: dict[str, float],
@@ -348,7 +357,7 @@ class TrainerLoop:
         trainer = {
             "loss": result.loss, "grad_norm": result.grad_norm, "weight_norm": result.weight_norm, "lr": result.lr,
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
-            "rollout_tokens_per_s": reduced.response_tokens_received / gen_s,
+            "rollout_tokens_per_s": (reduced.response_tokens_received + reduced.response_tokens_degenerate) / gen_s,
             "step_seconds": wall_s, **self._sync_metrics(), **laps,
             **self._rates.step(lambda w: self.ep.heartbeat.peer_stats(WORKER, w)),
             "version": float(self.trainer.version),

@@ -20,6 +20,7 @@ from megatron_darl.replay.window import VersionWindow
 from megatron_darl.step.candidates import RESCORE_MODES
 
 BACKFILLS = ("snapshot", "nearest")  # mis.backfill: exact recompute or nearest-version copy
+FILL_MAX_FACTOR = 10  # replay.fill_max_degenerate=null: 10 x B (DAPO's recipe: max_num_gen_batches=10)
 
 
 @dataclass
@@ -128,6 +129,13 @@ class ReplayConfig:
     warmup: int = 0  # first steps take the freshest groups without scoring
     max_replays: Optional[int] = None  # times a group may be selected; null = while in window
     drop_degenerate: bool = True  # never select groups whose rewards are all equal
+    # dynamic sampling (DAPO's filter groups, verl's algorithm.filter_groups): the hub drops a group
+    # whose rewards are all equal as it arrives and gives its start back to the staleness bound, so
+    # a step waits for B groups that can train; needs drop_degenerate (docs/algorithm.md, section 5)
+    fill_batch: bool = False
+    # fill_batch: degenerate groups one step's wait may drop before the step trains the trainable
+    # ones it has (one warning line; DAPO's max_num_gen_batches); null = FILL_MAX_FACTOR x B
+    fill_max_degenerate: Optional[int] = None
     rescore: str = "all"  # groups a ratio score scores at t: all (the spec) | selected, bounded (opt-in, predicted)
     rescore_audit: bool = False  # score all too and report what the rule would have selected
     prefetch: bool = True  # while the trainer waits for groups, compute rows the step will need
@@ -141,6 +149,19 @@ class ReplayConfig:
             raise ValueError(f"replay.warmup must be >= 0, got {self.warmup}")
         if self.max_replays is not None and self.max_replays < 1:
             raise ValueError(f"replay.max_replays must be >= 1 or null, got {self.max_replays}")
+        if self.fill_batch and not self.drop_degenerate:
+            raise ValueError("replay.fill_batch=true needs replay.drop_degenerate=true: it drops the groups "
+                             "that selection would skip; with replay.drop_degenerate=false they are "
+                             "trained, so set replay.fill_batch=false or replay.drop_degenerate=true")
+        if self.fill_max_degenerate is not None and self.fill_max_degenerate < 1:
+            raise ValueError(f"replay.fill_max_degenerate must be >= 1 or null, got {self.fill_max_degenerate}")
+
+    def max_degenerate(self, groups_per_step: int) -> int | None:
+        """Degenerate groups one step's wait may drop before it goes on with fewer than B trainable
+        ones (``fill_max_degenerate``, default ``FILL_MAX_FACTOR`` x B); None when ``fill_batch`` is off."""
+        if not self.fill_batch:
+            return None
+        return self.fill_max_degenerate or FILL_MAX_FACTOR * groups_per_step
 
     @property
     def window(self) -> VersionWindow:

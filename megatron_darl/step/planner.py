@@ -290,6 +290,16 @@ class ShardPlanner:
         self._pending.prefetch_passes += 1
         return True
 
+    def dropped_degenerate(self, groups: Sequence[SampleGroup]) -> None:
+        """Count the groups of equal rewards the hub dropped while the step waited
+        (``replay.fill_batch``): in the step's statistics, never in the buffer."""
+        stats = self._pending
+        for group in groups:
+            stats.groups_degenerate += 1
+            stats.samples_degenerate += len(group.samples)
+            stats.reward_sum_degenerate += float(sum(s.reward for s in group.samples))
+            stats.response_tokens_degenerate += group.num_tokens
+
     def _keep_current_rows(self) -> None:
         """The step made a new version: its rows at the old one go into the cache for the
         buffered samples (a later backfill of that version reads them), then are dropped."""

@@ -52,6 +52,12 @@ class StepStats:
     dropped_stale: float = _sum()  # arrived already left of the window
     mixed_version_samples: float = _sum()  # tokens of several versions (interruptible rollout)
     staleness_hist: torch.Tensor = _hist()  # (bins,) groups by t - v at arrival, last bin: older
+    # replay.fill_batch: groups of equal rewards the hub dropped on arrival while the step waited
+    # (not in the sums above: never buffered; generated all the same)
+    groups_degenerate: float = _sum()
+    samples_degenerate: float = _sum()
+    reward_sum_degenerate: float = _sum()
+    response_tokens_degenerate: float = _sum()
     # log-prob pass: engine vs trainer at equal version (k3 estimate of KL)
     mismatch_k3_sum: float = _sum()
     mismatch_tokens: float = _sum()

@@ -21,7 +21,8 @@ holds the policy): ``add`` a counter, ``publish``/``published`` the version work
 ``join`` (a worker's next generation; the previous one is fenced), ``reserve`` group starts
 against the bound (only by a worker's live generation), ``arrive`` (groups at their hub: a
 fenced generation's are refused), ``fence`` (a lost worker: its outstanding starts are given
-back) and ``refuse`` (groups the trainer found over the bound: their starts are given back).
+back) and ``refuse`` (groups the trainer will not train: their starts are given back, counted by
+why: over the bound, or degenerate under ``replay.fill_batch``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ STARTED = "stale/groups_started"  # group starts reserved against the bound
 DROPPED = "stale/groups_dropped"  # starts of a lost or replaced worker's generation, given back
 FENCED = "stale/groups_fenced"  # groups a fenced generation sent later: refused at the hub
 REFUSED = "stale/groups_refused"  # groups over the bound when they reached the trainer: not trained
+DEGENERATE = "stale/groups_degenerate"  # groups of equal rewards dropped at the hub (replay.fill_batch)
+GIVE_BACK = {"stale": REFUSED, "degenerate": DEGENERATE}  # ``refuse``'s reasons and their counters
 _MAGIC = b"DLG1"
 _MAC = 16  # bytes of a truncated HMAC-SHA256
 _MAX_FRAME = 1 << 16  # a longer frame is not a ledger request
@@ -153,9 +156,17 @@ class Ledger:
         self._counters[key] = max(0, self._counters.get(key, 0) - count)
         return {"accepted": True}
 
-    def _op_refuse(self, count: int) -> dict[str, Any]:
-        self._add(STARTED, -count)
-        return {"refused": self._add(REFUSED, count)}
+    def _op_refuse(self, count: int, why: str = "stale") -> dict[str, Any]:
+        """Give back the starts of ``count`` delivered groups the trainer will not train.
+
+        Only groups a hub accepted reach here (``arrive``: a fenced generation's never do), so a
+        start is given back once, whatever happens to its worker later."""
+        if why not in GIVE_BACK:
+            raise ValueError(f"refuse: unknown reason {why!r} (one of {sorted(GIVE_BACK)})")
+        if int(count) < 0:
+            raise ValueError(f"refuse: count {count} < 0")
+        self._add(STARTED, -int(count))
+        return {"refused": self._add(GIVE_BACK[why], int(count))}
 
 
 class LedgerServer:

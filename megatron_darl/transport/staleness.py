@@ -23,6 +23,14 @@ The bound on starts is a bound on what is generated; the trainer checks what it 
 than ``max_staleness`` versions behind the trainer is not trained, its start is given back and
 it is counted (``Keys.REFUSED``). A worker paused, frozen or slow in ways the gate cannot see
 costs that group, never the bound.
+
+Dynamic sampling (``replay.fill_batch``, DAPO's "filter groups and refill"): the hub drops a group
+whose rewards are all equal (zero advantage, never selected) right after ``admit_fresh`` and
+gives its start back the same way, counted in ``Keys.DEGENERATE`` (``give_back_degenerate``), so
+the workers may start a replacement and a step's B groups are B trainable ones. The bound then
+counts trainable groups and groups in flight; the trainer's check is unchanged. Both give-backs
+are of groups a hub accepted (``mark_delivered``): a fenced generation's groups are refused before
+they get there and gain nothing, and a start is given back once.
 """
 
 from __future__ import annotations
@@ -71,9 +79,11 @@ def groups_dropped(store: ControlStore) -> int:
 
 
 def groups_refused(store: ControlStore) -> dict[str, int]:
-    """Groups refused so far: sent by a fenced generation (``fenced``), or over the bound when
-    they reached the trainer (``stale``)."""
-    return {"fenced": store.add(Keys.FENCED, 0), "stale": store.add(Keys.REFUSED, 0)}
+    """Groups refused so far: sent by a fenced generation (``fenced``), over the bound when they
+    reached the trainer (``stale``), or dropped there as degenerate (``degenerate``,
+    ``replay.fill_batch``)."""
+    return {"fenced": store.add(Keys.FENCED, 0), "stale": store.add(Keys.REFUSED, 0),
+            "degenerate": store.add(Keys.DEGENERATE, 0)}
 
 
 def mark_delivered(store: ControlStore, worker_id: int, count: int = 1, generation: int = 0) -> bool:
@@ -97,13 +107,23 @@ def admit_fresh(store: ControlStore, groups: Sequence[SampleGroup], version: int
     for g in groups:
         (fresh if g.behavior_version < 0 or version - g.behavior_version <= max_staleness else stale).append(g)
     if stale:
-        total = store.ledger.call("refuse", count=len(stale))["refused"]
+        total = store.ledger.call("refuse", count=len(stale), why="stale")["refused"]
         for g in stale:
             log.warning("%s at version %d: refused group %d of rollout %d: its oldest token is of version "
                         "%d, %d versions old (max_staleness %d); not trained, its start given back "
                         "(%d refused so far)", who, version, g.group_id, g.worker_id, g.behavior_version,
                         version - g.behavior_version, max_staleness, total)
     return fresh
+
+
+def give_back_degenerate(store: ControlStore, groups: Sequence[SampleGroup]) -> int:
+    """Give back the starts of ``groups``, delivered groups whose rewards are all equal that the
+    hub drops under ``replay.fill_batch`` (never trained: zero advantage), so workers may start
+    replacements; counted in ``Keys.DEGENERATE``. Returns that count so far (``0`` for no groups:
+    no ledger request). The same give-back as ``admit_fresh``'s, under its own key."""
+    if not groups:
+        return 0
+    return int(store.ledger.call("refuse", count=len(groups), why="degenerate")["refused"])
 
 
 class StalenessGate:

@@ -66,6 +66,7 @@ class Keys:
     DROPPED = _ledger.DROPPED  # counter: groups a lost worker started and never delivered
     FENCED = _ledger.FENCED  # counter: groups a fenced (lost) generation sent later, refused
     REFUSED = _ledger.REFUSED  # counter: groups over the bound at the trainer, not trained
+    DEGENERATE = _ledger.DEGENERATE  # counter: groups of equal rewards dropped at the hub (replay.fill_batch)
 
     @staticmethod
     def member(role: str, rank: int) -> str:
