@@ -30,8 +30,9 @@ each group once, oldest first, and get K = eta + 1: no window of theirs, and a s
 evict groups the bound let the worker generate before they are trained. Each case is a preset
 (``configs/algorithm/<case>.yaml``, ``algorithm=<case>`` in any run); the overrides a case adds
 are the study's settings (the baselines' queue order, the window), never what makes the variant.
-Degenerate groups (all rewards equal) are dropped, as the spec says (``--keep-degenerate``: the
-studies before issue 39).
+Degenerate groups (all rewards equal) are dropped, as the spec says, and refilled
+(``replay.fill_batch=true``: DAPO's dynamic sampling; ``--no-fill``: dropped without refill;
+``--keep-degenerate``: kept, the studies before issue 39).
 
 How the staleness is made real. The trainer waits for B new groups per step, the rollout worker
 may start groups up to ``(t + eta + 1) * B``, and a batch engine reserves its whole batch or
@@ -40,13 +41,15 @@ bound and stays eta versions ahead: the buffer holds a backlog of ``eta * B`` gr
 queue baselines (``algorithm.score=oldest``) train every group eta versions after it was
 generated. ``--rollout-batch window`` ((eta + 1) * B per call) waits for room for the whole batch,
 so the worker generates one batch every eta + 1 versions and the trained age cycles 0..eta.
-Measured on CPU (tiny policy, B 16, G 8, eta 4, seed 0; realized staleness = mean age of the
-trained groups): step and degenerate groups kept 4.00 from step 10 on (3.43 over the run); step
-with them dropped 1.00, with 6.5 of 16 groups trained a step; window with them dropped 0.98
-(async) and 1.55 (darl), 17 of 40 async steps training nothing. Dropping them collapses the
-staleness because a step trains every non-degenerate group it holds, up to B: with fewer than B
-arriving per version none waits, so the backlog is dead groups. Real staleness with dropping
-needs the step to wait for B trainable groups (the loop's change, not the study's).
+Dropping degenerate groups without refill collapses the staleness: the step still waits for B
+arrivals, degenerate ones included, and trains the non-degenerate ones it holds, so with fewer
+than B of those arriving per version none waits. Measured on CPU (tiny policy, B 16, G 8, eta 4,
+seed 0; realized staleness = mean age of the trained groups): step and degenerate groups kept
+4.00 from step 10 on (3.43 over the run); step with them dropped 1.00, with 6.5 of 16 groups
+trained a step; window with them dropped 0.98 (async) and 1.55 (darl), 17 of 40 async steps
+training nothing. With ``replay.fill_batch`` the hub drops them on arrival and gives their
+starts back to the bound, so a step waits for B trainable groups and the backlog is of trainable
+groups again (the measurement with the filter: docs/algorithm.md, section 5).
 D-ARL's variants choose from the same buffer by their own score.
 
     python benchmarks/variant_study.py --out-dir OUT --partial OUT/partial.json --budget 540  # GPU
@@ -137,6 +140,7 @@ def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
            f"data={args.data}", *args.data_overrides_prefixed, f"model.path={args.model_path}",
            f"loop.checkpoint_interval={args.eval_every}", "loop.keep_checkpoints=0",  # each is scored
            "loop.receive_timeout_s=1200", f"replay.drop_degenerate={str(not args.keep_degenerate).lower()}",
+           f"replay.fill_batch={str(not (args.keep_degenerate or args.no_fill)).lower()}",  # staleness stays real
            "eval.benchmarks=[]",  # no held-out points in the run: the study scores its checkpoints
            *args.overrides]
     return preset, out
@@ -281,6 +285,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-degenerate", action="store_true",
                    help="replay.drop_degenerate=false in every run (the spec drops them; the studies "
                         "before issue 39 kept them)")
+    p.add_argument("--no-fill", action="store_true",
+                   help="replay.fill_batch=false: degenerate groups dropped but not refilled (steps train "
+                        "fewer than B groups and the staleness collapses; the docstring)")
     p.add_argument("--data", default="countdown", help="configs/data preset of a generated task")
     p.add_argument("--data-set", action="append", default=[], dest="data_overrides",
                    help="data KEY=VALUE override, e.g. countdown.max_numbers=7 (train and test)")
@@ -345,7 +352,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def settings(args, ws_key: str) -> dict:
     """What makes two runs comparable: a partial file only mixes runs made under these."""
-    keys = ("steps", "groups", "group_size", "minibatches", "lr", "max_new_tokens", "rollout_batch", "keep_degenerate",
+    keys = ("steps", "groups", "group_size", "minibatches", "lr", "max_new_tokens", "rollout_batch", "keep_degenerate", "no_fill",
             "data", "data_overrides", "eval_every", "test_prompts", "eval_samples", "eval_temperature",
             "metric",
             "size", "cluster", "overrides")

@@ -26,7 +26,7 @@ from megatron_darl.step.config import ReplayConfig
 from megatron_darl.step.stats import StepStats
 from megatron_darl.transport import ChannelConfig, ControlPlaneConfig, StalenessGate, connect_store, serve_store
 from megatron_darl.transport.staleness import (
-    admit_fresh, give_back_degenerate, groups_dropped, groups_refused, mark_delivered, release_reservations,
+    give_back_degenerate, groups_dropped, groups_refused, mark_delivered, release_reservations,
 )
 from megatron_darl.transport.store import Keys
 from tests.distributed.procs.launcher import free_port

@@ -1,6 +1,6 @@
 """The variant study's plan as issue 39 asks for it: the window per case (D-ARL's K = 4 at every
-staleness, eta + 1 for the queue baselines and ``darl_keta``), degenerate groups dropped unless
-asked, and a record pooled from the partial files of several device calls, each with its own
+staleness, eta + 1 for the queue baselines and ``darl_keta``), degenerate groups dropped and
+refilled (``replay.fill_batch``, else the staleness collapses) unless asked, and a record pooled from the partial files of several device calls, each with its own
 warm start (a seed block per call)."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def test_each_case_gets_its_window(case, eta, k):
     assert f"replay.k={k}" in overrides and f"algorithm.max_staleness={eta}" in overrides
     assert preset == ("darl" if case == "darl_keta" else case)
     assert "replay.drop_degenerate=true" in overrides  # the spec's rule, by default
+    assert "replay.fill_batch=true" in overrides  # and refilled: a step trains B groups, staleness stays real
     assert not any("cap_mode" in o or "rollout_is" in o for o in overrides)  # presets make the variants
 
 
@@ -39,7 +40,10 @@ def test_the_default_plan_is_issue_39s_grid():
                                        "darl_nofilter", "darl_keta"}
     assert args.rollout_batch == "step"  # the worker stays eta versions ahead (the docstring)
     _, kept = vs.case_overrides("async", 4, _args("--keep-degenerate"))
-    assert "replay.drop_degenerate=false" in kept
+    assert "replay.drop_degenerate=false" in kept and "replay.fill_batch=false" in kept  # fill needs dropping
+    _, unfilled = vs.case_overrides("async", 4, _args("--no-fill"))
+    assert "replay.drop_degenerate=true" in unfilled and "replay.fill_batch=false" in unfilled
+    assert vs.settings(_args("--no-fill"), "ws")["no_fill"] and not vs.settings(_args(), "ws")["no_fill"]
 
 
 def test_a_record_pools_the_partial_files_of_several_calls(tmp_path):
