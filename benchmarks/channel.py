@@ -1,10 +1,10 @@
 """Benchmark ``channel``: MB/s and groups/s through the sample channel, and the control plane meanwhile.
 
 ``--workers`` rollout-worker processes send ``--groups`` framed groups in all (G samples x T
-tokens each) to ``--hubs`` hub processes (each group to ``shard_of(group_id, hubs)``), through the
-real ``SampleSender``/``SampleHub``. ``--transport dataplane`` carries each payload over a
-worker<->hub pair group (gloo on CPU; NCCL between distinct GPUs with ``--devices auto`` on a GPU
-host: hub h on GPU h, worker w on GPU (hubs + w) mod GPUs) while the store carries the small
+tokens each) to ``--hubs`` hub processes (each group to ``shard_of(group_id, hubs, workers)``),
+through the real ``SampleSender``/``SampleHub``. ``--transport dataplane`` carries each payload
+over a worker<->hub pair group (gloo on CPU; NCCL between distinct GPUs with ``--devices auto`` on
+a GPU host: hub h on GPU h, worker w on GPU (hubs + w) mod GPUs) while the store carries the small
 headers and acks; ``--transport store`` puts the payloads in the control-plane TCPStore itself
 (the path before issue 16). This process only serves the store, as trainer rank 0 does.
 
@@ -78,7 +78,7 @@ def warm_ids(a, w: int) -> list[int]:
     out, local = [], 0
     while len(out) < a.hubs:
         gid = WARM + local * a.workers + w
-        if shard_of(gid, a.hubs) not in [shard_of(x, a.hubs) for x in out]:
+        if shard_of(gid, a.hubs, a.workers) not in [shard_of(x, a.hubs, a.workers) for x in out]:
             out.append(gid)
         local += 1
     return out
@@ -125,7 +125,7 @@ def hub(a, port: int, h: int, results) -> None:
         torch.cuda.set_device(dev)
     control = _control(a, port)
     hub_ = SampleHub(connect_store(control, who=f"trainer {h}"), control, _channel(a), h, device=dev)
-    expect = sum(shard_of(gid, a.hubs) == h for w in range(a.workers) for gid in my_groups(a, w))
+    expect = sum(shard_of(gid, a.hubs, a.workers) == h for w in range(a.workers) for gid in my_groups(a, w))
     got, first, last, deadline = 0, None, None, time.monotonic() + 600
     sampler = StackSampler().start() if a.sample_stacks else None
     while got < expect and time.monotonic() < deadline:

@@ -88,7 +88,8 @@ class TrainerLoop:
     def __init__(self, cfg: RunConfig, trainer: PolicyTrainer, ps: ParallelState, endpoints: TrainerEndpoints,
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
-        self.planner = (ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size)
+        self.planner = (ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size,
+                                     num_workers=cfg.transport.control.num_workers)
                         if self.ps.is_hub else None)
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)

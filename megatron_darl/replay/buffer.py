@@ -3,9 +3,10 @@
 Groups arrive from rollout with their advantages computed once (GRPO, per group) and are kept
 while their behavior version lies in the window ``[t - K + 1, t]``; a group may be selected at
 several steps while it stays there (replay), optionally capped by ``max_replays``. Each group
-belongs to one DP shard (``shard_of``); selection takes a fixed quota per shard so sample data
-never moves between shards. Scores come from the loop (they need the trainer's log-prob pass);
-the buffer only decides eligibility, order and bookkeeping.
+belongs to one DP shard (``shard_of``: each rollout worker's groups dealt round-robin over the
+shards); selection takes a fixed quota per shard so sample data never moves between shards.
+Scores come from the loop (they need the trainer's log-prob pass); the buffer only decides
+eligibility, order and bookkeeping.
 
 A group is packed once, when it is added (``BufferEntry.packed``: the trainer's token layout,
 ``samples.PackedSamples``); its samples' tensors become views of that, so the buffer holds the
@@ -32,7 +33,7 @@ class BufferEntry:
     group: SampleGroup
     packed: PackedSamples  # the group's samples packed once, on arrival (its samples' storage)
     advantages: torch.Tensor  # (G,) float32 GRPO advantages, fixed at arrival
-    shard: int  # owning DP shard, shard_of(group_id, num_shards)
+    shard: int  # owning DP shard, shard_of(group_id, num_shards, num_workers) on arrival
     arrival_step: int  # trainer step at which the group arrived
     behavior_version: int  # oldest token version of the group
     arrival_seq: int  # arrival order inside the buffer (ties on freshness)
@@ -61,6 +62,7 @@ class ReplayBuffer:
         drop_degenerate: bool = True,
         max_replays: int | None = None,
         adv_eps: float = 1e-6,
+        num_workers: int = 1,
     ) -> None:
         """Args:
         window: the replay window (``replay.k``; an int is ``VersionWindow(int)``).
@@ -69,7 +71,13 @@ class ReplayBuffer:
         drop_degenerate: never select groups whose advantages are all zero.
         max_replays: times a group may be selected; ``None`` = unlimited while in window.
         adv_eps: eps of ``grpo_advantages``.
+        num_workers: rollout workers whose groups are dealt over the shards (``shard_of``). Not
+            part of the state: a restored entry keeps its stored shard, new arrivals follow the
+            run's count (a resume may not change it: ``loop/resume_changes.py``).
         """
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.num_workers = num_workers
         k = window.k if isinstance(window, VersionWindow) else window
         self._configure(k, num_shards, warmup, drop_degenerate, max_replays, adv_eps)
         self._entries: dict[int, BufferEntry] = {}  # group_id -> entry, in arrival order
@@ -131,7 +139,7 @@ class ReplayBuffer:
             group=group,
             packed=_packed(group),
             advantages=advantages,
-            shard=shard_of(group.group_id, self.num_shards),
+            shard=shard_of(group.group_id, self.num_shards, self.num_workers),
             arrival_step=step,
             behavior_version=group.behavior_version,
             arrival_seq=self._next_seq,

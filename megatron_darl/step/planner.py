@@ -54,7 +54,7 @@ from typing import Any, Callable, Collection, Sequence
 import torch
 
 from megatron_darl.algorithms import (
-    RATIO_SCORES, PolicyLossInputs, WeightRule, batch_behavior_weights, group_scores,
+    RATIO_SCORES, PolicyLossInputs, batch_behavior_weights, group_scores,
     needs_logprob_pass, score_tokens,
 )
 from megatron_darl.step.backfill import backfill, mixture_versions, posterior_reads_trainer
@@ -135,14 +135,16 @@ class ShardPlanner:
     """The algorithm state of one DP shard (its buffer and cache rows) and its step."""
 
     def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, shard: int = 0,
-                 num_shards: int = 1) -> None:
+                 num_shards: int = 1, num_workers: int = 1) -> None:
+        """``num_workers``: the run's rollout workers (``transport.control.num_workers``), whose
+        groups ``shard_of`` deals over the ``num_shards`` DP shards as the channel does."""
         self.quota = shard_quota(algorithm.groups_per_step, num_shards, shard)  # B/DP, or one more
         self.algorithm, self.replay = algorithm, replay
         self.spec = algorithm.spec()
         self.window = replay.window
-        self.shard, self.num_shards = shard, num_shards
+        self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.buffer = ReplayBuffer(self.window, num_shards, replay.warmup, replay.drop_degenerate,
-                                   replay.max_replays, algorithm.adv_eps)
+                                   replay.max_replays, algorithm.adv_eps, num_workers)
         self.cache = LogProbCache()
         self.hist_bins = max(replay.k, algorithm.max_staleness + 2)  # last bin: this or older
         self.needs_pass = needs_logprob_pass(self.spec)  # False: no candidate log-prob pass
@@ -207,7 +209,7 @@ class ShardPlanner:
         """Buffer the new groups and cache their engine rows; a group already left of the window
         is dropped (counted), a group of another shard raises."""
         for group in groups:
-            owner = shard_of(group.group_id, self.num_shards)
+            owner = shard_of(group.group_id, self.num_shards, self.num_workers)
             if owner != self.shard:
                 raise ValueError(f"group {group.group_id} belongs to shard {owner}, not {self.shard}")
             stats.groups_received += 1

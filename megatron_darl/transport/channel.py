@@ -22,7 +22,11 @@ acks s, then deletes its header; a restarted worker resumes after the last acked
 data plane it re-posts there: a dead incarnation's unsent payloads died with it; with the store,
 its posted groups still arrive, and are refused as its predecessor's generation: their starts
 were given back when the new process joined) and the hub drops any group id it already delivered. A
-group goes to hub ``shard_of(group_id, num_hubs)``, the replay buffer's own shard function.
+group goes to hub ``shard_of(group_id, num_hubs, num_workers)``, the replay buffer's own shard
+function: each worker deals its groups round-robin over the hubs (its g-th to hub (g + w) mod H),
+so the hubs' inflows stay within about one group per worker of each other. A restarted worker
+continues its group count and so its turn; a fenced generation's groups route the same way (the
+hub that owns them refuses them).
 Back-pressure: a worker waits while ``max_unacked_per_hub`` of its groups to one hub are unacked,
 looking again after 0.5 ms and backing off to ``poll_interval_s``: once a whole window crosses in
 one transfer, the link idles from its ack to the worker's next look, so that look comes soon.
@@ -143,7 +147,7 @@ class SampleSender:
         groups would deadlock with it. ``stopped`` lets a worker leave when the trainer, which
         no longer acks, raises the stop flag.
         """
-        hub = shard_of(group.group_id, self._control.num_hubs)
+        hub = shard_of(group.group_id, self._control.num_hubs, self._control.num_workers)
         start = time.monotonic()
         deadline = start + self.cfg.send_timeout_s
         nap = _FIRST_WAIT_S

@@ -116,13 +116,50 @@ def test_replay_counts_and_cap():
     assert [e.group_id for e in buf.candidates()] == [2]
 
 
-def test_shard_of_stable_and_balanced():
-    assert shard_of(12345, 8) == shard_of(12345, 8)
-    assert shard_of(5, 1) == 0
-    counts = torch.bincount(torch.tensor([shard_of(g * 8 + 3, 8) for g in range(8000)]))
-    assert counts.numel() == 8 and counts.min() > 850 and counts.max() < 1150
-    with pytest.raises(ValueError, match="num_shards"):
-        shard_of(1, 0)
+def _splitmix_shard(group_id, num_shards):
+    """The hash ``shard_of`` was before the round-robin (splitmix64 of the id, mod DP)."""
+    m = (1 << 64) - 1
+    z = (group_id + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return (z ^ (z >> 31)) % num_shards
+
+
+def _worst_spread(route, workers, shards, trials=300, seed=0):
+    """Largest max - min of per-shard counts over random windows: each worker contributes a run of
+    consecutive groups of its own (own start, own length: workers at different speeds, a worker
+    resumed mid-count), ids ``index * workers + worker`` as ``rollout/worker.py`` makes them."""
+    gen, worst = torch.Generator().manual_seed(seed), 0
+    for _ in range(trials):
+        counts = [0] * shards
+        for w in range(workers):
+            start, n = torch.randint(0, 1000, (2,), generator=gen).tolist()
+            for index in range(start, start + n % 40):
+                counts[route(index * workers + w, shards, workers)] += 1
+        worst = max(worst, max(counts) - min(counts))
+    return worst
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+@pytest.mark.parametrize("shards", [1, 2, 3, 4, 8])
+def test_shard_of_keeps_any_window_of_each_workers_groups_within_one_group_per_worker(workers, shards):
+    """Each worker's g-th group goes to shard (g + w) mod DP: any run of one worker's consecutive
+    groups is within one group of even, so the shards' counts over any windows of the workers are
+    within ``workers`` of each other (B = 32 on 2 shards from 2 workers: 16 +- 1 each, never the
+    hash's Binomial(32, 1/2))."""
+    assert _worst_spread(shard_of, workers, shards) <= (workers if shards > 1 else 0)
+    if shards > 1:  # the old hash breaks the bound: the test would fail for it
+        assert _worst_spread(lambda gid, h, w: _splitmix_shard(gid, h), workers, shards) > workers
+
+
+def test_shard_of_deals_each_workers_groups_round_robin_from_its_own_offset():
+    assert [shard_of(g, 4, 1) for g in range(6)] == [0, 1, 2, 3, 0, 1]  # one worker: g mod DP
+    assert [shard_of(g * 2 + 1, 2, 2) for g in range(4)] == [1, 0, 1, 0]  # worker 1 of 2 starts at 1
+    assert sorted(shard_of(w, 4, 4) for w in range(4)) == [0, 1, 2, 3]  # first groups cover the shards
+    assert shard_of(12345, 8, 3) == shard_of(12345, 8, 3) and shard_of(5, 1, 3) == 0
+    for bad, match in (((1, 0, 1), "num_shards"), ((1, 2, 0), "num_workers"), ((-1, 2, 1), "group_id")):
+        with pytest.raises(ValueError, match=match):
+            shard_of(*bad)
 
 
 def test_state_round_trip_is_exact():
@@ -162,9 +199,12 @@ def test_groups_without_a_score_are_not_selected_after_warmup():
 def test_the_buffer_files_a_group_under_the_shard_the_channel_routes_it_to():
     # one function next to SampleGroup: the channel's hub and the buffer's shard cannot differ
     for num_shards in (1, 2, 3, 8):
-        buf = ReplayBuffer(VersionWindow(4), num_shards=num_shards)
-        for gid in [*range(40), *((w << 40) | i for w in range(1, 5) for i in range(10))]:
-            assert buf.add(make_group(gid, 0), step=0).shard == shard_of(gid, num_shards)
+        for workers in (1, 3):
+            buf = ReplayBuffer(VersionWindow(4), num_shards=num_shards, num_workers=workers)
+            for gid in [*range(40), *((w << 40) | i for w in range(1, 5) for i in range(10))]:
+                assert buf.add(make_group(gid, 0), step=0).shard == shard_of(gid, num_shards, workers)
+    with pytest.raises(ValueError, match="num_workers"):
+        ReplayBuffer(VersionWindow(4), num_workers=0)
 
 
 def test_version_window_is_the_one_definition_of_the_window():

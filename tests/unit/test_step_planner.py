@@ -81,8 +81,9 @@ def test_arrival_caches_engine_rows_and_histogram():
 
 
 def test_a_group_of_another_shard_is_refused():
-    p = ShardPlanner(algo("darl"), ReplayConfig(), shard=0, num_shards=2)
-    gid = next(i for i in range(100) if shard_of(i, 2) == 1)
+    p = ShardPlanner(algo("darl"), ReplayConfig(), shard=0, num_shards=2, num_workers=2)
+    gid = 1  # worker 1's first group: its deal starts at shard 1
+    assert shard_of(gid, 2, 2) == 1
     with pytest.raises(ValueError, match="belongs to shard 1"):
         p.step([make_group(gid, 0)], 0, 0, fake_logprobs)
 
@@ -317,14 +318,14 @@ class ThreadSum:
 @pytest.mark.parametrize("b, shards, quotas", [(4, 2, [2, 2]), (5, 3, [2, 2, 1])])
 def test_shards_take_their_quota_and_share_alpha(b, shards, quotas):
     """B split over the DP shards as evenly as it goes (5 on 3: 2, 2, 1), one alpha for all."""
-    planners = [ShardPlanner(algo("darl", b=b), ReplayConfig(k=4), shard=i, num_shards=shards)
+    planners = [ShardPlanner(algo("darl", b=b), ReplayConfig(k=4), shard=i, num_shards=shards, num_workers=2)
                 for i in range(shards)]
     assert [p.quota for p in planners] == quotas
     groups = [make_group(g, g % 3) for g in range(1, 31)]
     dp, plans = ThreadSum(shards), [None] * shards
 
     def run(i):
-        mine = [g for g in groups if shard_of(g.group_id, shards) == i]
+        mine = [g for g in groups if shard_of(g.group_id, shards, 2) == i]
         plans[i] = planners[i].step(mine, 2, 2, fake_logprobs, exact_versions=[0, 1], dp_sum=dp)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(shards)]

@@ -84,12 +84,12 @@ def test_malformed_frame_is_rejected():
         unframe_group(old)
 
 
-def test_shard_of_is_stable_and_balanced_even_for_worker_folded_ids():
+def test_shard_of_deals_one_workers_folded_ids_evenly_over_the_hubs():
     ids = [local * 2 + 0 for local in range(4000)]  # worker 0 of 2: only even ids
-    counts = [sum(shard_of(i, 2) == h for i in ids) for h in range(2)]
-    assert min(counts) > 1800 and shard_of(12345, 8) == shard_of(12345, 8)
+    assert [sum(shard_of(i, 2, 2) == h for i in ids) for h in range(2)] == [2000, 2000]
+    assert [sum(shard_of(i, 3, 2) == h for i in ids[:7]) for h in range(3)] == [3, 2, 2]
     with pytest.raises(ValueError, match="num_shards"):
-        shard_of(1, 0)
+        shard_of(1, 0, 1)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -246,10 +246,10 @@ def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker(transport)
     for local in range(30):
         for w, s in enumerate(senders):
             s.send(_group(local * 3 + w, worker=w), StartTicket(0, 1))
-    got = [_take(hubs[h], sum(shard_of(local * 3 + w, 2) == h for local in range(30) for w in range(2)))
+    got = [_take(hubs[h], sum(shard_of(local * 3 + w, 2, 3) == h for local in range(30) for w in range(2)))
            for h in range(2)]
-    for h in range(2):
-        assert all(shard_of(r.group.group_id, 2) == h for r in got[h])
+    for h in range(2):  # each worker's groups dealt round-robin (worker count 3, silent one included)
+        assert all(shard_of(r.group.group_id, 2, 3) == h for r in got[h]) and len(got[h]) == 30
     assert sorted(r.group.group_id for g in got for r in g) == sorted(l * 3 + w for l in range(30) for w in range(2))
     start = time.monotonic()
     assert hubs[0].poll() == [] and time.monotonic() - start < 0.05  # nothing there: no wait

@@ -114,7 +114,7 @@ def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str,
         if mode == "straight":
             made[step] = generate(trainer, step)
         arrivals = [grp for s, lst in made.items() for grp in lst if s + grp.group_id % 3 == step]
-        mine = [grp for grp in arrivals if shard_of(grp.group_id, ps.dp_size) == ps.dp_rank]
+        mine = [grp for grp in arrivals if shard_of(grp.group_id, ps.dp_size, 1) == ps.dp_rank]  # one worker
         plan, _ = runner.run(mine, step)
         planner.evict(trainer.version, plan.stats)
         counts = ps.dp_sum(torch.tensor([plan.stats.backfill_snapshot, plan.stats.backfill_nearest]))
