@@ -49,7 +49,8 @@ seed 0; realized staleness = mean age of the trained groups): step and degenerat
 trained a step; window with them dropped 0.98 (async) and 1.55 (darl), 17 of 40 async steps
 training nothing. With ``replay.fill_batch`` the hub drops them on arrival and gives their
 starts back to the bound, so a step waits for B trainable groups and the backlog is of trainable
-groups again (the measurement with the filter: docs/algorithm.md, section 5).
+groups again; the trained age reaches eta only where the worker outpaces the trainer by the
+degenerate share too (measured with the filter: docs/algorithm.md, section 3).
 D-ARL's variants choose from the same buffer by their own score.
 
     python benchmarks/variant_study.py --out-dir OUT --partial OUT/partial.json --budget 540  # GPU
