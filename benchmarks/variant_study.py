@@ -49,8 +49,12 @@ seed 0; realized staleness = mean age of the trained groups): step and degenerat
 trained a step; window with them dropped 0.98 (async) and 1.55 (darl), 17 of 40 async steps
 training nothing. With ``replay.fill_batch`` the hub drops them on arrival and gives their
 starts back to the bound, so a step waits for B trainable groups and the backlog is of trainable
-groups again; the trained age reaches eta only where the worker outpaces the trainer by the
-degenerate share too (measured with the filter: docs/algorithm.md, section 3).
+groups again; but the trained age reaches eta only where the worker outpaces the trainer by the
+degenerate share too (measured with the filter and generation-bound: 0.75 at eta 4). So every run
+sets ``loop.wait_for_bound=true``: each step waits until every start the bound allows under the
+published version has arrived ((eta + 1) * B untrained groups held), so the queue baselines train
+groups eta versions old from step eta + 1 on, whatever the relative speeds, and the trainer idles
+while the workers fill the bound (docs/algorithm.md, section 3, "Staleness studies").
 D-ARL's variants choose from the same buffer by their own score.
 
     python benchmarks/variant_study.py --out-dir OUT --partial OUT/partial.json --budget 540  # GPU
@@ -142,6 +146,7 @@ def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
            f"loop.checkpoint_interval={args.eval_every}", "loop.keep_checkpoints=0",  # each is scored
            "loop.receive_timeout_s=1200", f"replay.drop_degenerate={str(not args.keep_degenerate).lower()}",
            f"replay.fill_batch={str(not (args.keep_degenerate or args.no_fill)).lower()}",  # staleness stays real
+           "loop.wait_for_bound=true",  # each step waits for every start the bound allows: data eta old
            "eval.benchmarks=[]",  # no held-out points in the run: the study scores its checkpoints
            *args.overrides]
     return preset, out

@@ -160,13 +160,21 @@ class Backlog:
     """Groups the hubs received beyond B per step so far: they count for the next steps, so the
     loop makes one step per B groups received on average and never waits for new groups while B
     untrained ones sit in the buffer (two workers finishing a batch each at once). With
-    ``replay.fill_batch`` only trainable groups count: degenerate ones never enter the buffer."""
+    ``replay.fill_batch`` only trainable groups count: degenerate ones never enter the buffer.
+    ``ahead`` (``loop.wait_for_bound``: eta) makes a step wait until the backlog holds
+    ``(ahead + 1) * B``: at step t, ``(t + eta + 1) * B`` received in all, every start the bound
+    allows under version t (``surplus`` restored on resume is received - t * B, the same count)."""
 
     per_step: int  # B
     surplus: int = 0  # groups received beyond ``per_step`` per step so far
+    ahead: int = 0  # steps of groups beyond this one's B a step waits for (wait_for_bound: eta)
 
     def need(self) -> int:
         """New groups the next step must wait for."""
+        return max(0, (self.ahead + 1) * self.per_step - self.surplus)
+
+    def floor(self) -> int:
+        """New groups the next step needs for its B, the bound aside."""
         return max(0, self.per_step - self.surplus)
 
     def took(self, received: int) -> None:
@@ -194,8 +202,10 @@ class ProgressWatch:
     be starting, so it only counts against the timeout.
     """
 
-    def __init__(self, ep: TrainerEndpoints, num_workers: int, timeout_s: float, step: int, need: int) -> None:
+    def __init__(self, ep: TrainerEndpoints, num_workers: int, timeout_s: float, step: int, need: int,
+                 bound: bool = False) -> None:
         self.ep, self.num_workers, self.timeout_s, self.step, self.need = ep, num_workers, timeout_s, step, need
+        self.bound = bound  # loop.wait_for_bound: ``need`` fills the staleness bound
         self._arrived = 0
 
     def check(self, total: int, degenerate: int = 0) -> str:
@@ -213,6 +223,8 @@ class ProgressWatch:
         gone = [w for w in range(self.num_workers)
                 if (hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)])) and not self._restarting(w)]
         where = f"trainer step {self.step}: {total}/{self.need} groups"
+        if self.bound:
+            where += " (loop.wait_for_bound: every start the staleness bound allows)"
         if degenerate:  # groups did arrive: the task, not the rollout side, may be the cause
             where += (f" ({degenerate} arrived, all degenerate: equal rewards, dropped by replay.fill_batch)"
                       if not total else f" and {degenerate} degenerate ones dropped (replay.fill_batch)")
@@ -251,12 +263,17 @@ class ProgressWatch:
 def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: int, poll_s: float,
                    num_workers: int, stop: Callable[[], bool] = lambda: False,
                    idle: Callable[[list[SampleGroup]], bool] = lambda groups: False,
-                   max_degenerate: int | None = None) -> Received:
+                   max_degenerate: int | None = None, filled: Callable[[], bool] | None = None,
+                   floor: int = 0) -> Received:
     """This replica's new groups once the hubs together hold ``need`` (hub ranks only: the
     replica's other ranks learn the outcome from the hub, ``StepRunner.follow_wait``).
 
-    Hubs poll their shard and sum the counts over DP until ``need`` arrived (so an uneven hash
-    split never stalls a hub waiting for its "share"). This is where groups enter the trainer: a
+    Hubs poll their shard and sum the counts over DP until ``need`` arrived (a hub never waits for
+    its "share": the round-robin split, ``samples.shard_of``, is even only up to one group per
+    worker). With ``filled`` (``loop.wait_for_bound``) the wait also ends once ``floor`` arrived and
+    rank 0's ``filled()`` says nothing more can start or arrive under the bound now
+    (``staleness.bound_filled``) and no hub gave a start back in that poll: a batch engine may not
+    reach ``need`` exactly. This is where groups enter the trainer: a
     group more than ``max_staleness`` versions behind the weights the step trains (version
     ``step``: version v is the weights after v steps) is refused here and counted, its start given
     back (``staleness.admit_fresh``), so no step trains a group over the bound, whatever the
@@ -274,11 +291,12 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     """
     assert ep.hub is not None, "only a replica's hub receives groups"
     out = Received()
-    watch = ProgressWatch(ep, num_workers, timeout_s, step, need) if ps.rank == 0 else None
+    watch = ProgressWatch(ep, num_workers, timeout_s, step, need, bound=filled is not None) if ps.rank == 0 else None
     verdict = ""
     while True:
-        fresh = admit_fresh(ep.store, [r.group for r in ep.hub.poll()], step, ep.hub.cfg.max_staleness,
-                            who=f"hub {ep.hub.hub}, trainer step {step}")
+        full = int(filled is not None and ps.rank == 0 and filled())  # before the poll: what arrived is in it
+        polled = [r.group for r in ep.hub.poll()]
+        fresh = admit_fresh(ep.store, polled, step, ep.hub.cfg.max_staleness, who=f"hub {ep.hub.hub}, trainer step {step}")
         if max_degenerate is not None:
             equal = [rewards_equal(g.rewards) for g in fresh]
             dead = [g for g, e in zip(fresh, equal) if e]
@@ -286,14 +304,14 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
             out.degenerate += dead
             fresh = [g for g, e in zip(fresh, equal) if not e]
         out.groups += fresh
-        counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict)), len(out.degenerate)],
-                                        dtype=torch.int64))
+        counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict)), len(out.degenerate),
+                                         full, len(polled) - len(fresh)], dtype=torch.int64))
         total, dropped = int(counts[0]), int(counts[3])
         if watch is not None:
             verdict = verdict or watch.check(total, dropped)  # sent with the next sum: hubs leave together
         if int(counts[1]):
             return Received(stopped=True)
-        if total >= need:
+        if total >= need or (int(counts[4]) and not int(counts[5]) and total >= floor):  # a give-back: room again
             out.total = total
             return out
         if max_degenerate is not None and dropped >= max_degenerate:

@@ -60,6 +60,7 @@ from megatron_darl.trainer.policy_trainer import PolicyTrainer, StepResult, comp
 from megatron_darl.transport import (
     TRAINER, WORKER, SyncReport, TransportTimeout, WeightSyncFailed, request_stop, wait_for_exits,
 )
+from megatron_darl.transport.staleness import bound_filled
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class TrainerLoop:
                                           self._extra_state)
         workers = cfg.transport.control.num_workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
-        self.backlog = Backlog(cfg.algorithm.groups_per_step)  # hubs: groups beyond B for the next steps
+        self.backlog = Backlog(cfg.algorithm.groups_per_step,  # hubs: groups beyond B for the next steps
+                               ahead=cfg.algorithm.max_staleness if cfg.loop.wait_for_bound else 0)
         self.base_made = torch.zeros(workers, dtype=torch.int64)  # per worker groups received
         self.made = torch.zeros(workers, dtype=torch.int64)
         self.step_groups = torch.zeros(workers, dtype=torch.int64)  # per worker groups received this step
@@ -325,9 +327,16 @@ class TrainerLoop:
                                   stop=lambda: self.stop.signum is not None or (
                                       publisher is not None and publisher.failure() is not None),
                                   idle=lambda groups: prefetch and self.runner.prefetch(groups, step),
-                                  max_degenerate=self.cfg.replay.max_degenerate(self.cfg.algorithm.groups_per_step))
+                                  max_degenerate=self.cfg.replay.max_degenerate(self.cfg.algorithm.groups_per_step),
+                                  filled=self._bound_filled() if self.cfg.loop.wait_for_bound else None,
+                                  floor=self.backlog.floor())
         self.runner.end_wait(received.stopped, bool(received.fatal))
         return received
+
+    def _bound_filled(self) -> Callable[[], bool]:
+        """Rank 0's check that no more starts can reach the hubs under the bound now."""
+        ch = self.cfg.transport.channel
+        return lambda: bound_filled(self.ep.store, ch.max_staleness, ch.groups_per_step)
 
     def _follow_wait(self, step: int) -> Received:
         """Peer: serve the hub's passes until the wait is over; whether the step goes on."""

@@ -21,8 +21,9 @@ holds the policy): ``add`` a counter, ``publish``/``published`` the version work
 ``join`` (a worker's next generation; the previous one is fenced), ``reserve`` group starts
 against the bound (only by a worker's live generation), ``arrive`` (groups at their hub: a
 fenced generation's are refused), ``fence`` (a lost worker: its outstanding starts are given
-back) and ``refuse`` (groups the trainer will not train: their starts are given back, counted by
-why: over the bound, or degenerate under ``replay.fill_batch``).
+back), ``refuse`` (groups the trainer will not train: their starts are given back, counted by
+why: over the bound, or degenerate under ``replay.fill_batch``) and ``filled`` (no live worker can
+start a group before the next publish and none has one in flight: ``loop.wait_for_bound``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class Ledger:
         self._counters: dict[str, int] = {}
         self._last: dict[int, int] = {}  # worker -> last generation issued
         self._live: dict[int, int] = {}  # worker -> its live generation (absent: fenced or none)
+        self._wants: dict[int, int] = {}  # worker -> the size of its last reservation (a batch engine's batch)
         self._published = 0
 
     def apply(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +140,8 @@ class Ledger:
                     groups_per_step: int) -> dict[str, Any]:
         if worker >= 0 and self._live.get(worker) != generation:
             return {"fenced": True}
+        if worker >= 0:
+            self._wants[worker] = int(count)
         cap = (self._published + max_staleness + 1) * groups_per_step
         started = self._counters.get(STARTED, 0)
         if started + count > cap:
@@ -145,6 +149,18 @@ class Ledger:
         if worker >= 0:
             self._add(outstanding_key(worker), count)
         return {"version": self._published, "last": self._add(STARTED, count)}
+
+    def _op_filled(self, max_staleness: int, groups_per_step: int) -> dict[str, Any]:
+        """Whether every start the bound allows now has reached a hub: the room left under it is
+        smaller than each live worker's reservation (its last one's size; 1 before its first: a
+        batch engine reserves whole batches, so the bound may be out of its reach) and no live
+        worker has a start outstanding. False while no worker is live."""
+        cap = (self._published + max_staleness + 1) * groups_per_step
+        room = cap - self._counters.get(STARTED, 0)
+        live = list(self._live)
+        filled = bool(live) and room < min(self._wants.get(w, 1) for w in live) and all(
+            self._counters.get(outstanding_key(w), 0) <= 0 for w in live)
+        return {"filled": filled}
 
     def _op_arrive(self, worker: int, generation: int, count: int) -> dict[str, Any]:
         if generation == 0:  # started by a gate that keeps no count

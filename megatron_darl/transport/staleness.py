@@ -73,6 +73,14 @@ def release_reservations(store: ControlStore, worker_id: int) -> int:
     return int(store.ledger.call("fence", worker=int(worker_id))["released"])
 
 
+def bound_filled(store: ControlStore, max_staleness: int, groups_per_step: int) -> bool:
+    """True when no live worker can start a group under the published version and none has one in
+    flight: every start the bound allows now has reached a hub, as near its cap as the workers'
+    reservation sizes reach (``loop.wait_for_bound`` stops waiting then)."""
+    return bool(store.ledger.call("filled", max_staleness=int(max_staleness),
+                                  groups_per_step=int(groups_per_step))["filled"])
+
+
 def groups_dropped(store: ControlStore) -> int:
     """Groups started by workers that were lost or replaced before delivering them, so far."""
     return store.add(Keys.DROPPED, 0)

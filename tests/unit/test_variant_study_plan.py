@@ -1,6 +1,7 @@
 """The variant study's plan as issue 39 asks for it: the window per case (D-ARL's K = 4 at every
 staleness, eta + 1 for the queue baselines and ``darl_keta``), degenerate groups dropped and
-refilled (``replay.fill_batch``, else the staleness collapses) unless asked, and a record pooled from the partial files of several device calls, each with its own
+refilled (``replay.fill_batch``, else the staleness collapses) unless asked, every step waiting
+for the staleness bound (``loop.wait_for_bound``, else it depends on relative speeds), and a record pooled from the partial files of several device calls, each with its own
 warm start (a seed block per call)."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def test_each_case_gets_its_window(case, eta, k):
     assert preset == ("darl" if case == "darl_keta" else case)
     assert "replay.drop_degenerate=true" in overrides  # the spec's rule, by default
     assert "replay.fill_batch=true" in overrides  # and refilled: a step trains B groups, staleness stays real
+    assert "loop.wait_for_bound=true" in overrides  # every step waits for the bound: data eta versions old
     assert not any("cap_mode" in o or "rollout_is" in o for o in overrides)  # presets make the variants
 
 
@@ -43,6 +45,7 @@ def test_the_default_plan_is_issue_39s_grid():
     assert "replay.drop_degenerate=false" in kept and "replay.fill_batch=false" in kept  # fill needs dropping
     _, unfilled = vs.case_overrides("async", 4, _args("--no-fill"))
     assert "replay.drop_degenerate=true" in unfilled and "replay.fill_batch=false" in unfilled
+    assert "loop.wait_for_bound=true" in kept and "loop.wait_for_bound=true" in unfilled  # in every run
     assert vs.settings(_args("--no-fill"), "ws")["no_fill"] and not vs.settings(_args(), "ws")["no_fill"]
 
 

@@ -1,0 +1,117 @@
+"""``loop.wait_for_bound``: a step waits until every start the staleness bound allows has arrived.
+
+The need is counted on the trainer (``Backlog`` with ``ahead = eta``: ``(eta + 1) * B`` untrained
+groups held, i.e. ``(t + eta + 1) * B`` received by step t), and the ledger says when no more can
+come (``bound_filled``: a batch engine reserves whole batches, so the cap may be out of reach).
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megatron_darl.loop.config import LoopConfig
+from megatron_darl.loop.endpoints import Backlog, ProgressWatch, TrainerEndpoints, receive_groups
+from megatron_darl.samples import Sample, SampleGroup
+from megatron_darl.transport import ChannelConfig, ControlPlaneConfig, StalenessGate, connect_store, serve_store
+from megatron_darl.transport.staleness import bound_filled, give_back_degenerate, mark_delivered
+from tests.distributed.procs.launcher import free_port
+
+
+@pytest.fixture
+def stores():
+    control = ControlPlaneConfig(port=free_port(), num_workers=1, store_timeout_s=10, call_timeout_s=5,
+                                 secret="run-secret")
+    server = serve_store(control)
+    client = connect_store(control, who="rollout 0")
+    yield server, client
+    client.close()
+    server.close()
+
+
+def test_the_option_is_off_by_default():
+    assert LoopConfig().wait_for_bound is False
+
+
+def test_the_need_fills_the_bound_then_b_a_step():
+    backlog = Backlog(per_step=8, ahead=3)  # eta 3
+    assert (backlog.need(), backlog.floor()) == (32, 8)  # step 0: (0 + 3 + 1) * 8 received
+    backlog.took(32)
+    assert (backlog.surplus, backlog.need(), backlog.floor()) == (24, 8, 0)  # held 24: 8 more reach 40
+    backlog.took(8)
+    assert backlog.need() == 8
+    backlog.took(5)  # the wait ended early (the ledger filled): the next one makes up for it
+    assert (backlog.surplus, backlog.need(), backlog.floor()) == (21, 11, 0)
+    resumed = Backlog(per_step=8, ahead=3, surplus=max(0, 70 - 5 * 8))  # trainer_loop's restore at step 5
+    assert resumed.need() == (5 + 3 + 1) * 8 - 70 == 2
+    sync = Backlog(per_step=8, ahead=0, surplus=3)  # eta 0: the same need as without the option
+    assert sync.need() == sync.floor() == 5
+
+
+def test_the_ledger_is_filled_when_no_whole_batch_fits_and_none_is_in_flight(stores):
+    server, client = stores
+    assert not bound_filled(server, 1, 4)  # no worker yet: never filled
+    gate = StalenessGate(client, ChannelConfig(groups_per_step=4, max_staleness=1), worker_id=0)
+    assert not bound_filled(server, 1, 4)  # joined, nothing reserved: room 8
+    assert len(gate.try_start_batch(3)) == 3 and len(gate.try_start_batch(3)) == 3
+    assert gate.try_start_batch(3) == []  # room 2 of cap 8: a batch of 3 never fits at version 0
+    assert not bound_filled(server, 1, 4)  # 6 in flight
+    assert mark_delivered(server, 0, 5, generation=gate.generation) and not bound_filled(server, 1, 4)
+    assert mark_delivered(server, 0, 1, generation=gate.generation) and bound_filled(server, 1, 4)
+    give_back_degenerate(server, [SimpleNamespace()])  # room 3: a replacement batch fits again
+    assert not bound_filled(server, 1, 4)
+    assert len(gate.try_start_batch(3)) == 3 and mark_delivered(server, 0, 3, generation=gate.generation)
+    assert bound_filled(server, 1, 4)  # started 8 = the cap
+    server.ledger.call("publish", version=1)
+    assert not bound_filled(server, 1, 4)  # cap 12
+    assert gate.try_start() is not None  # single starts: filled only at the cap itself
+    assert mark_delivered(server, 0, 1, generation=gate.generation) and not bound_filled(server, 1, 4)
+
+
+def _group(group_id: int) -> SampleGroup:
+    samples = [Sample(sample_id=group_id * 10 + i, prompt_ids=torch.tensor([1]), response_ids=torch.tensor([5, 6]),
+                      behavior_logprobs=torch.zeros(2), token_versions=torch.zeros(2, dtype=torch.long), reward=r)
+               for i, r in enumerate([0.0, 1.0])]
+    return SampleGroup(group_id=group_id, prompt_id=group_id, samples=samples, worker_id=0, worker_index=group_id)
+
+
+class _Hub:
+    def __init__(self, batches):
+        self.batches, self.hub, self.cfg = list(batches), 0, SimpleNamespace(max_staleness=4)
+
+    def poll(self):
+        return [SimpleNamespace(group=g) for g in (self.batches.pop(0) if self.batches else [])]
+
+
+def _receive(store, batches, need, floor, filled):
+    hb = SimpleNamespace(is_lost=lambda *a: False, is_alive=lambda *a: True, incarnations=lambda *a: 1)
+    ep = TrainerEndpoints(store=store, heartbeat=hb, hub=_Hub(batches), sender=None, me=None)
+    return receive_groups(ep, SimpleNamespace(rank=0, dp_sum=lambda t: t), need, timeout_s=5.0, step=0, poll_s=0.0,
+                          num_workers=1, filled=filled, floor=floor)
+
+
+def test_a_filled_ledger_ends_the_wait_once_the_step_has_its_b(stores):
+    server, _ = stores
+    polls = iter([False, False, True, True, True])  # rank 0 asks before each poll
+    got = _receive(server, [[_group(1)], [_group(2)], [_group(3)], [_group(4)]], need=8, floor=3,
+                   filled=lambda: next(polls))
+    assert got.total == 3  # filled from the third poll on, but the step waited for its floor of 3
+    early = _receive(server, [[_group(1), _group(2)], [_group(3)]], need=8, floor=0, filled=lambda: True)
+    assert early.total == 2  # a backlog that holds B already: filled ends the wait at the first poll
+    full = _receive(server, [[_group(i) for i in range(8)]], need=8, floor=8, filled=lambda: False)
+    assert full.total == 8  # the need reached ends it whatever the ledger says
+
+
+def test_the_timeout_names_the_bound(stores):
+    server, _ = stores
+    hb = SimpleNamespace(is_lost=lambda *a: False, is_alive=lambda *a: True, incarnations=lambda *a: 1)
+    ep = TrainerEndpoints(store=server, heartbeat=hb, hub=None, sender=None, me=None)
+    watch = ProgressWatch(ep, num_workers=1, timeout_s=0.01, step=3, need=32, bound=True)
+    watch.states = lambda: "rollout 0: alive"
+    assert watch.check(20) == ""  # groups arrived: the rollout side is alive
+    time.sleep(0.05)  # then nothing for longer than the timeout
+    assert watch.check(20).startswith("trainer step 3: 20/32 groups (loop.wait_for_bound: every start the "
+                                      "staleness bound allows); no new group for")
