@@ -194,14 +194,15 @@ class RolloutWorker:
         try:
             code = self._serve(store, hb, pool)
             return code
+        except TransportTimeout:
+            self._await_trainer_verdict(hb)
+            raise
         except WeightLoadError as exc:
             self.exit_reason = str(exc)
             log.error("%s; exiting %d", exc, EXIT_LOAD_FAILED)
             code = EXIT_LOAD_FAILED
             return code
         except (RuntimeError, dist.DistError, ConnectionError) as exc:
-            if isinstance(exc, TransportTimeout):
-                raise
             self.exit_reason = f"{self.me.describe()}: control-plane store failed (trainer gone?): {exc}"
             log.error("%s", self.exit_reason)
             return EXIT_TRAINER_LOST
@@ -217,6 +218,19 @@ class RolloutWorker:
                 "groups_finished": self.groups_finished, "sync_seconds": self.sync_seconds,
                 **{f"idle_{why}_seconds": s for why, s in self.idle_seconds.items()},
                 **{f"{part}_seconds": s for part, s in self.host_seconds.items()}}
+
+    def _await_trainer_verdict(self, hb: Heartbeat) -> None:
+        """A store or ledger request timed out or its connection broke. When the trainer is going
+        away (killed, or at its end), its heartbeat verdict follows within the timeout and ends this
+        process with ``EXIT_TRAINER_LOST`` (``_trainer_lost``); wait for it, so a worker that lost
+        the race between its own request and the verdict exits as a trainer loss, not as a crash.
+        A trainer still beating after that is a real failure: the caller re-raises."""
+        cfg = self.transport.heartbeat
+        deadline = time.monotonic() + cfg.timeout_s + 2 * cfg.interval_s
+        log.warning("%s: a request to trainer rank 0 failed; waiting up to %.0f s for its heartbeat verdict",
+                    self.me.describe(), deadline - time.monotonic())
+        while time.monotonic() < deadline and not hb.is_lost(TRAINER, 0):
+            time.sleep(min(cfg.interval_s, 0.1))
 
     def _trainer_lost(self, loss: PeerLoss) -> None:
         log.error("%s: %s is lost (silent %.1f s); exiting %d", self.me.describe(), loss.peer,
