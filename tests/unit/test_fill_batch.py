@@ -24,25 +24,13 @@ from megatron_darl.loop.metrics import step_metrics
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.step.config import ReplayConfig
 from megatron_darl.step.stats import StepStats
-from megatron_darl.transport import ChannelConfig, ControlPlaneConfig, StalenessGate, connect_store, serve_store
+from megatron_darl.transport import ChannelConfig, StalenessGate
 from megatron_darl.transport.staleness import (
     give_back_degenerate, groups_dropped, groups_refused, mark_delivered, release_reservations,
 )
 from megatron_darl.transport.store import Keys
-from tests.distributed.procs.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def stores():
-    control = ControlPlaneConfig(port=free_port(), num_workers=1, store_timeout_s=10, call_timeout_s=5,
-                                 secret="run-secret")
-    server = serve_store(control)
-    client = connect_store(control, who="rollout 0")
-    yield server, client
-    client.close()
-    server.close()
 
 
 def _group(group_id: int, rewards: list[float], version: int = 0, worker: int = 0) -> SampleGroup:

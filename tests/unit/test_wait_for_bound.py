@@ -10,26 +10,13 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.endpoints import Backlog, ProgressWatch, TrainerEndpoints, receive_groups
 from megatron_darl.samples import Sample, SampleGroup
-from megatron_darl.transport import ChannelConfig, ControlPlaneConfig, StalenessGate, connect_store, serve_store
+from megatron_darl.transport import ChannelConfig, StalenessGate
 from megatron_darl.transport.staleness import bound_filled, give_back_degenerate, mark_delivered
-from tests.distributed.procs.launcher import free_port
-
-
-@pytest.fixture
-def stores():
-    control = ControlPlaneConfig(port=free_port(), num_workers=1, store_timeout_s=10, call_timeout_s=5,
-                                 secret="run-secret")
-    server = serve_store(control)
-    client = connect_store(control, who="rollout 0")
-    yield server, client
-    client.close()
-    server.close()
 
 
 def test_the_option_is_off_by_default():
