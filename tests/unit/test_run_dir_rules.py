@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from launch.config import load_run_config
-from megatron_darl.loop.checkpoints import complete_checkpoints, latest_checkpoint, partial_checkpoints
+from megatron_darl.checkpoint.resume_points import complete_checkpoints, latest_checkpoint, partial_checkpoints
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.metrics import SUPERSEDED, MetricsLogger
-from megatron_darl.loop.resume_changes import RULES, Rule, check_resume, leaves, rule_of
+from launch.resume_changes import RULES, Rule, check_resume, leaves, rule_of
 
 REPO = Path(__file__).resolve().parents[2]
 
