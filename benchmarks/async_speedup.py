@@ -58,7 +58,7 @@ from benchmarks.record import print_table, run_config_facts, write_result  # noq
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURE = ("loop.keep_checkpoints=1", "loop.checkpoint_interval=0")  # one final checkpoint, none on the way
-SIZES = {  # warm-started policy shapes (megatron_darl/loop/warmstart.py TinyModelConfig)
+SIZES = {  # warm-started policy shapes (launch/warmstart.py TinyModelConfig)
     "tiny": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
     "57m": {"hidden_size": 768, "intermediate_size": 2304, "num_hidden_layers": 8,

@@ -132,7 +132,7 @@ def build_policy(model: str, out: Path) -> Path:
     import transformers
     import yaml
 
-    from megatron_darl.loop.warmstart import WarmStartConfig, ensure_warm_policy
+    from launch.warmstart import WarmStartConfig, ensure_warm_policy
 
     if model == "tiny":
         fields = dict(TINY)

@@ -7,13 +7,13 @@ whose resume then failed on a changed config. Here, in order (``launch.train`` a
 ``launch.slurm`` alike; the run dir is locked first, ``launch.run_lock``):
 
 - ``inspect_run_dir``: the resume point is the newest complete checkpoint
-  (``loop.checkpoints``: the loop's own answer); partial writes are named, never used; a dir
-  holding an earlier run (complete checkpoints or metric records) is refused without
+  (``megatron_darl.checkpoint.resume_points``: the loop's own answer); partial writes are named,
+  never used; a dir holding an earlier run (complete checkpoints or metric records) is refused without
   ``loop.resume=true``; a resume with no complete checkpoint starts at step 0 and says so (the
   earlier metric records are kept, ``loop.metrics``); a resume with another model than the
   checkpoint's is refused here, before the warm start fits one (``check_same_model``).
 - ``check_changes``: the new config against the checkpoint run's ``run_config.yaml``
-  (``loop.resume_changes``: the table of allowed changes; the others refused in one line).
+  (``launch.resume_changes``: the table of allowed changes; the others refused in one line).
 - ``commit_config``: ``run_config.yaml`` is written only once all checks passed; when the run's
   config changed, the old file stays as ``run_config.until_step_NNNNNN.yaml``.
 """
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.config import save_run_config
-from megatron_darl.loop.checkpoints import (
+from launch.resume_changes import LAUNCH_KEYS, Change, check_resume, config_changes
+from megatron_darl.checkpoint.resume_points import (
     COMPLETION_MARKER, checkpoint_step, complete_checkpoints, partial_checkpoints,
 )
 from megatron_darl.loop.metrics import SUPERSEDED
-from megatron_darl.loop.resume_changes import LAUNCH_KEYS, Change, check_resume, config_changes
 
 CONFIG_NAME = "run_config.yaml"
 log = logging.getLogger("launch.run_dir")
@@ -92,8 +92,8 @@ def check_same_model(cfg, checkpoint: Path) -> None:
     ``config.json``, ``model.hf_config``, or the warm-start preset's sizes (its vocabulary comes
     from the tokenizer later, and the loader still compares every field)."""
     from launch.preflight import model_shape
+    from megatron_darl.checkpoint.model_io import read_metadata
     from megatron_darl.models.qwen3.config import spec_from_hf
-    from megatron_darl.trainer.checkpoint_io import read_metadata
 
     hf, source = model_shape(cfg)
     mine = spec_from_hf(hf, source).to_dict()

@@ -1,4 +1,5 @@
 """``python -m launch.slurm prepare --plan FILE [hydra overrides]``: one Slurm job's plan.
+``python -m launch.slurm latest-step --run-dir DIR``: the step its newest resume point holds.
 
 ``slurm/launch.sh`` calls this once per allocation, on the batch host (the first node). It reads
 the launcher's knobs (environment variables, documented at the top of ``slurm/launch.sh``) and
@@ -239,13 +240,27 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
     return plan
 
 
+def latest_step(run_dir: str | Path) -> int:
+    """The step of ``run_dir``'s newest complete checkpoint, 0 when it holds none: the same
+    answer as the launcher's and the trainer's (``megatron_darl.checkpoint.resume_points``)."""
+    from megatron_darl.checkpoint.resume_points import checkpoint_step, latest_checkpoint  # torch: not for --help
+
+    found = latest_checkpoint(run_dir)
+    return checkpoint_step(found) if found is not None else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="lay out the job, write run_config.yaml and the plan")
     prep.add_argument("--plan", required=True, help="shell fragment to write (sourced by launch.sh)")
+    latest = sub.add_parser("latest-step", help="print the step of the run dir's newest complete checkpoint (0: none)")
+    latest.add_argument("--run-dir", required=True, help="the job's run dir (OUTPUT_DIR)")
     args, overrides = parser.parse_known_args(argv)
     overrides = [o for o in overrides if o != "--"]
+    if args.command == "latest-step":
+        print(latest_step(args.run_dir))
+        return 0
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -33,7 +33,7 @@ from launch.run_dir import check_changes, commit_config, inspect_run_dir
 from launch.run_lock import RunLock
 from launch.validate import check_inputs
 from megatron_darl import timeline
-from megatron_darl.loop.checkpoints import latest_checkpoint
+from megatron_darl.checkpoint.resume_points import latest_checkpoint
 from megatron_darl.ports import free_port
 from megatron_darl.transport import WORKER, TransportTimeout, connect_store
 from megatron_darl.transport.store import Keys
@@ -64,7 +64,7 @@ def prepare(cfg: RunConfig, log_fn=print) -> RunConfig:
     """Fill what the children must all agree on: the policy path and free ports (0 = pick)."""
     model = cfg.model
     if model.needs_warm_start:
-        from megatron_darl.loop.warmstart import ensure_warm_policy
+        from launch.warmstart import ensure_warm_policy
 
         model = dataclasses.replace(model, path=str(ensure_warm_policy(cfg.warmstart, log=log_fn)))
     engine = cfg.engine

@@ -95,9 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="resolved run_config.yaml (from launch.train)")
     args, overrides = parser.parse_known_args(argv)
+    from megatron_darl.checkpoint.disk import CheckpointFailed
+    from megatron_darl.checkpoint.model_io import CheckpointDamaged
     from megatron_darl.loop.trainer_loop import RunAborted, run_trainer
-    from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
-    from megatron_darl.trainer.disk import CheckpointFailed
     from megatron_darl.trainer.parallel import destroy_parallel
     from megatron_darl.trainer.weight_check import WeightsNotFinite
 

@@ -15,7 +15,7 @@ shards", and ``temperature=0`` or ``group_size=1`` (no learning signal) trained 
 - ``check_inputs`` (once the policy is resolved): the dataset read exactly as every worker
   reads it (``data.load_dataset``: a bad row is named by file and line), enough prompts for the
   workers, and every prompt's token count (the policy's tokenizer and chat template) against
-  the context (``loop.prompt_fit``: refused, or dropped and counted with
+  the context (``data.prompt_fit``: refused, or dropped and counted with
   ``data.overlong_prompts=drop``).
 """
 
@@ -25,7 +25,7 @@ import logging
 import math
 from pathlib import Path
 
-from megatron_darl.loop.resume_changes import leaves
+from launch.resume_changes import leaves
 
 log = logging.getLogger("launch.validate")
 MAX_LR = 1.0  # Adam moves every weight by about lr per step: lr >= 1 wrecks the policy at once
@@ -91,7 +91,7 @@ def check_inputs(cfg, max_position_embeddings: int, say=log.warning) -> int:
             the dataset that has too few prompts.
     """
     from megatron_darl.data import MalformedRowError, load_dataset
-    from megatron_darl.loop.prompt_fit import fit_prompts
+    from megatron_darl.data.prompt_fit import fit_prompts
     from megatron_darl.rewards import reference_check
 
     try:

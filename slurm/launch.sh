@@ -145,8 +145,7 @@ if [ "$rc" != 0 ]; then
   tail -n 20 "$LOG_DIR/trainer-0.log" >&2
   exit "$rc"
 fi
-last=$(find "$RUN_DIR/checkpoints" -maxdepth 1 -name 'step_[0-9][0-9][0-9][0-9][0-9][0-9]' -printf '%f\n' 2>/dev/null | sort | tail -n 1)
-last=${last:-step_0}; last=$((10#${last#step_}))
+last=$("$PY" -m launch.slurm latest-step --run-dir "$RUN_DIR")  # the newest complete checkpoint's step
 if [ "$last" -ge "$STEPS" ]; then
   echo "[slurm] done: $RUN_DIR ($STEPS steps)"
 elif [ "$STOP_SIGNAL" = USR1 ] && [ "$REQUEUE" = 1 ]; then

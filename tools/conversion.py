@@ -84,7 +84,7 @@ def validate_megatron_dir(ckpt_dir: str | Path, tp: int, pp: int, tokenizer_dir:
     is a tokenizer to export (the checkpoint's, or ``tokenizer_dir``'s): an HF dir without one
     loads in transformers as an empty tokenizer. The weights are checked for NaN/Inf once loaded
     (``load_model_checkpoint``)."""
-    from megatron_darl.trainer.checkpoint_io import (
+    from megatron_darl.checkpoint.model_io import (
         METADATA_NAME, check_shards, has_tokenizer, missing_tokenizer, read_metadata, verify_files,
     )
 
@@ -130,7 +130,7 @@ def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     """One rank of HF -> Megatron: build shard, stream HF weights in, save dist checkpoint."""
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
-    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, check_finite, save_model_checkpoint
+    from megatron_darl.checkpoint.model_io import CheckpointMetadata, check_finite, save_model_checkpoint
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
     _quiet_warnings()
@@ -160,7 +160,7 @@ def megatron_to_hf_worker(rank: int, world_size: int, job: ConversionJob) -> Non
 
     from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage, stage_hf_names
     from megatron_darl.models.qwen3.model import build_qwen3_model
-    from megatron_darl.trainer.checkpoint_io import load_model_checkpoint, read_metadata
+    from megatron_darl.checkpoint.model_io import load_model_checkpoint, read_metadata
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
     _quiet_warnings()

@@ -49,7 +49,7 @@ def make_tiny_policy(out_dir: Path) -> torch.nn.Module:
 def _logits_worker(rank: int, world_size: int, ckpt: str, ids_path: str, out_path: str) -> None:
     from megatron_darl.models.qwen3.logits import forward_logits
     from megatron_darl.models.qwen3.model import build_qwen3_model
-    from megatron_darl.trainer import checkpoint_io as ckio
+    from megatron_darl.checkpoint import model_io as ckio
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
     ps = init_parallel(ParallelConfig(tp=2, pp=2, timeout_s=300))

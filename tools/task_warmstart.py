@@ -1,6 +1,6 @@
 """Fit (or reuse) a tiny policy that knows a generated task's format, not its skill.
 
-The embedded default's warm start (``megatron_darl.loop.warmstart``) fits the arithmetic task
+The embedded default's warm start (``launch.warmstart``) fits the arithmetic task
 only. For another generated task (``data=countdown``) this fits the same tiny Qwen3-architecture
 policy, with the same character tokenizer, to the task's *format* targets: for countdown a
 random valid chain over the prompt's numbers that ignores the target, so RL starts at the chance
@@ -31,7 +31,7 @@ from megatron_darl.data.config import DataConfig, load_data_config  # noqa: E402
 from megatron_darl.data.countdown import format_example  # noqa: E402
 from megatron_darl.data.loaders import load_dataset  # noqa: E402
 from megatron_darl.data.records import PromptRecord  # noqa: E402
-from megatron_darl.loop.warmstart import WarmStartConfig, cached_fit, fit_sequences  # noqa: E402
+from launch.warmstart import WarmStartConfig, cached_fit, fit_sequences  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # task -> writer of the warm-start target of a record (format only); one entry per generated task

@@ -1,7 +1,7 @@
 """Benchmark evaluation: avg@n and unbiased pass@k over the rollout engine backends."""
 
+from megatron_darl.checkpoint.hf_dir import is_megatron_checkpoint, resolve_hf_dir
 from megatron_darl.eval.benchmarks import BenchmarkConfig, load_benchmark_table, resolve_benchmark
-from megatron_darl.eval.checkpoint import is_megatron_checkpoint, resolve_hf_dir
 from megatron_darl.eval.harness import (
     BenchmarkResult,
     EvalConfig,

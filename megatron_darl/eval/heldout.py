@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from megatron_darl.checkpoint.model_io import load_model_checkpoint, read_metadata
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.eval.harness import EvalConfig, check_limit, evaluate_benchmark, take_limit
 
@@ -70,7 +71,6 @@ class CheckpointWeights:
 
     def __init__(self, ckpt_dir: Path) -> None:
         from megatron_darl.models.qwen3.model import build_qwen3_model
-        from megatron_darl.trainer.checkpoint_io import read_metadata
         from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
         from megatron_darl.ports import free_port
 
@@ -83,7 +83,6 @@ class CheckpointWeights:
     def weights(self, ckpt_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """Load ``ckpt_dir`` and yield its ``(hf_name, tensor)`` pairs."""
         from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
-        from megatron_darl.trainer.checkpoint_io import load_model_checkpoint
 
         load_model_checkpoint(self.model, ckpt_dir)
         yield from megatron_to_hf_stage(self.model, self.ps)

@@ -95,7 +95,7 @@ class ModelConfig:
 
     Resolution, in order: ``path`` (an HF checkpoint directory: weights, config, tokenizer);
     else ``hf_config`` (random init at that shape, benchmarks); else the embedded default, the
-    warm-started tiny policy of ``megatron_darl.loop.warmstart`` (built and cached on first use).
+    warm-started tiny policy of ``launch.warmstart`` (built and cached on first use).
     """
 
     name: str = "tiny"  # label for logs and result tables

@@ -17,6 +17,8 @@ import logging
 from pathlib import Path
 
 from megatron_darl import timeline
+from megatron_darl.data.prompt_fit import fit_prompts
+from megatron_darl.loop.resume import prompt_position, worker_groups_made
 from megatron_darl.loop.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,6 @@ def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_
     """This worker's shard of the dataset (tokenized prompts that fit the context, the launcher's
     rule: ``prompt_fit``) and the dataset's size."""
     from megatron_darl.data import load_dataset
-    from megatron_darl.loop.prompt_fit import fit_prompts
     from megatron_darl.rewards import reference_check
     from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 
@@ -49,7 +50,6 @@ def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_
 
 def resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) -> None:
     """Wait for the trainer's go; continue after the groups it already received from us."""
-    from megatron_darl.loop.resume import prompt_position, worker_groups_made
     from megatron_darl.transport import connect_store
 
     control = cfg.transport.control

@@ -17,7 +17,7 @@ from megatron_darl.data.config import DataConfig
 from megatron_darl.eval.periodic import PeriodicEvalConfig
 from megatron_darl.loop.config import LoopConfig, ModelConfig, density_temperature
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
-from megatron_darl.loop.warmstart import WarmStartConfig
+from launch.warmstart import WarmStartConfig
 from megatron_darl.rewards.config import RewardConfig
 from megatron_darl.rollout.engines.base import EngineConfig, SamplingConfig
 from megatron_darl.rollout.worker import RolloutWorkerConfig

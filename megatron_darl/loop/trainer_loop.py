@@ -10,7 +10,7 @@ Every trainer rank runs this. The algorithm lives in ``ShardPlanner.step`` (one 
 the shard's hub rank only, with the replay buffer and log-prob cache; its TP/PP peers get each
 step's batches by broadcast: ``replica.py``) and ``step.StepRunner`` (plan and train with the
 trainer); the transport ends in
-``endpoints``; the checkpoints are ``checkpoint_policy.RunCheckpoints``; metrics are reduced over
+``endpoints``; the checkpoints are ``checkpoint.manager.CheckpointManager``; metrics are reduced over
 DP and written by rank 0. SIGTERM, SIGINT or SIGUSR1
 finish the current step, write a checkpoint (model, optimizer, RNG, step, version, each shard's
 buffer and cache, and the parameter snapshots of the window when the variant backfills from
@@ -22,7 +22,7 @@ agrees on it at the next step boundary, the run checkpoints the same way and ``r
 ``RunAborted`` with that one line: the run's work is kept and the exit is non-zero.
 
 Failures that leave no chance to checkpoint are covered by checkpoints between steps
-(``checkpoint_policy.RunCheckpoints``: by default once the time since the last one reaches about
+(``checkpoint.manager.CheckpointManager``: by default once the time since the last one reaches about
 67 times a save's duration, ``loop.checkpoint_overhead``): a killed or frozen trainer rank (every rank is
 watched, ``endpoints``), or a loss, gradient norm or weight norm gone NaN/Inf, whose weights
 are neither published nor checkpointed (``trainer.weight_check``; a save refuses them too). Either way the line names the newest checkpoint to resume from.
@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from megatron_darl import timeline
-from megatron_darl.loop.checkpoint_policy import RunCheckpoints, newest_checkpoint
+from megatron_darl.checkpoint.manager import CheckpointManager, newest_checkpoint
 from megatron_darl.eval.periodic import planned
 from megatron_darl.loop.heldout_eval import HeldoutRequests
 from megatron_darl.loop.endpoints import (
@@ -95,8 +95,8 @@ class TrainerLoop:
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)
         self.kl_reference = cfg.algorithm.kl_coef > 0  # the initial weights stay as snapshot v0
-        self.checkpoints = RunCheckpoints(cfg.loop, trainer, ps, self.use_snapshots or self.kl_reference,
-                                          self._extra_state)
+        self.checkpoints = CheckpointManager(cfg.loop, trainer, ps, self.use_snapshots or self.kl_reference,
+                                             self._extra_state)
         workers = cfg.transport.control.num_workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
         self.backlog = Backlog(cfg.algorithm.groups_per_step,  # hubs: groups beyond B for the next steps

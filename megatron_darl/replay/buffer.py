@@ -73,7 +73,7 @@ class ReplayBuffer:
         adv_eps: eps of ``grpo_advantages``.
         num_workers: rollout workers whose groups are dealt over the shards (``shard_of``). Not
             part of the state: a restored entry keeps its stored shard, new arrivals follow the
-            run's count (a resume may not change it: ``loop/resume_changes.py``).
+            run's count (a resume may not change it: ``launch/resume_changes.py``).
         """
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")

@@ -1,4 +1,4 @@
-"""Megatron policy trainer: parallel state, log-prob pass, train step, snapshots, checkpoints.
+"""Megatron policy trainer: parallel state, log-prob pass, train step, parameter snapshots.
 
 It takes a loss function and knows nothing about PPO; it never imports ``rollout``. Nothing
 heavy is imported here; the public API lives in the submodules:
@@ -14,9 +14,11 @@ heavy is imported here; the public API lives in the submodules:
       .train_steps(minibatches, loss_fn) -> StepResult: one optimizer step per mini-batch,
         one new version (PPO mini-batches); .train_step(batch, loss_fn) = one mini-batch
       .snapshot(version=None, keep=None)   host copies for exact backfill (keep: the window)
+      .require_finite(what) -> weight norm, or WeightsNotFinite on every rank (before a save)
       .export_hf_stage() -> iterator of (hf_name, full tensor) for weight sync
       .step, .version
-  checkpoint.save_checkpoint(trainer, dir, extra_state=None, with_snapshots=False),
-      load_checkpoint(trainer, dir, with_snapshots=False)   (snapshots: exact backfill on resume)
-  checksums.write_manifest(dir), verify_checkpoint(dir)     sha256 of every file (collective)
+  snapshots.ParamSnapshots             the window's past weights, for exact backfill
+
+Checkpoints of a trainer (save, load, resume) are ``megatron_darl.checkpoint``'s; the trainer
+loads its initial weights (``init_checkpoint``) through it.
 """

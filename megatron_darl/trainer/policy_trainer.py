@@ -28,7 +28,8 @@ contract and nothing else:
 * ``warm_up(lengths)`` compiles the fused kernels (``torch.compile``) of both passes on a synthetic
   batch, changing no weight, so the first real step does not pay for it;
 * ``export_hf_stage()`` HF-named full tensors of this pipeline stage, for weight sync;
-* ``checkpoint.save_checkpoint`` / ``load_checkpoint`` (separate module).
+* ``require_finite(what)`` the collective NaN/Inf guard a checkpoint save runs first;
+  ``megatron_darl.checkpoint`` saves and loads a trainer (``CheckpointManager``).
 
 Every rank of a DP replica (its TP x PP ranks) must call these with the same batch; each DP
 replica passes its own shard. Results are returned on every rank of the replica.
@@ -44,13 +45,14 @@ import torch
 import torch.distributed as dist
 
 from megatron_darl import timeline
+from megatron_darl.checkpoint.training import load_model_weights
 from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
 from megatron_darl.trainer.config import TrainerConfig
 from megatron_darl.trainer.flops import forward_flops, mfu, train_flops
 from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, wrap_ddp
 from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
-from megatron_darl.trainer.weight_check import weight_norm
+from megatron_darl.trainer.weight_check import require_finite, weight_norm
 
 # (logp (n,) fp32 differentiable, batch_slice[, entropy (n,)]) -> (loss_sum scalar tensor, {stat: float})
 LossFn = Callable[[torch.Tensor, TrainBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -112,8 +114,6 @@ class PolicyTrainer:
         chunks = model_chunks if model_chunks is not None else self._build_chunks()
         timeline.mark("model_built")
         if cfg.init_checkpoint:
-            from megatron_darl.trainer.checkpoint import load_model_weights
-
             load_model_weights(chunks, cfg.init_checkpoint, self.ps)
         timeline.mark("weights_loaded")
         self._configure(chunks[0].config)
@@ -387,6 +387,10 @@ class PolicyTrainer:
         if keep is not None:
             self.snapshots.retain(set(keep) | {version})
         self.snapshots.take(version)
+
+    def require_finite(self, what: str) -> float:
+        """Collective: the weight norm, or ``WeightsNotFinite`` on every rank naming ``what``."""
+        return require_finite(self, what)
 
     def hf_stage_bytes(self) -> int:
         """About the bytes of this stage's full HF tensors (this rank's parameters x TP: norms,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_darl.trainer import checksums
+from megatron_darl.checkpoint import checksums
 
 REPO = Path(__file__).resolve().parents[2]
 QUESTIONS = [("12+7=?", "19"), ("3*4=?", "12"), ("9-5=?", "4")]  # short: the tiny policy has 256 positions

@@ -18,7 +18,7 @@ import trainer_procs  # noqa: E402
 
 
 def _run(rank: int, world: int, mode: str, hf_dir: str, ckpt: str, out: str) -> None:
-    from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
 
     trainer, ps = trainer_procs._trainer(1, 1, hf_dir, token_budget=96)
     shard = list(range(ps.dp_rank, len(trainer_procs.SEQ_LENS), ps.dp_size))

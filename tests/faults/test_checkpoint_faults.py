@@ -102,7 +102,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(trained_run, tmp_path, 
 @pytest.mark.fault(kind="file", name="zeros in a shard, garbage common.pt (checked before any parse)")
 def test_zeros_in_a_shard_and_a_garbage_common_pt_fail_their_checksums(trained_run, tmp_path, fault_record):
     """The load's first check names the damaged file of each (the same check as the resume above, on every rank); the undamaged checkpoint passes."""
-    from megatron_darl.trainer.checksums import verify_checkpoint
+    from megatron_darl.checkpoint.checksums import verify_checkpoint
 
     root = tmp_path / "checkpoints"
     shutil.copytree(trained_run / "checkpoints", root)
@@ -130,7 +130,7 @@ def _damage_embedding(ckpt: Path, byte: int, checksums: bool = True) -> Path:
 
 def _init_from(rank: int, world: int, ckpt: str, out: str) -> None:
     """Gloo worker: a ``PolicyTrainer`` with ``init_checkpoint=ckpt``; writes what it raised."""
-    from megatron_darl.trainer.checkpoint_io import CheckpointDamaged, read_metadata
+    from megatron_darl.checkpoint.model_io import CheckpointDamaged, read_metadata
     from megatron_darl.trainer.config import TrainerConfig
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
     from megatron_darl.trainer.policy_trainer import PolicyTrainer
@@ -146,8 +146,8 @@ def _init_from(rank: int, world: int, ckpt: str, out: str) -> None:
 @pytest.mark.fault(kind="file", name="zeros or 0xFF in a checkpoint's embedding, loaded by the tools")
 def test_every_tool_that_loads_weights_refuses_a_damaged_checkpoint(trained_run, tmp_path, capsys, fault_record):
     """The converter, eval and trainer.init_checkpoint refuse 4 KiB of zeros or 0xFF in the embedding bytes in one line naming the file (by checksum before parsing; by NaN after loading where no checksums exist); nothing is written."""
-    from megatron_darl.eval.checkpoint import resolve_hf_dir
-    from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
+    from megatron_darl.checkpoint.hf_dir import resolve_hf_dir
+    from megatron_darl.checkpoint.model_io import CheckpointDamaged
     from megatron_darl.trainer.parallel import run_local_gloo
     from tools import convert_megatron_to_hf as to_hf
 

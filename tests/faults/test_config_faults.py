@@ -7,7 +7,6 @@ field on stderr, and nothing started (no ``run_config.yaml`` is written, no chil
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -63,7 +62,7 @@ def test_a_bad_value_stops_the_launcher_with_one_line(tmp_path, capsys, case, fa
 @pytest.mark.fault(kind="config", name="resume with another model size")
 def test_a_resume_with_another_model_is_refused_before_launch(tmp_path, capsys, fault_record):
     """A resume whose model differs from the checkpoint's exits 2 in one line naming the field, before the warm start, and leaves run_config.yaml as it was."""
-    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
+    from megatron_darl.checkpoint.model_io import CheckpointMetadata, write_metadata
 
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoints" / "step_000002"

@@ -55,7 +55,7 @@ def _du(path: Path) -> int:
 
 
 def _attempt(fn) -> str | None:
-    from megatron_darl.trainer.disk import CheckpointFailed
+    from megatron_darl.checkpoint.disk import CheckpointFailed
 
     try:
         fn()
@@ -68,7 +68,7 @@ def _fill_after_check(small: Path, rank: int):
     """``disk.check_room`` as is, then another writer takes all but 8 KiB of ``small``."""
     import torch.distributed as dist
 
-    from megatron_darl.trainer import disk
+    from megatron_darl.checkpoint import disk
 
     real = disk.check_room
 
@@ -87,8 +87,8 @@ def _saves_on_a_small_disk(rank: int, world: int, roomy: str, small: str, out: s
     import torch.distributed as dist
     import trainer_procs
 
-    from megatron_darl.trainer import disk
-    from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from megatron_darl.checkpoint import disk
+    from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
     ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=120))
@@ -238,9 +238,9 @@ def _retention_on_a_small_disk(rank: int, world: int, roomy: str, small: str, ou
     checkpoint policy (keep 2), then fill the disk and save again."""
     import trainer_procs
 
-    from megatron_darl.loop.checkpoint_policy import RunCheckpoints
+    from megatron_darl.checkpoint.manager import CheckpointManager
     from megatron_darl.loop.config import LoopConfig
-    from megatron_darl.trainer.checkpoint import save_checkpoint
+    from megatron_darl.checkpoint.training import save_checkpoint
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
     ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=120))
@@ -251,7 +251,7 @@ def _retention_on_a_small_disk(rank: int, world: int, roomy: str, small: str, ou
     size = _du(Path(roomy) / "measure")
     _mount(Path(small), int(size * 2.5))
     run = Path(small) / "run"
-    policy = RunCheckpoints(LoopConfig(run_dir=str(run), keep_checkpoints=2), trainer, ps, False,
+    policy = CheckpointManager(LoopConfig(run_dir=str(run), keep_checkpoints=2), trainer, ps, False,
                             lambda step: {"step": step})
     result = {"size": size, "kept": []}
     for step in (1, 2, 3, 4):  # the old policy refused step 3: its retention ran only after a save

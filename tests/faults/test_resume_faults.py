@@ -16,7 +16,7 @@ import torch
 
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.metrics import MetricsLogger
-from megatron_darl.trainer.checkpoint import load_extra_states
+from megatron_darl.checkpoint.training import load_extra_states
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed" / "procs"))
 
@@ -82,7 +82,7 @@ def _save_damage_load(rank: int, world: int, root: str, out: str) -> None:
     """Gloo worker: two real checkpoints, a truncated shard in the newer, then load attempts."""
     import trainer_procs
 
-    from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
     from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
 
     ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=120))

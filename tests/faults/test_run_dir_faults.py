@@ -121,7 +121,7 @@ def test_a_partial_checkpoint_is_no_resume_point_and_history_is_kept(tmp_path, f
 def _checkpointed(run_dir: Path) -> Path:
     """What a finished 2-step smoke run leaves as far as the launcher looks: run_config.yaml as
     launch.train writes it, two metric records, and checkpoint step_000002 with its completion
-    marker (completeness is judged by name and marker, never contents: loop/checkpoints.py)."""
+    marker (completeness is judged by name and marker, never contents: megatron_darl/checkpoint/resume_points.py)."""
     from launch.config import load_run_config, save_run_config
 
     cfg = train.prepare(load_run_config([*SMOKE, f"loop.run_dir={run_dir}", "loop.steps=2"]))

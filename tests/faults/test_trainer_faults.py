@@ -145,7 +145,7 @@ def test_a_frozen_trainer_rank_is_named_within_the_heartbeat_timeout(tmp_path, f
     assert named_s <= HB_TIMEOUT_S + 5, named_s  # the beat interval, polling and a loaded 2-core machine
     kept = _checkpoints(run)
     assert kept and f"the newest checkpoint is {kept[-1]} (resume from it" in verdict, (kept, verdict)
-    from megatron_darl.trainer.checksums import verify_checkpoint
+    from megatron_darl.checkpoint.checksums import verify_checkpoint
 
     assert verify_checkpoint(kept[-1]) == ""
     assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from megatron_darl.loop.checkpoint_policy import CheckpointSchedule, newest_checkpoint
-from megatron_darl.loop.checkpoints import complete_checkpoints
+from megatron_darl.checkpoint.manager import CheckpointSchedule, newest_checkpoint
+from megatron_darl.checkpoint.resume_points import complete_checkpoints
 from megatron_darl.loop.config import LoopConfig
-from megatron_darl.trainer.checksums import (
+from megatron_darl.checkpoint.checksums import (
     MANIFEST_NAME, nonfinite_parameter, read_manifest, share, verify_checkpoint, write_manifest,
 )
 
@@ -93,7 +93,7 @@ def test_manifest_round_trip_and_each_damage_named(tmp_path):
 
 def test_without_a_manifest_a_checkpoint_passes_and_is_still_a_resume_point(tmp_path):
     """A checkpoint written before checksums existed loads (its weights are still checked) and is
-    a resume point: completeness is the final name and the marker (loop/checkpoints.py), and a
+    a resume point: completeness is the final name and the marker (megatron_darl/checkpoint/resume_points.py), and a
     write seals the manifest before the rename, so a new final checkpoint always has one."""
     ckpt = _fake_checkpoint(tmp_path / "checkpoints" / "step_000001")
     assert verify_checkpoint(ckpt) == ""

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from megatron_darl.models.qwen3 import spec_from_hf
 from megatron_darl.models.qwen3.mapping import hf_tensor_shapes
-from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
+from megatron_darl.checkpoint.model_io import CheckpointMetadata, write_metadata
 from tools import convert_hf_to_megatron as to_mg
 from tools import convert_megatron_to_hf as to_hf
 

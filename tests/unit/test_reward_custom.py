@@ -194,7 +194,7 @@ def test_on_resume_reward_timeouts_may_change_what_is_rewarded_may_not(tmp_path)
     from omegaconf import OmegaConf
 
     from launch.config import load_run_config, save_run_config
-    from megatron_darl.loop.resume_changes import check_resume
+    from launch.resume_changes import check_resume
 
     base = ["experiment=smoke", "loop.run_dir=runs/x"]
     old = OmegaConf.to_container(OmegaConf.load(save_run_config(load_run_config(base), tmp_path / "run_config.yaml")))

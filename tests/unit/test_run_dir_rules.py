@@ -1,4 +1,4 @@
-"""The run-dir rules launcher and loop share: which checkpoint is a resume point, which config
+"""The run-dir rules launcher, Slurm and loop share: which checkpoint is a resume point, which config
 changes a resume takes (the table in docs/run_dirs.md is the code's), and the metrics history a
 resume keeps."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from launch.config import load_run_config
-from megatron_darl.loop.checkpoints import complete_checkpoints, latest_checkpoint, partial_checkpoints
+from launch.resume_changes import RULES, Rule, check_resume, leaves, rule_of
+from launch.slurm import latest_step
+from megatron_darl.checkpoint.resume_points import complete_checkpoints, latest_checkpoint, partial_checkpoints
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.metrics import SUPERSEDED, MetricsLogger
-from megatron_darl.loop.resume_changes import RULES, Rule, check_resume, leaves, rule_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,6 +27,7 @@ def test_only_final_names_with_their_marker_are_resume_points(tmp_path):
             (root / name / "megatron_darl.json").write_text("{}")
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_000002", "step_000010"]  # by step
     assert latest_checkpoint(tmp_path).name == "step_000010"
+    assert latest_step(tmp_path) == 10 and latest_step(tmp_path / "nothing") == 0  # Slurm's answer too
     assert [p.name for p in partial_checkpoints(tmp_path)] == ["step_000004", "step_000012.tmp"]
     assert complete_checkpoints(tmp_path / "nothing") == [] and latest_checkpoint(tmp_path / "nothing") is None
 

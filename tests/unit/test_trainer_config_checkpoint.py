@@ -7,8 +7,8 @@ import torch
 
 from megatron_darl.models.qwen3.config import spec_from_hf
 from megatron_darl.replay import VersionWindow
-from megatron_darl.trainer.checkpoint import load_checkpoint
-from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
+from megatron_darl.checkpoint.training import load_checkpoint
+from megatron_darl.checkpoint.model_io import CheckpointMetadata, write_metadata
 from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig
 from megatron_darl.trainer.flops import forward_flops, matmul_params, mfu, train_flops
 from megatron_darl.trainer.snapshots import ParamSnapshots

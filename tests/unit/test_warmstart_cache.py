@@ -1,4 +1,4 @@
-"""The warm-start cache under two first runs started at once (``loop/warmstart.py: cached_fit``).
+"""The warm-start cache under two first runs started at once (``launch/warmstart.py: cached_fit``).
 
 Two real processes ask for the same missing key on one cache directory at the same moment. The
 fit is the cache's real path with a fit that takes a second (it writes the policy's
@@ -17,7 +17,7 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from megatron_darl.loop.warmstart import WarmStartConfig, cached_fit
+from launch.warmstart import WarmStartConfig, cached_fit
 
 cache, go, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 while not go.exists():  # both processes start their call together
@@ -53,7 +53,7 @@ def test_two_first_runs_at_once_both_get_the_one_fitted_policy(tmp_path: Path):
 
 
 def test_a_dead_fit_leaves_nothing_a_later_run_trips_on(tmp_path: Path):
-    from megatron_darl.loop.warmstart import WarmStartConfig, cached_fit
+    from launch.warmstart import WarmStartConfig, cached_fit
 
     cache = tmp_path / "cache"
     cfg = WarmStartConfig(cache_dir=str(cache))

@@ -94,7 +94,7 @@ def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str,
     from megatron_darl.step.planner import ShardPlanner
     from megatron_darl.step.runner import StepRunner
     from megatron_darl.samples import shard_of
-    from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
     from trainer_procs import gather_hf_params
 
     algo, replay = _configs()

@@ -124,7 +124,7 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     ``TrainerConfig.init_checkpoint``) and record its log-probs.
     """
     from megatron_darl.trainer.batch import broadcast_batch
-    from megatron_darl.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
 
     trainer, ps = _trainer(tp, pp, hf_dir, token_budget=96)
     shard = list(range(ps.dp_rank, len(SEQ_LENS), ps.dp_size))

@@ -1,17 +1,15 @@
-"""The trainer's checkpoints as one object: when one is due between steps, where it goes, the
-resume from the newest, retention, and which checkpoint a failure leaves behind.
+"""The run's checkpoints behind one object, ``CheckpointManager``: save, load, verify, retain,
+the resume points, when a checkpoint is due between steps, and which checkpoint a failure names.
 
-Why one object: the loop used to hold the schedule, the folders, save, load, retention and the
-full-disk handling as separate pieces, each importing a part of ``trainer.checkpoint`` or
-``trainer.disk``. ``RunCheckpoints`` holds them; the loop only says what its own state is
-(``extra_state``: the shard's replay buffer and cache, the group counts) and puts it back after a
-resume. Which directories are resume points stays ``loop.checkpoints``' answer (the launcher's
-too): this module is the trainer's side only, so its imports (``trainer.checkpoint``) never reach
-the launcher.
+The trainer loop holds one manager and says only what its own state is (``extra_state``: the
+shard's replay buffer and cache, the group counts), which it puts back after a resume. The
+pieces underneath keep their own modules: ``training`` (a trainer's save and load),
+``model_io`` (the model checkpoint format the converters share), ``checksums`` (the SHA-256
+manifest), ``disk`` (room on disk), ``snapshots`` (the window's parameter snapshots) and
+``resume_points`` (which directories of a run are resume points: the launcher's answer too).
 
-Why between steps: a run used to checkpoint only at its end or on a signal, so a kill -9, an OOM
-kill or a lost node of any trainer rank lost every step since the start. Now a checkpoint is due
-at a step boundary by one of two rules (``loop.checkpoint_interval``):
+Checkpoints between steps bound what a kill -9, an OOM kill or a lost node of any trainer rank
+loses. A checkpoint is due at a step boundary by one of two rules (``loop.checkpoint_interval``):
 
 * ``null`` (the default), by time: once the time since the last checkpoint ended reaches the
   next save's expected seconds / ``loop.checkpoint_overhead`` (67 x at 0.015). Periodic saves then
@@ -26,21 +24,18 @@ at a step boundary by one of two rules (``loop.checkpoint_interval``):
   unknown and taken as ``PRIOR_BYTES_PER_S`` (1 GB/s a rank, a local disk): a save expected to
   take at most ``FIRST_SAVE_S`` follows the first step (learning the speed costs nothing, and a
   crash soon after loses one step), a longer one waits for the time rule at the prior speed. So a
-  1.7B D-ARL checkpoint (~32 GB with its snapshots) is no longer written before the second step,
-  where it cost the first minutes of every launch (and of every benchmark); it comes about 35
-  minutes in, then at the measured pace.
+  1.7B D-ARL checkpoint (~32 GB with its snapshots) comes about 35 minutes in, not before the
+  second step, then at the measured pace.
 * ``N > 0``: every N steps; ``0``: only at the end and on a signal.
 
 Every rank must save together (the save is collective), so only rank 0's clock decides and the
 loop spreads its answer with the per-step stop agreement (no extra collective).
 
-A full disk: retention used to delete old checkpoints only after a new save succeeded, so on a
-disk that holds about ``keep_checkpoints`` of them every later save was refused (30 of 40 steps
-lost on a 44 MiB tmpfs with ``keep_checkpoints=2``). Now, before each save (the final one
-included), when the checkpoint would not fit, what retention would delete after it goes first,
-oldest first, and never the newest complete checkpoint (``_make_room``). A checkpoint between
-steps that still cannot be written is logged and training goes on (the next one tries again);
-the final one raises one line naming the filesystem, the bytes needed and the newest checkpoint.
+A full disk: before each save (the final one included), when the checkpoint would not fit, what
+retention would delete after it goes first, oldest first, and never the newest complete
+checkpoint (``_make_room``), so a disk that holds about ``keep_checkpoints`` of them keeps
+taking new ones. A checkpoint between steps that still cannot be written is logged and training
+goes on (the next one tries again); the final one raises one line naming the filesystem, the bytes needed and the newest checkpoint.
 
 ``newest_checkpoint`` is the one a failure that cannot checkpoint (a frozen or dead trainer rank,
 weights gone NaN) names for the resume.
@@ -58,14 +53,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from megatron_darl.loop.checkpoints import checkpoint_root, complete_checkpoints, latest_checkpoint
-from megatron_darl.loop.config import LoopConfig
-from megatron_darl.trainer.checkpoint import Resumed, load_checkpoint, save_checkpoint
-from megatron_darl.trainer.disk import (
+from megatron_darl.checkpoint.checksums import verify_checkpoint
+from megatron_darl.checkpoint.disk import (
     CheckpointFailed, agreed_room, checkpoint_bytes, existing_ancestor, free_bytes, gib,
 )
-from megatron_darl.trainer.parallel import ParallelState
-from megatron_darl.trainer.policy_trainer import PolicyTrainer
+from megatron_darl.checkpoint.resume_points import checkpoint_root, complete_checkpoints, latest_checkpoint
+from megatron_darl.checkpoint.training import Resumed, load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 PRIOR_BYTES_PER_S = 1e9  # a rank's save speed assumed before its first save measured one
@@ -122,14 +115,17 @@ def newest_checkpoint(run_dir: str | Path) -> str:
     return f"the newest checkpoint is {found} (resume from it with loop.resume=true)"
 
 
-class RunCheckpoints:
+class CheckpointManager:
     """One trainer rank's side of the run's checkpoints (see the module docstring).
 
-    ``extra_state(next_step)`` is the loop's part of a checkpoint: on a hub rank its shard's state
-    (a dict of tensors and plain types), None on the others. Every rank calls it (it may hold a
-    collective), and only when a checkpoint is written."""
+    ``loop`` is the run's ``LoopConfig`` (``run_dir``, ``resume``, ``steps``,
+    ``checkpoint_interval``, ``checkpoint_overhead``, ``keep_checkpoints`` are read), ``trainer``
+    the ``PolicyTrainer`` and ``ps`` its ``ParallelState``. ``extra_state(next_step)`` is the
+    loop's part of a checkpoint: on a hub rank its shard's state (a dict of tensors and plain
+    types), None on the others. Every rank calls it (it may hold a collective), and only when a
+    checkpoint is written."""
 
-    def __init__(self, loop: LoopConfig, trainer: PolicyTrainer, ps: ParallelState, with_snapshots: bool,
+    def __init__(self, loop, trainer, ps, with_snapshots: bool,
                  extra_state: Callable[[int], dict[str, Any] | None]) -> None:
         self.cfg, self.trainer, self.ps = loop, trainer, ps
         self.run_dir = Path(loop.run_dir)
@@ -138,8 +134,16 @@ class RunCheckpoints:
         self.schedule = CheckpointSchedule(loop.checkpoint_interval, loop.checkpoint_overhead)
 
     def complete(self) -> list[Path]:
-        """The run's resume points, oldest first (the launcher's answer too: ``loop/checkpoints.py``)."""
+        """The run's resume points, oldest first (the launcher's answer too: ``resume_points``)."""
         return complete_checkpoints(self.run_dir)
+
+    def latest(self) -> Path | None:
+        """The newest resume point, None when there is none."""
+        return latest_checkpoint(self.run_dir)
+
+    def verify(self, path: Path) -> str:
+        """Collective: the first problem of ``path``'s files against its ``checksums.json``, or ""."""
+        return verify_checkpoint(path)
 
     def newest(self) -> str:
         """The clause a failure message ends with: the checkpoint to resume from, or none."""
@@ -173,7 +177,7 @@ class RunCheckpoints:
         except CheckpointFailed as exc:
             made = f" ({', '.join(deleted)} deleted to make room first)" if deleted else ""
             raise type(exc)(f"{exc}{made}; {self.newest()}") from exc
-        self._prune(path)
+        self.retain(path)
         return path
 
     def _make_room(self, path: Path) -> list[str]:
@@ -236,7 +240,7 @@ class RunCheckpoints:
         trainer = self.trainer
         return len([v for v in trainer.snapshots.versions if v != trainer.version]) if self.with_snapshots else 0
 
-    def _prune(self, newest: Path) -> None:
+    def retain(self, newest: Path) -> None:
         """Keep the newest ``loop.keep_checkpoints`` complete checkpoints (0: all); rank 0 deletes
         the older ones, and the partial ``.tmp`` writes older than ``newest``, only once it exists."""
         keep = self.cfg.keep_checkpoints

@@ -1,10 +1,10 @@
 """SHA-256 manifest of a training checkpoint, written once the save is complete, checked at load.
 
-Why: dist_checkpointing trusts the bytes it reads. Zeros in a ``.distcp`` shard resumed silently
-(a model of zeros), 0xFF bytes resumed NaN weights that only a rollout worker noticed, much
-later and under another name ("control-plane store failed (trainer gone?)"), and a garbage
-``common.pt`` surfaced as a bare ``UnicodeDecodeError``. A length check (``check_shards``) sees
-none of these.
+Why: dist_checkpointing trusts the bytes it reads. Unchecked, zeros in a ``.distcp`` shard
+resume silently (a model of zeros), 0xFF bytes resume NaN weights that only a rollout worker
+notices, much later and under another name ("control-plane store failed (trainer gone?)"), and
+a garbage ``common.pt`` surfaces as a bare ``UnicodeDecodeError``. A length check
+(``check_shards``) sees none of these.
 
 ``write_manifest`` runs after every rank has finished writing (the checkpoint is complete but
 not yet renamed from its ``.tmp``): the files are split over the ranks by size, each rank hashes
@@ -12,7 +12,7 @@ its share (hashlib releases the GIL; on a real cluster the ranks read in paralle
 writes ``checksums.json`` with the size and SHA-256 of every file. ``verify_checkpoint`` is the
 same split at load: every rank agrees on the first problem found (the file, what is wrong with
 it), so all ranks refuse the checkpoint together naming it. A checkpoint without a manifest
-(written before checksums were kept) loads with a warning; the weights are still checked for
+(an older format) loads with a warning; the weights are still checked for
 NaN/Inf after the load (``nonfinite_parameter``), which catches what its bytes alone cannot.
 """
 

@@ -1,12 +1,11 @@
-"""Which checkpoints of a run directory are resume points: one answer for launcher and loop.
+"""Which checkpoints of a run directory are resume points: one answer for the launcher and the loop.
 
 A checkpoint is written to ``step_NNNNNN.tmp`` and renamed to ``step_NNNNNN`` only after its
-last file, the completion marker ``megatron_darl.json`` (``trainer.checkpoint_io``), is in
+last file, the completion marker ``megatron_darl.json`` (``model_io.METADATA_NAME``), is in
 place. A kill, a full disk or a lost mount can leave a ``.tmp`` directory, or (copied by hand,
-damaged) a final-named directory without the marker. Neither is a resume point. The launcher
-used to count any ``step_*`` entry while the trainer loop skipped ``.tmp`` ones: a run dir
-holding only a partial write made the workers wait for resumed weights that the trainer (which
-started afresh) never published, until the receive timeout. Both now ask ``complete_checkpoints``.
+damaged) a final-named directory without the marker. Neither is a resume point, for the launcher
+(which tells the workers to wait for resumed weights) and the trainer alike: both ask
+``complete_checkpoints``, so they never disagree on whether a run resumes.
 
 Completeness is judged from names and the marker's presence only, never from file contents, so
 checksums or retention rules of the checkpoint writer do not change the answer.
@@ -17,7 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from megatron_darl.trainer.checkpoint_io import METADATA_NAME
+from megatron_darl.checkpoint.model_io import METADATA_NAME
 
 CHECKPOINTS_DIR = "checkpoints"  # under the run dir
 COMPLETION_MARKER = METADATA_NAME  # the last file a checkpoint write puts in place

@@ -34,6 +34,9 @@ from typing import Any
 
 import torch
 
+from megatron_darl.checkpoint import checksums
+from megatron_darl.models.qwen3.hf_io import copy_side_files
+
 METADATA_NAME = "megatron_darl.json"
 FORMAT_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one: a loadable tokenizer
@@ -130,8 +133,6 @@ def copy_model_files(src: str | Path | None, dst: str | Path, hf_config: dict | 
 
     The tokenizer and chat template of the policy are a few MB at most (Qwen3: 11 MB), next to
     weights of hundreds of MB or more, so each checkpoint carries its own copy."""
-    from megatron_darl.models.qwen3.hf_io import copy_side_files
-
     src_dir = Path(src) if src else None
     written = copy_side_files(src_dir, dst) if src_dir is not None and src_dir.is_dir() else []
     if "config.json" not in written and hf_config:
@@ -172,8 +173,6 @@ def damaged(ckpt_dir: str | Path, problem: str, resume: bool = True) -> Checkpoi
 def verify_files(ckpt_dir: str | Path, resume: bool = False) -> None:
     """Collective: raise ``CheckpointDamaged`` (the same line on every rank) when a file of the
     checkpoint does not match its ``checksums.json``; before anything of it is parsed."""
-    from megatron_darl.trainer import checksums
-
     problem = checksums.verify_checkpoint(Path(ckpt_dir))
     if problem:
         raise damaged(ckpt_dir, problem, resume=resume)
@@ -182,8 +181,6 @@ def verify_files(ckpt_dir: str | Path, resume: bool = False) -> None:
 def check_finite(ckpt_dir: str | Path, named_params, resume: bool = False) -> None:
     """Collective: raise ``CheckpointDamaged`` on every rank when a loaded weight of any rank holds
     NaN or Inf (a checkpoint whose bytes carry no checksums, or were written that way)."""
-    from megatron_darl.trainer import checksums
-
     bad = checksums.first_problem(checksums.nonfinite_parameter(named_params))
     if bad:
         raise damaged(ckpt_dir, f"weight {bad} after loading", resume=resume)
@@ -242,8 +239,6 @@ def save_model_checkpoint(model_chunks, ckpt_dir: str | Path, meta: CheckpointMe
     """
     import megatron.core
     import torch.distributed as dist
-
-    from megatron_darl.trainer import checksums
 
     save_sharded(sharded_model_state_dict(model_chunks), ckpt_dir)
     dist.barrier()

@@ -5,8 +5,8 @@ Why: a full disk is the common way a long run loses its checkpoint, and megatron
 badly. Its torch_dist writer turns ``[Errno 28] No space left on device`` into
 ``RuntimeError: Worker failure: An error is caught while starting worker 0`` (the OSError itself
 only reaches a logger), half a checkpoint stays behind in ``<dir>.tmp``, and the user learns
-neither which filesystem filled nor that the earlier checkpoints are still fine. Twelve D-ARL runs
-of the variant study on one 64 GiB device disk did exactly that (docs/results.md).
+neither which filesystem filled nor that the earlier checkpoints are still fine (twelve D-ARL
+runs of the variant study sharing one 64 GiB device disk fill it: docs/results.md).
 
 So, before anything is written, every rank estimates the bytes its share of the checkpoint takes
 (from the parameters it holds; ``checkpoint_bytes``), and the ranks agree on the sum and on the

@@ -4,13 +4,12 @@ Training checkpoints (``runs/<run>/checkpoints/step_NNNNNN``) and the directorie
 (``tools/convert_hf_to_megatron.py``) writes are marked with a ``megatron_darl.json`` file and
 carry the model's tokenizer and HF config. The engines load Hugging Face directories only, so
 such a directory is first converted back with ``tools/convert_megatron_to_hf.py`` into a
-temporary directory the caller owns (and deletes). One without a tokenizer (saved before
-checkpoints carried one) is refused in one line before the conversion: transformers would build
+temporary directory the caller owns (and deletes). One without a tokenizer is refused in one line before the conversion: transformers would build
 an empty tokenizer and every prompt would encode as nothing.
 
 The converter is the one loader of such weights here: it verifies every file against the
 checkpoint's ``checksums.json`` and the loaded weights for NaN/Inf
-(``trainer.checkpoint_io.load_model_checkpoint``). A damaged checkpoint is refused by it, and
+(``model_io.load_model_checkpoint``). A damaged checkpoint is refused by it, and
 ``resolve_hf_dir`` passes that on as one ``CheckpointDamaged`` line (a ``ValueError``: the user's
 input, not a crash), so no benchmark is ever scored on zeroed or NaN weights.
 """
@@ -21,12 +20,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-MEGATRON_MARKER = "megatron_darl.json"  # written by training saves and tools/convert_hf_to_megatron.py
+from megatron_darl.checkpoint.model_io import METADATA_NAME, CheckpointDamaged, missing_tokenizer
 
 
 def is_megatron_checkpoint(path: str | Path) -> bool:
     """True when ``path`` is a training checkpoint or a directory our HF->Megatron converter wrote."""
-    return (Path(path) / MEGATRON_MARKER).is_file()
+    return (Path(path) / METADATA_NAME).is_file()
 
 
 def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path) -> Path:
@@ -43,8 +42,6 @@ def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path
         raise FileNotFoundError(f"--model {model}: no such checkpoint directory")
     if not is_megatron_checkpoint(model):
         return model
-    from megatron_darl.trainer.checkpoint_io import missing_tokenizer
-
     if missing_tokenizer(model):
         raise ValueError(f"--model {missing_tokenizer(model)}, then pass the HF dir it writes to --model")
     converter = Path(converter)
@@ -55,8 +52,6 @@ def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path
     proc = subprocess.run(cmd, capture_output=True, text=True)
     refusal = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode != 0 and " is damaged: " in refusal:  # the loader's one line: a user's input
-        from megatron_darl.trainer.checkpoint_io import CheckpointDamaged
-
         raise CheckpointDamaged(f"--model {model}: refused: {refusal.split(': error: ', 1)[-1]}")
     if proc.returncode != 0:
         raise RuntimeError(f"converting {model} failed ({' '.join(cmd)}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")

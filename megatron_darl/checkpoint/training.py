@@ -1,4 +1,4 @@
-"""Training checkpoints (save / resume) with ``megatron.core.dist_checkpointing``.
+"""A trainer's full state as a checkpoint (save / resume) with ``megatron.core.dist_checkpointing``.
 
 A checkpoint directory holds one dist_checkpointing checkpoint with:
 
@@ -25,12 +25,12 @@ state (replay buffer, log-prob cache), which is per DP shard (docs/architecture.
 state holds tensors and plain types only (checked at save) and is read with
 ``torch.load(weights_only=True)``: a checkpoint is data, and a crafted pickle there must not run
 code on resume. ``megatron_darl.json``
-(``checkpoint_io.CheckpointMetadata``, the same file the converters write, with the trainer's
+(``model_io.CheckpointMetadata``, the same file the converters write, with the trainer's
 step/version/layout under ``extra["trainer"]``) is written once all ranks are done, then
 ``checksums.json`` (the size and SHA-256 of every file, ``checksums.py``), which a load verifies
 before it parses anything; the loaded weights are checked for NaN/Inf too. Either failure is one
 ``CheckpointDamaged`` line naming the file (or weight) and the checkpoint. Weights that are not
-finite are never saved: the save refuses them first (``weight_check.WeightsNotFinite``, on every
+finite are never saved: the save refuses them first (``trainer.require_finite``, on every
 rank, nothing written), so a resume point is never a poisoned one. Everything is written
 under ``<dir>.tmp`` and renamed to ``<dir>`` only when all ranks are done. A checkpoint the disk
 cannot hold is refused before the write, and a write (or its sealing) that fails is reported
@@ -43,6 +43,8 @@ Model-only loading (``load_model_weights``) takes both our checkpoints and those
 ``tools/convert_hf_to_megatron.py``; an HF directory (``config.json`` with safetensors) is
 loaded through the Qwen3 mapping instead.
 
+The trainer comes in as an argument (its ``model_chunks``, ``optimizer``, ``scheduler``, ``ps``,
+``snapshots`` and counters are read), so this module imports nothing of ``trainer/``.
 """
 
 from __future__ import annotations
@@ -59,12 +61,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from megatron_darl.trainer import checksums, disk
-from megatron_darl.trainer.checkpoint_io import (
-    check_finite, check_shards, chunked_model_state_dict, copy_model_files, damaged, save_sharded,
-    verify_files,
+from megatron_darl.checkpoint import checksums, disk
+from megatron_darl.checkpoint.model_io import (
+    METADATA_NAME, CheckpointMetadata, check_finite, check_shards, chunked_model_state_dict,
+    copy_model_files, damaged, load_model_checkpoint, read_metadata, save_sharded, verify_files,
+    write_metadata,
 )
-from megatron_darl.trainer.weight_check import require_finite
+from megatron_darl.checkpoint.snapshots import load_snapshots, save_snapshots
+from megatron_darl.models.qwen3.config import spec_from_hf
+from megatron_darl.models.qwen3.weights import load_hf_checkpoint
 
 OPTIM_SHARDINGS = ("dp_reshardable", "fully_reshardable")
 
@@ -149,7 +154,7 @@ def save_checkpoint(
     if final.exists():
         raise ValueError(f"checkpoint directory {final} already exists")
     check_plain(extra_state, "extra_state")
-    require_finite(trainer, f"checkpoint {final}")  # collective: every rank refuses a NaN version together
+    trainer.require_finite(f"checkpoint {final}")  # collective: every rank refuses a NaN version together
     snapshots = len([v for v in trainer.snapshots.versions if v != trainer.version]) if with_snapshots else 0
     need = disk.check_room(trainer, final, snapshots)  # every rank refuses together, before any write
     if ps.rank == 0:
@@ -160,8 +165,6 @@ def save_checkpoint(
     try:  # dist_checkpointing's writes fail on every rank together (it gathers their results)
         save_sharded(_sharded_state(trainer, False, True, optim_sharding), tmp)
         if with_snapshots:
-            from megatron_darl.trainer.snapshots import save_snapshots
-
             save_snapshots(trainer, tmp)
         if ps.tp_rank == 0 and ps.pp_rank == 0:
             (tmp / "extra").mkdir(exist_ok=True)
@@ -205,8 +208,6 @@ def _hf_dict(trainer) -> dict:
 
 
 def _write_metadata(trainer, ckpt_dir: Path, optim_sharding: str) -> None:
-    from megatron_darl.trainer.checkpoint_io import CheckpointMetadata, write_metadata
-
     ps, chunk = trainer.ps, trainer.model_chunks[0]
     hf_dict = _hf_dict(trainer)
     trainer_meta = {
@@ -229,8 +230,6 @@ def _saved_spec(meta) -> dict:
     """The Qwen3 spec a checkpoint's metadata describes (``model_spec``, else its HF config)."""
     if meta.model_spec:
         return meta.model_spec
-    from megatron_darl.models.qwen3.config import spec_from_hf
-
     return spec_from_hf(meta.hf_config).to_dict()
 
 
@@ -251,8 +250,6 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
     of ``Resumed.extra_states`` are None (a hub's TP/PP peers read none: no replay state there).
     """
     from megatron.core import dist_checkpointing
-
-    from megatron_darl.trainer.checkpoint_io import read_metadata
 
     path = Path(ckpt_dir)
     if path.is_dir():  # every file as it was written, before any of them is parsed
@@ -292,8 +289,6 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
     if same_mp:
         _restore_rng(state["rng"])
     if with_snapshots:
-        from megatron_darl.trainer.snapshots import load_snapshots
-
         load_snapshots(trainer, path)
     extras = load_extra_states(path, int(meta["dp"]), extra_ranks)
     return Resumed(trainer.step, trainer.version, int(meta["dp"]), extras)
@@ -348,7 +343,7 @@ def load_extra_states(ckpt_dir: str | os.PathLike, dp: int, ranks: list[int] | N
 
 
 def check_shards_or_offer_previous(ckpt_dir: Path) -> None:
-    """``checkpoint_io.check_shards`` with the previous checkpoint offered in the error."""
+    """``model_io.check_shards`` with the previous checkpoint offered in the error."""
     try:
         check_shards(ckpt_dir)
     except (FileNotFoundError, ValueError) as exc:
@@ -448,14 +443,8 @@ def load_model_weights(model_chunks: list, ckpt_dir: str | os.PathLike, parallel
     Collective. The files are verified against ``checksums.json`` before parsing and the loaded
     weights for NaN/Inf (``CheckpointDamaged``: one line naming the file or weight); an HF
     directory's weights are checked for NaN/Inf after the load."""
-    from megatron_darl.trainer.checkpoint_io import (
-        METADATA_NAME, check_finite, load_model_checkpoint, read_metadata, verify_files,
-    )
-
     path = Path(ckpt_dir)
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-        from megatron_darl.models.qwen3.weights import load_hf_checkpoint
-
         load_hf_checkpoint(model_chunks, path, parallel_state)
         check_finite(path, ((f"model{i}.{name}", p) for i, chunk in enumerate(model_chunks)
                             for name, p in chunk.named_parameters()))

@@ -3,8 +3,8 @@
 A prompt of P tokens is generated to at most ``sampling.max_new_tokens`` more, and the whole
 sequence must fit the smallest of the policy's ``max_position_embeddings``, the trainer's
 ``trainer.micro_batch.max_seq_len`` and (when set) the engine's ``engine.max_model_len``. A
-prompt past that budget used to reach the engine anyway: one 1 MB prompt drove a worker to
-21.7 GB and the host's OOM killer after 171 s, and a prompt longer than the context trained
+prompt past that budget must never reach the engine: one 1 MB prompt drives a worker to
+21.7 GB and the host's OOM killer after 171 s, and a prompt longer than the context would train
 silently. With ``data.overlong_prompts: refuse`` (the default) the launcher stops before any
 process starts, naming the file and line; with ``drop`` such prompts are skipped by the launcher
 and by every worker alike (same tokenizer, same template, same budget), counted and logged.

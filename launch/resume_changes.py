@@ -3,11 +3,11 @@
 A checkpoint holds more than weights: the optimizer and its schedule, each DP shard's replay
 buffer and log-prob cache (groups of G samples, versions in the window K), the parameter
 snapshots of the window, and each rollout worker's position in its shard of the prompts. A
-resume with a config those were not made for used to crash deep in a child (``replay.k`` or
+resume with a config those were not made for would crash deep in a child (``replay.k`` or
 ``algorithm.variant``: "2 is not in list") or, worse, go on silently with a different
-experiment (more workers, another G, another prompt seed). ``launch.train`` and
-``launch.slurm`` now compare the new config with the checkpoint run's ``run_config.yaml``
-before any process starts (``check_resume``), and write the new one only once it is accepted.
+experiment (more workers, another G, another prompt seed). So ``launch.train`` and
+``launch.slurm`` compare the new config with the checkpoint run's ``run_config.yaml`` before
+any process starts (``check_resume``), and write the new one only once it is accepted.
 
 The rules, first match wins (``RULES``; the full key lists: docs/run_dirs.md, checked against
 ``RULES`` by tests/unit/test_run_dir_rules.py):
