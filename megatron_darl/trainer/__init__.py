@@ -15,7 +15,7 @@ heavy is imported here; the public API lives in the submodules:
         one new version (PPO mini-batches); .train_step(batch, loss_fn) = one mini-batch
       .snapshot(version=None, keep=None)   host copies for exact backfill (keep: the window)
       .export_hf_stage() -> iterator of (hf_name, full tensor) for weight sync
-      .step, .version
+      .optimizer_steps, .version
   checkpoint.save_checkpoint(trainer, dir, extra_state=None, with_snapshots=False),
       load_checkpoint(trainer, dir, with_snapshots=False)   (snapshots: exact backfill on resume)
   checksums.write_manifest(dir), verify_checkpoint(dir)     sha256 of every file (collective)

@@ -63,6 +63,6 @@ def require_finite(trainer, what: str) -> float:
     norm = weight_norm(trainer.model_chunks, trainer.ps)
     if not math.isfinite(norm):
         raise WeightsNotFinite(
-            f"{what} refused: the weights of version {trainer.version} (step {trainer.step}) hold NaN "
+            f"{what} refused: the weights of version {trainer.version} (optimizer step {trainer.optimizer_steps}) hold NaN "
             f"or Inf (weight norm {norm}); a non-finite version is never saved nor published")
     return norm
