@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from megatron_darl.exit_codes import ExitCode
+
 LOCK_NAME = "run.lock"
 LOCK_FD_ENV = "DARL_RUN_LOCK_FD"  # a descriptor of the lock file opened by slurm/launch.sh
 _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
@@ -261,4 +263,4 @@ def _fenced_child(lock_fds: list[int]) -> None:
     except (OSError, AttributeError):
         return  # not Linux: the lock descriptors are closed at least
     if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
+        os._exit(ExitCode.FAILED)

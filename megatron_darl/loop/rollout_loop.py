@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 
 from megatron_darl import timeline
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.loop.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -126,4 +127,4 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
         engine.close()
     if code:
         raise RolloutAborted(code, worker.exit_reason)
-    return 0
+    return ExitCode.OK

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from megatron_darl import timeline
 from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
 from megatron_darl.trainer.config import TrainerConfig
-from megatron_darl.trainer.flops import forward_flops, mfu, train_flops
+from megatron_darl.trainer.flops import mfu, train_flops
 from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, wrap_ddp
 from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
@@ -284,10 +284,6 @@ class PolicyTrainer:
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-
-    def logprob_flops(self, batch: TrainBatch) -> float:
-        """Forward FLOPs of a log-prob pass over ``batch`` (for MFU of that pass)."""
-        return forward_flops(self.spec, batch.seq_lens.tolist())
 
     # ------------------------------------------------------------------ train step
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, entropy: bool = False) -> StepResult:
