@@ -66,12 +66,12 @@ run past that point and exits with status 3 while runs remain. The record is wri
 every run of the plan is in the partial file. A call that ends mid-run loses little with
 ``--reuse-trained``: the next call resumes a run cut short in training from its latest checkpoint
 (every ``--eval-every`` steps) and goes on with an evaluation from the points already written
-(``tools/device_variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
+(``gpu/variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
 holds only this study's runs. When the time runs out before the plan does, ``--record-finished``
 writes the record of the runs that finished (on any machine: the partial file names its
 device) and lists the rest under ``config.left_out``; ``--more-partials`` adds the partial files
 of further device calls, each seed block with the warm start its machine fitted (issue 39's plan:
-``tools/device_variant_study.sh``). ``tools/variant_report.py`` draws the
+``gpu/variant_study.sh``). ``tools/variant_report.py`` draws the
 plot and the table of docs/results.md from the record.
 """
 

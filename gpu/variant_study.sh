@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The variant study (issues 17 and 39) on the GPU machine, one device call at a time:
 #
-#   DARL_COMMIT=<sha> bash tools/device_variant_study.sh SECONDS [benchmarks/variant_study.py args...]
+#   DARL_COMMIT=<sha> bash gpu/variant_study.sh SECONDS [benchmarks/variant_study.py args...]
 #
 # (carry .whl: megatron-core, hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended.)
 # A study outlasts one call, and a GPU warm start is not bitwise reproducible across machines, so
@@ -38,7 +38,7 @@
 #   install (~20 s): ~400-450 s a call, under the 540 s budget. Each call's block is complete
 #   (every case of its seed, one warm start), so blocks from fresh machines pool as seeds.
 #     call k (k = 0, 1, 2; then 3, 4 if the time is there):
-#       DARL_COMMIT=<sha> bash tools/device_variant_study.sh 560 --seeds k --seed-major \
+#       DARL_COMMIT=<sha> bash gpu/variant_study.sh 560 --seeds k --seed-major \
 #         --parallel 25 --runs-per-gpu 7 --steps 100 --eval-every 25 --minibatches 4 --lr 3e-5 \
 #         --budget 480 --reuse-trained
 #     (a machine still warm from the call before may take two seeds: --seeds k,k+1 --parallel 50
@@ -52,7 +52,7 @@ set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-LIMIT=${1:?usage: device_variant_study.sh SECONDS [variant_study args...]}
+LIMIT=${1:?usage: variant_study.sh SECONDS [variant_study args...]}
 shift
 STATE=/tmp/darl_vs
 mkdir -p "$STATE"
