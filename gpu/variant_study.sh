@@ -23,7 +23,7 @@
 # 12 at once 2.3-2.8 s (sync, async) and 3.5 s (darl). So a run-step costs ~0.2-0.3 s of one
 # GPU's share of the host (16 cores a GPU), whatever the packing.
 #
-# Issue 39's plan (part 3), on nvidia-h100-x4 (64 cores), carry [".whl"]:
+# The headline study's plan (part 3), on nvidia-h100-x4 (64 cores), carry [".whl"]:
 #   grid: sync (eta 0) + {async, decoupled, darl, darl_once, darl_nomis, darl_nofilter, darl_keta}
 #   x eta {1, 4, 8}: 25 runs a seed; K = 4 for the D-ARL cases, eta + 1 for the queue baselines
 #   and darl_keta (named darl_k2/k5/k9); degenerate groups dropped; lr 3e-5 (sync 0.152 +- 0.002

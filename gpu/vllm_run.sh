@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The vLLM runs of issue 14 on the GPU machine, in one call, right after the kit's install.sh:
+# The vLLM tests and benchmark on the GPU machine, in one call, right after the kit's install.sh:
 #
 #   bash .vkit/bin/install.sh && DARL_COMMIT=<sha> bash gpu/vllm_run.sh
 #

@@ -87,7 +87,7 @@ _SHAPE = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv
 def check_same_model(cfg, checkpoint: Path) -> None:
     """A resume with another model than the checkpoint's is refused here, in one line naming the
     fields, before the warm start fits a new policy or any process starts (the trainer's loader
-    used to refuse it minutes later, in a 24-line traceback, after ``run_config.yaml`` had been
+    would refuse it minutes later, in a 24-line traceback, after ``run_config.yaml`` was
     replaced). The launch's model is known from its config alone: ``model.path``'s
     ``config.json``, ``model.hf_config``, or the warm-start preset's sizes (its vocabulary comes
     from the tokenizer later, and the loader still compares every field)."""
