@@ -1,9 +1,9 @@
 """What the launcher settles in the run directory before any process starts.
 
-Why: the launcher counted any ``step_*`` entry as a resume point while the trainer loop skipped
-``.tmp`` ones, so a run dir holding only a cut-off checkpoint write made the workers wait for
-resumed weights that never came; and ``run_config.yaml`` was rewritten by every launch, even one
-whose resume then failed on a changed config. Here, in order (``launch.train`` and
+Why: the launcher and the trainer loop must agree on the resume point (a cut-off checkpoint
+write counted by one and skipped by the other leaves the workers waiting for resumed weights
+that never come), and ``run_config.yaml`` must not be rewritten by a launch whose resume then
+fails on a changed config. Here, in order (``launch.train`` and
 ``launch.slurm`` alike; the run dir is locked first, ``launch.run_lock``):
 
 - ``inspect_run_dir``: the resume point is the newest complete checkpoint
