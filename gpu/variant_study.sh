@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The variant study (issues 17 and 39) on the GPU machine, one device call at a time:
+# The variant study (benchmarks/variant_study.py) on the GPU machine, one device call at a time:
 #
 #   DARL_COMMIT=<sha> bash gpu/variant_study.sh SECONDS [benchmarks/variant_study.py args...]
 #
