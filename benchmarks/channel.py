@@ -6,7 +6,7 @@ through the real ``SampleSender``/``SampleHub``. ``--transport dataplane`` carri
 over a worker<->hub pair group (gloo on CPU; NCCL between distinct GPUs with ``--devices auto`` on
 a GPU host: hub h on GPU h, worker w on GPU (hubs + w) mod GPUs) while the store carries the small
 headers and acks; ``--transport store`` puts the payloads in the control-plane TCPStore itself
-(the path before issue 16). This process only serves the store, as trainer rank 0 does.
+(the small-payload path). This process only serves the store, as trainer rank 0 does.
 
 A probe process reads a control key in a loop, as heartbeats and control flags do, and reports
 its round-trip latency before the groups flow (idle) and while they flow: payloads in the store

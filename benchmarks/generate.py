@@ -19,7 +19,7 @@ byte read and written once: what any in-place load must at least do).
 
 ``--budget-s`` starts no hf case that would not end within that many seconds of the start (an
 estimate from the cases before; hf compiles each shape), and lists skipped cases in the record.
-The two engines can run as two invocations (``tools/device_vllm_run.sh`` does, each under its
+The two engines can run as two invocations (``gpu/vllm_run.sh`` does, each under its
 own timeout): ``--engines vllm --partial FILE`` saves the vLLM cases, and ``--engines hf --merge
 FILE`` writes the record with both.
 """

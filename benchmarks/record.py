@@ -4,8 +4,8 @@ Every script in ``benchmarks/`` prints its own table and calls ``write_result`` 
 that ``tools/benchmarks_table.py`` can render docs/benchmarks.md from ``benchmarks/results/``.
 A record names what ran as the run resolved it, not as the command line suggested:
 ``run_config_facts`` reads the engine, its update mode and the batch from a ``launch.train`` run's
-own ``run_config.yaml`` (a ``rollout@_global_=vllm`` run was once recorded as ``hf`` because the
-engine was guessed from an ``engine.backend=`` override). ``amend_result`` adds metrics to a
+own ``run_config.yaml`` (an engine guessed from an ``engine.backend=`` override would record a
+``rollout@_global_=vllm`` run as ``hf``). ``amend_result`` adds metrics to a
 record already written (a comparison that needs a later run), leaving the rest as it was.
 """
 

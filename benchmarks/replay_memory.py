@@ -5,9 +5,9 @@ the loop's real planner and trainer on synthetic arrivals: ``--groups`` selectab
 step plus ``--idle-groups`` groups whose rewards are all equal (buffered until evicted, never
 selected: the bulk of a real buffer's bytes at low cost), ``--group-size`` x ``--tokens`` each.
 
-- ``--state hub`` (the loop now): the planner, buffer and cache live on the hub rank (TP 0, PP 0);
+- ``--state hub`` (the loop's layout): the planner, buffer and cache live on the hub rank (TP 0, PP 0);
   its peers get each step's batches by broadcast (``step/replica.py``).
-- ``--state replicated`` (the loop before issue 16): the groups are pickled to every rank of the
+- ``--state replicated`` (the alternative it is measured against): the groups are pickled to every rank of the
   replica (``broadcast_object_list``) and each rank runs its own planner on them.
 
 Reported per rank: peak resident memory (``VmHWM``), the replay state it holds (buffer + cache

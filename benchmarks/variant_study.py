@@ -1,6 +1,6 @@
 """Benchmark ``variant_study``: held-out accuracy per sample of every variant at every staleness.
 
-The question of issue 17: at an equal sample budget, how much do the staleness corrections
+The question: at an equal sample budget, how much do the staleness corrections
 (rollout IS, decoupled PPO, D-ARL and its ablations) buy over naive asynchronous PPO, and how
 far is each from synchronous training? Each run is the real main job (``python -m launch.train``)
 on a generated task with a held-out test split (default ``data=countdown``), started from a
@@ -32,7 +32,7 @@ evict groups the bound let the worker generate before they are trained. Each cas
 are the study's settings (the baselines' queue order, the window), never what makes the variant.
 Degenerate groups (all rewards equal) are dropped, as the spec says, and refilled
 (``replay.fill_batch=true``: DAPO's dynamic sampling; ``--no-fill``: dropped without refill;
-``--keep-degenerate``: kept, the studies before issue 39).
+``--keep-degenerate``: kept, against the spec, for comparison).
 
 How the staleness is made real. The trainer waits for B new groups per step, the rollout worker
 may start groups up to ``(t + eta + 1) * B``, and a batch engine reserves its whole batch or
@@ -66,12 +66,12 @@ run past that point and exits with status 3 while runs remain. The record is wri
 every run of the plan is in the partial file. A call that ends mid-run loses little with
 ``--reuse-trained``: the next call resumes a run cut short in training from its latest checkpoint
 (every ``--eval-every`` steps) and goes on with an evaluation from the points already written
-(``tools/device_variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
+(``gpu/variant_study.sh`` runs it so on the GPU machine); it trusts that ``--run-root``
 holds only this study's runs. When the time runs out before the plan does, ``--record-finished``
 writes the record of the runs that finished (on any machine: the partial file names its
 device) and lists the rest under ``config.left_out``; ``--more-partials`` adds the partial files
-of further device calls, each seed block with the warm start its machine fitted (issue 39's plan:
-``tools/device_variant_study.sh``). ``tools/variant_report.py`` draws the
+of further device calls, each seed block with the warm start its machine fitted (the plan in
+``gpu/variant_study.sh``). ``tools/variant_report.py`` draws the
 plot and the table of docs/results.md from the record.
 """
 
@@ -289,8 +289,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollout-batch", choices=("window", "step"), default="step",
                    help="groups per engine call: B (the worker stays eta versions ahead) or (eta+1)*B")
     p.add_argument("--keep-degenerate", action="store_true",
-                   help="replay.drop_degenerate=false in every run (the spec drops them; the studies "
-                        "before issue 39 kept them)")
+                   help="replay.drop_degenerate=false in every run (the spec drops them; kept here "
+                        "for comparison)")
     p.add_argument("--no-fill", action="store_true",
                    help="replay.fill_batch=false: degenerate groups dropped but not refilled (steps train "
                         "fewer than B groups and the staleness collapses; the docstring)")

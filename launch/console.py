@@ -1,11 +1,11 @@
 """What a run prints: the D-ARL run's own lines, not its libraries' internals.
 
-Why: with Python's defaults a 4-step smoke run printed 70 lines, most of them Megatron's: the
+Why: with Python's defaults a 4-step smoke run prints 70 lines, most of them Megatron's: the
 ``DistributedDataParallelConfig(...)`` and ``OptimizerConfig(...)`` reprs (1,500 characters each),
 every parameter name of each gradient bucket, "Detected Megatron Core" notices, and one
 ``UserWarning`` per module for the absent Apex / Transformer Engine (harmless: the fallbacks are
 what we test on CPU). Among them the lines a user runs the job for (the steps, the reward, where
-the outputs are) were hard to find.
+the outputs are) are hard to find.
 
 So every process of a run (``launch.train`` and its children, ``launch.trainer`` and
 ``launch.rollout``, on one machine or under Slurm) calls ``setup_logging`` once its config is

@@ -1,6 +1,6 @@
 """Children of ``launch.train`` leave when their launcher disappears, and carry the run's secret.
 
-Why: a SIGKILLed launcher (an OOM kill, ``kill -9``, a closed terminal) used to leave trainer
+Why: a SIGKILLed launcher (an OOM kill, ``kill -9``, a closed terminal) must not leave trainer
 ranks and rollout workers running unsupervised, holding GPUs and ports. Each child started by
 ``launch.procs.Launcher`` gets ``DARL_LAUNCHER_PID`` and ``DARL_LAUNCHER_GRACE_S`` and calls
 ``exit_with_launcher`` first thing:
@@ -16,7 +16,7 @@ Under Slurm there is no such variable (slurmstepd supervises the tasks) and noth
 
 The run's secret never travels in the environment: a process's initial environment stays
 readable in ``/proc/PID/environ`` for its whole life, whatever it removes from ``os.environ``
-(a sandboxed program running as the worker's uid read it there). ``launch.train`` hands each
+(a sandboxed program running as the worker's uid could read it there). ``launch.train`` hands each
 child the secret on an inherited pipe (``DARL_RUN_SECRET_FD``), ``slurm/launch.sh`` in a file
 only the job's user can read (``DARL_RUN_SECRET_FILE``); the child takes it once
 (``take_run_secret``) and it goes on in the run config. Only ``launch/`` reads the environment.

@@ -1,8 +1,8 @@
 """Launcher pre-flight: catch the run's mistakes before any child process starts.
 
 Why: a bad value that only a child process checks (the reward task in the rollout worker, the
-TP layout in Megatron, a missing model directory in ``from_pretrained``) used to surface 10-16 s
-later as 70-85 lines of someone else's traceback, after everything had started. The checks here
+TP layout in Megatron, a missing model directory in ``from_pretrained``) surfaces 10-16 s later
+as 70-85 lines of someone else's traceback, after everything has started. The checks here
 are cheap (one ``config.json`` read, no torch model, no weights) and each failure is one
 ``ValueError`` line naming the field; ``launch.train`` and ``launch.slurm`` print it and exit 2.
 Value checks that need no files live in ``launch.config.check_consistent`` and

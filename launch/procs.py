@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, Callable, Sequence
 
 from launch.lifeline import LAUNCHER_GRACE, LAUNCHER_PID, RUN_SECRET_FD, secret_pipe
-from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
+from megatron_darl.exit_codes import ExitCode
 
 log = logging.getLogger(__name__)
 TRAINER, ROLLOUT = "trainer", "rollout"
@@ -220,7 +220,7 @@ class Launcher:
     def _may_restart(self, spec: ProcSpec, code: int, reason: str) -> int:
         """The restart number ``spec`` gets now (1, 2, ...), or 0: not a rollout worker, one that
         said why it left or lost its trainer (a new one would leave too), or out of restarts."""
-        if spec.role != ROLLOUT or self.rollout_failure != "continue" or reason or code == EXIT_TRAINER_LOST:
+        if spec.role != ROLLOUT or self.rollout_failure != "continue" or reason or code == ExitCode.TRAINER_LOST:
             return 0
         n = self.restarts.get(spec.rank, 0) + 1
         return n if n <= self.rollout_restarts else 0

@@ -1,9 +1,9 @@
 """What the launcher settles in the run directory before any process starts.
 
-Why: the launcher counted any ``step_*`` entry as a resume point while the trainer loop skipped
-``.tmp`` ones, so a run dir holding only a cut-off checkpoint write made the workers wait for
-resumed weights that never came; and ``run_config.yaml`` was rewritten by every launch, even one
-whose resume then failed on a changed config. Here, in order (``launch.train`` and
+Why: the launcher and the trainer loop must agree on the resume point (a cut-off checkpoint
+write counted by one and skipped by the other leaves the workers waiting for resumed weights
+that never come), and ``run_config.yaml`` must not be rewritten by a launch whose resume then
+fails on a changed config. Here, in order (``launch.train`` and
 ``launch.slurm`` alike; the run dir is locked first, ``launch.run_lock``):
 
 - ``inspect_run_dir``: the resume point is the newest complete checkpoint
@@ -87,7 +87,7 @@ _SHAPE = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv
 def check_same_model(cfg, checkpoint: Path) -> None:
     """A resume with another model than the checkpoint's is refused here, in one line naming the
     fields, before the warm start fits a new policy or any process starts (the trainer's loader
-    used to refuse it minutes later, in a 24-line traceback, after ``run_config.yaml`` had been
+    would refuse it minutes later, in a 24-line traceback, after ``run_config.yaml`` was
     replaced). The launch's model is known from its config alone: ``model.path``'s
     ``config.json``, ``model.hf_config``, or the warm-start preset's sizes (its vocabulary comes
     from the tokenizer later, and the loader still compares every field)."""

@@ -1,9 +1,9 @@
 """One run at a time on a run directory: ``<run_dir>/run.lock``, held for the run's life.
 
-Why: two runs started on one run dir used to share it unknowingly: one trained with the
-other's ``run_config.yaml``, one died on EADDRINUSE, or one waited 300 s with 0 steps. The
-second launcher is now refused in one line naming the holder (host, pid, start time, Slurm job
-id), exit 2, before it writes anything in the dir (the lock file is the one file it opens).
+Why: two runs on one run dir would share it unknowingly: one would train with the other's
+``run_config.yaml``, die on EADDRINUSE, or wait 300 s with 0 steps. The second launcher is
+refused in one line naming the holder (host, pid, start time, Slurm job id), exit 2, before it
+writes anything in the dir (the lock file is the one file it opens).
 
 How: ``flock(2)`` on the lock file plus the holder's record in it (JSON: host, pid, the pid's
 start time, Slurm job id, command). The kernel drops a flock when its last holder exits, so a
@@ -16,8 +16,9 @@ gone is stale, one on another host is refused (delete the lock file once sure it
 
 Processes a child forks (megatron-core's checkpoint writers: ``dist_checkpointing`` forks one
 writer per file bucket on every save, an async save one more) are another matter: a trainer
-killed mid-save left them orphaned and hung, holding ``run.lock`` through the descriptor they
-inherited (3 of 8 kills; once for 7+ minutes), so a resume was refused with no one to wait for.
+killed mid-save can leave them orphaned and hung, holding ``run.lock`` through the descriptor
+they inherited (3 of 8 kills measured; once for 7+ minutes), so a resume would be refused with no
+one to wait for.
 ``fence_forks`` (called by every child at start, ``launch.lifeline.start_child``) makes each
 process forked from then on close its copies of the lock and, when the parent's main thread
 forked it (the signal follows the forking thread), die with its parent (``PR_SET_PDEATHSIG``). A launch that finds the lock held names the processes holding it, with
@@ -42,6 +43,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping
+
+from megatron_darl.exit_codes import ExitCode
 
 LOCK_NAME = "run.lock"
 LOCK_FD_ENV = "DARL_RUN_LOCK_FD"  # a descriptor of the lock file opened by slurm/launch.sh
@@ -261,4 +264,4 @@ def _fenced_child(lock_fds: list[int]) -> None:
     except (OSError, AttributeError):
         return  # not Linux: the lock descriptors are closed at least
     if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
+        os._exit(ExitCode.FAILED)

@@ -28,6 +28,7 @@ from typing import Mapping, Sequence
 
 from launch.slurm_layout import Knobs, Layout, plan_layout
 from megatron_darl import timeline
+from megatron_darl.exit_codes import ExitCode
 
 # Overrides the launcher derives from the layout and knobs; a user override of one of these
 # would contradict the job steps, so it is refused and the knob named instead.
@@ -270,21 +271,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as err:
         print(f"launch.slurm: error: {err} in {sys.executable}: activate the venv with megatron_darl "
               "before sbatch, or set DARL_PYTHON", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except (ValueError, FileNotFoundError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"launch.slurm: error: {first}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except Exception as err:  # noqa: BLE001 (Hydra/OmegaConf: a bad override, one line)
         if type(err).__module__.split(".")[0] not in ("hydra", "omegaconf"):
             raise
         first = str(err).strip().splitlines()[0]
         print(f"launch.slurm: error: {first} (see python -m launch.train --help)", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     log(f"[slurm] run dir {plan['RUN_DIR']}: trainer {plan['TRAIN_RANKS']} rank(s) on "
         f"{plan['TRAIN_NODELIST']}, {len(plan['WORKER_NODES'])} rollout worker(s) on "
         f"{','.join(dict.fromkeys(plan['WORKER_NODES']))}; store {plan['CONTROL_ADDR']}:{plan['CONTROL_PORT']}")
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from launch.run_lock import RunLock
 from launch.validate import check_inputs
 from megatron_darl import timeline
 from megatron_darl.checkpoint.resume_points import latest_checkpoint
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.ports import free_port
 from megatron_darl.transport import WORKER, TransportTimeout, connect_store
 from megatron_darl.transport.store import Keys
@@ -182,7 +183,7 @@ def usage() -> str:
 
 
 def _load(args: list[str]) -> RunConfig:
-    """The run config, or ``SystemExit(2)`` with what is wrong (``launch.cli.explain``)."""
+    """The run config, or ``SystemExit(ExitCode.USAGE)`` with what is wrong (``launch.cli.explain``)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -190,10 +191,10 @@ def _load(args: list[str]) -> RunConfig:
         return load_run_config(args)
     except (HydraException, OmegaConfBaseException) as err:
         print(f"launch.train: {explain(err)}\n(see python -m launch.train --help)", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.USAGE) from None
     except ValueError as err:  # ours: already one line naming the field
         print(f"launch.train: {explain(err)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.USAGE) from None
 
 
 def outcome(run_dir: Path) -> str:
@@ -225,10 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli = parse_command_line(sys.argv[1:] if argv is None else argv)
     except ValueError as err:
         print(f"launch.train: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if cli.help:
         print(usage())
-        return 0
+        return ExitCode.OK
     # before the config: composing it can already say why (cluster.split=auto: launch.split)
     setup_logging("launch.train", verbose="loop.verbose=true" in cli.overrides)
     cfg = _load(cli.overrides)
@@ -236,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from omegaconf import OmegaConf
 
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        return 0
+        return ExitCode.OK
     run_dir = Path(cfg.loop.run_dir)
     try:
         preflight(cfg)  # values, task, files, model shape: nothing in the run dir yet
@@ -244,13 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock = RunLock.acquire(run_dir)  # refused naming the holder when another run has the dir
     except ValueError as err:
         print(f"launch.train: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     with lock:
         try:
             cfg, config_path = settle(cfg)
         except ValueError as err:
             print(f"launch.train: {err}", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         return _run(cfg, config_path, run_dir, lock)
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from launch.lifeline import start_child
 from launch.procs import TRAINER, exit_reason_path, write_exit_reason
 from megatron_darl import timeline
+from megatron_darl.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from megatron_darl.loop.config import ModelConfig
@@ -117,11 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunAborted as exc:  # its line says which checkpoint was kept
         logging.getLogger("launch.trainer").error("run aborted: %s", exc)
         write_exit_reason(reason, str(exc))
-        return 1
+        return ExitCode.FAILED
     except (CheckpointFailed, CheckpointDamaged, WeightsNotFinite) as exc:  # a full disk, a damaged resume: one line
         logging.getLogger("launch.trainer").error("%s", exc)
         write_exit_reason(reason, str(exc))
-        return 1
+        return ExitCode.FAILED
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Bad input stops the launcher in one line, exit 2, before any process starts.
 
-Why: values and datasets used to be checked only where they were used, inside the children,
-after the trainer had started: ``lr=nan``, ``num_prompts=0`` or ``master_port=99999`` ended as
-39-79 lines of a child's traceback, ``lr=1e9`` as "trainer gone?", a dataset that is not UTF-8
-as a bare ``UnicodeDecodeError`` 16-30 s in, an empty one as "0 prompts cannot be split into 1
-shards", and ``temperature=0`` or ``group_size=1`` (no learning signal) trained without a word.
+Why: a value or dataset checked only where it is used, inside the children after the trainer
+has started, fails late and obscurely: ``lr=nan``, ``num_prompts=0`` or ``master_port=99999``
+as 39-79 lines of a child's traceback, ``lr=1e9`` as "trainer gone?", a dataset that is not
+UTF-8 as a bare ``UnicodeDecodeError`` 16-30 s in, an empty one as "0 prompts cannot be split
+into 1 shards", and ``temperature=0`` or ``group_size=1`` (no learning signal) train without a
+word.
 
 - ``check_values`` (``launch.preflight``; no files): no config value is NaN; the learning
-  rate, the rendezvous and control ports (no privileged port: root binds port 1, and the run
-  went on), a finite importance-weight cap (``algorithm.mis.clip=inf`` trained uncapped), a
-  ``data.max_records`` that keeps prompts and applies (built-in data ignored it), the generated
-  prompt count; a sampler and group size that give group-normalized advantages something to
+  rate, the rendezvous and control ports (no privileged port: root can bind port 1), a finite
+  importance-weight cap (``algorithm.mis.clip=inf`` would train uncapped), a
+  ``data.max_records`` that keeps prompts and applies (built-in data has no records to cap),
+  the generated prompt count; a sampler and group size that give group-normalized advantages something to
   normalize.
 - ``check_inputs`` (once the policy is resolved): the dataset read exactly as every worker
   reads it (``data.load_dataset``: a bad row is named by file and line), enough prompts for the

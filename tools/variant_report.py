@@ -120,7 +120,7 @@ def samples_to(m: dict, target: float) -> dict:
 
 def accuracy_table(record: dict) -> str:
     """Per case: final accuracy with its 95% t-interval over seeds, the sync gap, samples to 3/4
-    of sync's gain and realized staleness (issue 39's columns), then the rest.
+    of sync's gain and realized staleness (the headline columns), then the rest.
 
     Two targets: 3/4 of sync's gain (``sync_gain_target``: sync's mean initial accuracy plus 3/4
     of its mean gain), the sample-efficiency measure that reads on any record, and the study's

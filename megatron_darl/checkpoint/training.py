@@ -112,7 +112,7 @@ def _sharded_state(trainer, is_loading: bool, with_rng: bool, optim_sharding: st
         **_optim_kwargs(trainer.optimizer.sharded_state_dict, optim_sharding),
     )
     state["scheduler"] = trainer.scheduler.state_dict()
-    state["step"] = trainer.step
+    state["step"] = trainer.optimizer_steps
     state["version"] = trainer.version
     state["model_spec"] = trainer.spec.to_dict()
     if with_rng:
@@ -211,7 +211,7 @@ def _write_metadata(trainer, ckpt_dir: Path, optim_sharding: str) -> None:
     ps, chunk = trainer.ps, trainer.model_chunks[0]
     hf_dict = _hf_dict(trainer)
     trainer_meta = {
-        "step": trainer.step, "version": trainer.version, "dp": ps.dp_size,
+        "step": trainer.optimizer_steps, "version": trainer.version, "dp": ps.dp_size,
         "optim_sharding": optim_sharding,
     }
     meta = CheckpointMetadata(
@@ -284,14 +284,14 @@ def load_checkpoint(trainer, ckpt_dir: str | os.PathLike, with_snapshots: bool =
     with torch.no_grad(), _tolerate_missing_adam_step(trainer.optimizer):
         trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
-    trainer.step, trainer.version = int(state["step"]), int(state["version"])
-    _set_adam_steps(trainer.optimizer, trainer.step)
+    trainer.optimizer_steps, trainer.version = int(state["step"]), int(state["version"])
+    _set_adam_steps(trainer.optimizer, trainer.optimizer_steps)
     if same_mp:
         _restore_rng(state["rng"])
     if with_snapshots:
         load_snapshots(trainer, path)
     extras = load_extra_states(path, int(meta["dp"]), extra_ranks)
-    return Resumed(trainer.step, trainer.version, int(meta["dp"]), extras)
+    return Resumed(trainer.optimizer_steps, trainer.version, int(meta["dp"]), extras)
 
 
 _PLAIN = (int, float, bool, str, bytes, type(None), torch.Tensor)

@@ -1,15 +1,13 @@
 """Where the benchmark files are looked for when a config does not name one.
 
-Why: the presets used to read ``../shared/data/benchmarks`` relative to the working directory, a
-copy that exists only beside this project's own checkout, so a user's first ``data=gsm8k`` or
-``tools/eval.py`` ended in "file not found" with nothing to get the files from.
-``tools/prepare_data.py`` now writes them to ``data/benchmarks/`` under the repo; that folder
-is the default. A shared copy beside the checkout (``../shared/data/benchmarks``) is still read
+Why: a user's first ``data=gsm8k`` or ``tools/eval.py`` must find the files a fresh checkout
+can get. ``tools/prepare_data.py`` writes them to ``data/benchmarks/`` under the repo; that
+folder is the default. A shared copy beside the checkout (``../shared/data/benchmarks``) is read
 when the repo has none, and ``$DARL_BENCHMARK_DIR`` (read by the presets' ``oc.env``, or passed
 here) names any other place. Paths come back absolute (a run resolves them once, whatever its
-working directory), except the shared copy reached from the repo root, which keeps the spelling
-the presets used to give it (``../shared/data/benchmarks``): runs started before keep the same
-``data.path``, which a resume compares.
+working directory), except the shared copy reached from the repo root, which is spelled
+``../shared/data/benchmarks`` relative to the repo: a run's ``data.path``, which a resume
+compares, stays the same from one launch to the next.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import torch
 
 from megatron_darl.checkpoint.model_io import load_model_checkpoint, read_metadata
 from megatron_darl.data.records import PromptRecord
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.eval.harness import EvalConfig, check_limit, evaluate_benchmark, take_limit
 
 _STEP = re.compile(r"step_(\d+)")
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             raise FileNotFoundError(f"--model-dir {args.model_dir}: no such directory")
     except (ValueError, FileNotFoundError) as err:
         print(f"heldout: {err}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     start, out = time.monotonic(), Path(args.out)
     earlier = json.loads(out.read_text())["points"] if args.resume and out.is_file() else []
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                                   points=earlier, on_point=write)
     write(points)
     print(out)
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

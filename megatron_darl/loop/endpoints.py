@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.samples import SampleGroup
 from megatron_darl.transport import (
     TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig,
@@ -43,8 +44,6 @@ from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from megatron_darl.transport.weight_protocol import SyncKeys, SyncReport
 
 log = logging.getLogger(__name__)
-EXIT_TRAINER_LOST = 3  # a trainer rank that lost another trainer rank (frozen or gone)
-EXIT_RANK0_LOST = EXIT_TRAINER_LOST  # the lost one was rank 0, the store host
 
 
 @dataclass
@@ -109,13 +108,13 @@ def _leave_on_trainer_loss(rank: int, say_why: Callable[[str], None]) -> Callabl
     """Heartbeat callback for a lost trainer rank: this rank's next collective with it would wait
     ``parallel.timeout_s`` (600 s) and end in a raw gloo/NCCL timeout, and no checkpoint can be
     written without it (saving is collective), so the rank says why (``say_why``: the loop adds the
-    newest checkpoint and writes the line for the launcher) and exits ``EXIT_TRAINER_LOST`` now."""
+    newest checkpoint and writes the line for the launcher) and exits ``ExitCode.TRAINER_LOST`` now."""
     def leave(loss: PeerLoss) -> None:
         say_why(f"trainer rank {rank}: lost {loss.peer}: no heartbeat for {loss.silent_s:.1f} s "
                 f"(transport.heartbeat.timeout_s) at step {loss.step}; the run cannot go on without it "
                 f"and cannot checkpoint without it (a checkpoint is collective)")
         logging.shutdown()
-        os._exit(EXIT_TRAINER_LOST)
+        os._exit(ExitCode.TRAINER_LOST)
 
     return leave
 

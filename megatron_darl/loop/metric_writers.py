@@ -1,10 +1,10 @@
 """The metrics' file writers, made to outlive a full disk: they log once and retry later.
 
-Why: a few seconds of full disk mid-run killed the trainer through TensorBoard's writer (the
-``No space left on device`` of ``SummaryWriter``'s background thread, re-raised at the next
-``add_scalar``): 4 of 7 trials on a 44 MiB tmpfs ended with exit 1 or 134, no checkpoint and no
-line saying why, while the run's state in memory was fine and the disk was free again seconds
-later. Metrics are worth no run. So both files here are written the same way:
+Why: a few seconds of full disk mid-run must not kill the trainer. Through TensorBoard's own
+writer it does (the ``No space left on device`` of ``SummaryWriter``'s background thread,
+re-raised at the next ``add_scalar``): 4 of 7 trials on a 44 MiB tmpfs measured exit 1 or 134,
+no checkpoint and no line saying why, while the run's state in memory was fine and the disk was
+free again seconds later. Metrics are worth no run. So both files here are written the same way:
 
 * ``RecordAppender`` appends whole records or nothing: each record is one ``os.write`` on an
   ``O_APPEND`` descriptor, and a failed or short write is cut back to where it began

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from megatron_darl import timeline
 from megatron_darl.data.prompt_fit import fit_prompts
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.loop.resume import prompt_position, worker_groups_made
 from megatron_darl.loop.run_config import RunConfig
 
@@ -126,4 +127,4 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
         engine.close()
     if code:
         raise RolloutAborted(code, worker.exit_reason)
-    return 0
+    return ExitCode.OK

@@ -42,6 +42,7 @@ import torch
 from megatron_darl import timeline
 from megatron_darl.checkpoint.manager import CheckpointManager, newest_checkpoint
 from megatron_darl.eval.periodic import planned
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.loop.heldout_eval import HeldoutRequests
 from megatron_darl.loop.endpoints import (
     Backlog, Received, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
@@ -189,7 +190,7 @@ class TrainerLoop:
             self._shutdown(step)
         if self.fatal:
             raise RunAborted(self.fatal if self.diverged else f"{self.fatal}; checkpoint {saved} written")
-        return 0
+        return ExitCode.OK
 
     def _warm_up(self) -> None:
         """Compile the trainer's kernels on a synthetic batch the size of a response before the

@@ -2,8 +2,8 @@
 
 At trainer version t the buffer holds groups whose behavior version lies in
 ``[max(0, t - K + 1), t]``; the log-prob cache holds rows for those versions; the trainer keeps
-parameter snapshots of them for exact backfill. Each of those used to compute the window itself
-(with two formulas, one clamped at 0 and one not); now they all ask this class.
+parameter snapshots of them for exact backfill. All of them ask this class, so they agree on
+one formula (clamped at 0).
 """
 
 from __future__ import annotations

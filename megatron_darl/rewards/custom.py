@@ -1,9 +1,9 @@
 """A user's own reward function, named on the command line: ``reward.fn=package.module:function``.
 
-Why: a new reward used to mean an edit of the enum and table in ``rewards/registry.py``. verl
-and OpenRLHF users bring a function instead, so ``reward.fn`` names one, as a module on the
-Python path (``my_rewards.gsm8k:compute_score``) or a file (``path/to/reward.py:compute_score``,
-relative to where the run is launched). It replaces the verifier of ``data.task`` in the rollout
+Why: a reward that is not built in needs no edit of the enum and table in
+``rewards/registry.py``. verl and OpenRLHF users bring a function, so ``reward.fn`` names one,
+as a module on the Python path (``my_rewards.gsm8k:compute_score``) or a file
+(``path/to/reward.py:compute_score``, relative to where the run is launched). It replaces the verifier of ``data.task`` in the rollout
 workers (and wherever ``get_reward_fn`` is asked with the run's ``RewardConfig``).
 
 The function is called with verl's ``compute_score`` keywords, so a verl reward file works as it

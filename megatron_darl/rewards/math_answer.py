@@ -15,8 +15,8 @@ Dataset loading checks every reference (``reference_problem``: the file, row and
 named); one that still cannot be parsed at run time scores 0.0, is logged and is counted
 (``reward_errors`` in the trainer's metrics), never a crash of the rollout worker.
 
-Hostile responses: every extraction step is linear in the response length (the GSM8K marker
-scan was a regex that took 125 s on one crafted 130 kB answer; ``gsm8k_answers`` is one pass).
+Hostile responses: every extraction step is linear in the response length (a regex scan for the
+GSM8K marker takes 125 s on one crafted 130 kB answer; ``gsm8k_answers`` is one pass).
 
 Timeouts: math-verify interrupts parsing and comparison with ``signal.alarm``, which only works
 in a main thread. In the main thread the check runs inline with those timeouts; from any other

@@ -1,7 +1,7 @@
 """A cgroup per sandboxed run: the memory and processes of the whole program, bounded together.
 
-Why: rlimits bound each process, so a program that forked six children, each under an address
-space limit of 1 GiB, held 3.4 GiB. Each run now gets a cgroup of its own that the boot process
+Why: rlimits bound each process, so a program that forks six children, each under an address
+space limit of 1 GiB, holds 3.4 GiB. Each run gets a cgroup of its own that the boot process
 joins before anything else happens (``sandbox_boot``), so the harness, the program and every
 process it forks are in it, and the kernel bounds them together:
 

@@ -1,9 +1,8 @@
 """The verdict of a function check, computed where the program cannot reach.
 
-A HumanEval-style check used to run in the program's own interpreter and the reward was its exit
-code, so a wrong solution that called ``sys.exit(0)``/``os._exit(0)`` or registered an atexit
-hook before the asserts scored 1.0. Here the trusted test and the untrusted program are two
-processes of the sandbox:
+A check run in the program's own interpreter, scored by its exit code, would give 1.0 to a wrong
+solution that called ``sys.exit(0)``/``os._exit(0)`` or registered an atexit hook before the
+asserts. So the trusted test and the untrusted program are two processes of the sandbox:
 
 - the **harness** (the sandbox's PID 1, ``run_check``) executes the record's trusted code (the
   prompt, whose helper functions tests may use, and the ``check`` function) and calls

@@ -22,8 +22,8 @@ the longest generation, or the worker misses that sync (it is named, and catches
 
 The behavior log-probs are the engine's own and are never recomputed. If the trainer goes away
 (store unreachable or trainer rank 0 silent for the heartbeat timeout) the worker exits with
-``EXIT_TRAINER_LOST`` at once: nothing it holds is worth saving. If its engine cannot load the
-weights the trainer sends, it says why and exits with ``EXIT_LOAD_FAILED`` (``exit_reason``).
+``ExitCode.TRAINER_LOST`` at once: nothing it holds is worth saving. If its engine cannot load the
+weights the trainer sends, it says why and exits with ``ExitCode.LOAD_FAILED`` (``exit_reason``).
 
 A process started again with the same worker id (restarted) takes its predecessor's place: it
 joins as a new generation, which gives back the staleness reservations of the groups that died
@@ -56,13 +56,11 @@ from megatron_darl.transport import (
     TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
     stop_requested,
 )
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.transport.cuda_ipc import device_uuid
 from megatron_darl.transport.store import Keys
 
 log = logging.getLogger(__name__)
-EXIT_OK = 0
-EXIT_TRAINER_LOST = 3  # the trainer (store host) is gone or silent
-EXIT_LOAD_FAILED = 4  # the engine could not load the weights the trainer sent
 RewardFn = Callable[[Any, str], float]
 
 
@@ -183,14 +181,14 @@ class RolloutWorker:
         self.groups_made = int(state["groups_made"])
 
     def run(self) -> int:
-        """Serve until the stop flag (returns ``EXIT_OK``); exits the process if the trainer is lost."""
+        """Serve until the stop flag (returns ``ExitCode.OK``); exits the process if the trainer is lost."""
         control = self.transport.control
         store = connect_store(control, who=self.me.describe())
         register(store, self.me)
         hb = Heartbeat(control, self.transport.heartbeat, self.me, watch=[(TRAINER, 0)],
                        on_loss=self._trainer_lost, store_is_peer=(TRAINER, 0), stats=self.stats).start()
         pool = ThreadPoolExecutor(self.cfg.reward_threads, thread_name_prefix=f"reward-{self.cfg.worker_id}")
-        code = EXIT_TRAINER_LOST
+        code = ExitCode.TRAINER_LOST
         try:
             code = self._serve(store, hb, pool)
             return code
@@ -199,17 +197,17 @@ class RolloutWorker:
             raise
         except WeightLoadError as exc:
             self.exit_reason = str(exc)
-            log.error("%s; exiting %d", exc, EXIT_LOAD_FAILED)
-            code = EXIT_LOAD_FAILED
+            log.error("%s; exiting %d", exc, ExitCode.LOAD_FAILED)
+            code = ExitCode.LOAD_FAILED
             return code
         except (RuntimeError, dist.DistError, ConnectionError) as exc:
             self.exit_reason = f"{self.me.describe()}: control-plane store failed (trainer gone?): {exc}"
             log.error("%s", self.exit_reason)
-            return EXIT_TRAINER_LOST
+            return ExitCode.TRAINER_LOST
         finally:
             hb.close()
             pool.shutdown(wait=False, cancel_futures=True)
-            if code != EXIT_TRAINER_LOST:  # the trainer need not wait for us (best effort)
+            if code != ExitCode.TRAINER_LOST:  # the trainer need not wait for us (best effort)
                 post_exit(store, self.me, code)
 
     def stats(self) -> dict[str, float]:
@@ -222,7 +220,7 @@ class RolloutWorker:
     def _await_trainer_verdict(self, hb: Heartbeat) -> None:
         """A store or ledger request timed out or its connection broke. When the trainer is going
         away (killed, or at its end), its heartbeat verdict follows within the timeout and ends this
-        process with ``EXIT_TRAINER_LOST`` (``_trainer_lost``); wait for it, so a worker that lost
+        process with ``ExitCode.TRAINER_LOST`` (``_trainer_lost``); wait for it, so a worker that lost
         the race between its own request and the verdict exits as a trainer loss, not as a crash.
         A trainer still beating after that is a real failure: the caller re-raises."""
         cfg = self.transport.heartbeat
@@ -234,8 +232,8 @@ class RolloutWorker:
 
     def _trainer_lost(self, loss: PeerLoss) -> None:
         log.error("%s: %s is lost (silent %.1f s); exiting %d", self.me.describe(), loss.peer,
-                  loss.silent_s, EXIT_TRAINER_LOST)
-        os._exit(EXIT_TRAINER_LOST)
+                  loss.silent_s, ExitCode.TRAINER_LOST)
+        os._exit(ExitCode.TRAINER_LOST)
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
         # joining as a new generation fences a predecessor's and gives back its starts in flight
@@ -293,7 +291,7 @@ class RolloutWorker:
         log.info("%s: stop flag seen; drained %d groups (%d sent in all, %d not acked), %d left unsent, "
                  "%d still generating", self.me.describe(), self.groups_sent - before, self.groups_sent,
                  unacked, len(left), stream.inflight())
-        return EXIT_OK
+        return ExitCode.OK
 
     def _sync_if_offered(self, stream: StreamingEngine, receiver: WeightReceiver, hb: Heartbeat) -> None:
         """Take part in an offered weight sync at this safe point, as ``update_mode`` says.

@@ -1,7 +1,7 @@
 """One DP replica's model-parallel ranks in a step: the hub leads, its TP/PP peers follow.
 
 The replay buffer and the log-prob cache live on the replica's hub rank only (TP 0, first PP stage:
-docs/architecture.md, The path of one sample); memory no longer grows with TP x PP. Its peers hold
+docs/architecture.md, The path of one sample), so memory does not grow with TP x PP. Its peers hold
 no sample data. Every trainer call is a collective over the replica, so each one the hub's planner
 makes is announced to the peers first, with the batch it runs on, by broadcast inside the
 model-parallel group (tensors only: ``trainer.batch.broadcast_batch``):

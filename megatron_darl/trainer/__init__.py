@@ -16,7 +16,7 @@ heavy is imported here; the public API lives in the submodules:
       .snapshot(version=None, keep=None)   host copies for exact backfill (keep: the window)
       .require_finite(what) -> weight norm, or WeightsNotFinite on every rank (before a save)
       .export_hf_stage() -> iterator of (hf_name, full tensor) for weight sync
-      .step, .version
+      .optimizer_steps, .version
   snapshots.ParamSnapshots             the window's past weights, for exact backfill
 
 Checkpoints of a trainer (save, load, resume) are ``megatron_darl.checkpoint``'s; the trainer

@@ -48,7 +48,7 @@ from megatron_darl import timeline
 from megatron_darl.checkpoint.training import load_model_weights
 from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
 from megatron_darl.trainer.config import TrainerConfig
-from megatron_darl.trainer.flops import forward_flops, mfu, train_flops
+from megatron_darl.trainer.flops import mfu, train_flops
 from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, wrap_ddp
 from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
@@ -120,7 +120,7 @@ class PolicyTrainer:
         self.model = wrap_ddp(chunks, self.ps, cfg, self.bf16)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ps, self.bf16)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optimizer)
-        self.step = 0  # optimizer steps taken
+        self.optimizer_steps = 0  # optimizer steps taken over the run (one per mini-batch)
         self.version = 0  # weight version published after the last step (docs/architecture.md)
         self.needs_attention_mask = bool(getattr(chunks[0], "needs_attention_mask", False))
         params = [p for chunk in self.model for p in chunk.module.parameters()]
@@ -202,7 +202,7 @@ class PolicyTrainer:
             ps = self.ps
             what = "log-prob pass" if forward_only else "train step"
             raise RuntimeError(
-                f"{what} at step {self.step} failed on rank {ps.rank} (tp {ps.tp_rank}, "
+                f"{what} at optimizer step {self.optimizer_steps} failed on rank {ps.rank} (tp {ps.tp_rank}, "
                 f"pp {ps.pp_rank}, dp {ps.dp_rank}): {exc}"
             ) from exc
 
@@ -285,10 +285,6 @@ class PolicyTrainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def logprob_flops(self, batch: TrainBatch) -> float:
-        """Forward FLOPs of a log-prob pass over ``batch`` (for MFU of that pass)."""
-        return forward_flops(self.spec, batch.seq_lens.tolist())
-
     # ------------------------------------------------------------------ train step
     def train_step(self, batch: TrainBatch, loss_fn: LossFn, entropy: bool = False) -> StepResult:
         """Forward/backward over ``batch`` with ``loss_fn``, one optimizer step, one new version."""
@@ -301,7 +297,7 @@ class PolicyTrainer:
         log-probs, weights, advantages) was fixed before the first one, so the ratio moves off 1
         from the second mini-batch on. Each step's loss is normalised by that mini-batch's scored
         tokens over all DP ranks; every DP rank must pass the same number of mini-batches.
-        Increments ``step`` once per mini-batch and ``version`` once. ``entropy``: ``loss_fn`` also
+        Increments ``optimizer_steps`` once per mini-batch and ``version`` once. ``entropy``: ``loss_fn`` also
         takes the per-token entropy (module docstring).
         """
         if not minibatches:
@@ -344,7 +340,7 @@ class PolicyTrainer:
         self.scheduler.step(increment=1)  # LR of this step (see optim.build_lr_scheduler)
         lr = float(self.optimizer.param_groups[0]["lr"])
         out = self.optimizer.step()  # (update_successful, grad_norm, num_zeros_in_grad)
-        self.step += 1
+        self.optimizer_steps += 1
         return (out[1] if isinstance(out, tuple) else None), lr
 
     def _step_result(self, minibatches, records, grad_norm, lr, seconds) -> StepResult:

@@ -1,11 +1,10 @@
 """Whether the weights an update produced are finite, before they leave the trainer.
 
-Why: the loop's guard used to check the step's loss and gradient norm only. An update with a
-finite loss and a finite gradient can still write NaN into the weights: Adam with ``eps=0``
+Why: a finite loss and a finite gradient norm do not make finite weights. Adam with ``eps=0``
 divides 0 by 0 for every weight whose gradient is zero (``trainer.optimizer.adam_eps=0`` on the
-smoke run: 3584 of 16384 embedding values NaN after the first step, gradient norm 0.9). That
-version was published, so the rollout worker died much later under another name, and
-checkpointed, so the run could not be resumed at all.
+smoke run: 3584 of 16384 embedding values NaN after the first step, gradient norm 0.9). Such a
+version, once published, kills a rollout worker much later under another name, and, once
+checkpointed, leaves a run that cannot be resumed; so the weights themselves are checked.
 
 ``weight_norm`` is one fused norm per rank (``torch._foreach_norm`` over the rank's parameters,
 one host sync), summed over the model-parallel group and then over DP, so every rank gets the
@@ -63,6 +62,6 @@ def require_finite(trainer, what: str) -> float:
     norm = weight_norm(trainer.model_chunks, trainer.ps)
     if not math.isfinite(norm):
         raise WeightsNotFinite(
-            f"{what} refused: the weights of version {trainer.version} (step {trainer.step}) hold NaN "
+            f"{what} refused: the weights of version {trainer.version} (optimizer step {trainer.optimizer_steps}) hold NaN "
             f"or Inf (weight norm {norm}); a non-finite version is never saved nor published")
     return norm

@@ -5,9 +5,9 @@ Payloads travel on the data plane (``ChannelConfig.transport="dataplane"``, the 
 GPUs; never the weight-sync group), built lazily and rebuilt under a new epoch when a transfer
 fails. The control store carries only the small header of each transfer (first sequence number,
 group count, epoch, backend, size; a transfer carries every group queued for that hub,
-``links.py``), the acks and the control keys, so trainer rank 0's store is no longer the pipe
-every sample of every worker squeezes through. ``transport="store"`` keeps the payload inside the
-header value (the pre-data-plane path; measured against it by ``benchmarks/channel.py``).
+``links.py``), the acks and the control keys, so trainer rank 0's store is not the pipe every
+sample of every worker squeezes through. ``transport="store"`` keeps the payload inside the
+header value (the simple path; measured against the data plane by ``benchmarks/channel.py``).
 
 A slow or dead worker never blocks a hub: every (worker, hub) link is a thread of its own on
 both sides (``links.py``) that waits for its next header (a store wait, no polling), takes the

@@ -15,7 +15,7 @@ payload rides inside the header value.
 Why the worker waits for the hub before it builds: a hub link serves one pair at a time, and
 may be busy with a dead process's pair (a worker killed mid-transfer: a build that waits
 ``connect_timeout_s`` for it, a receive that waits ``transfer_timeout_s``). A restarted worker
-that built at once used to time its build out meanwhile, try once more, and give up for good
+that built at once would time its build out meanwhile, try once more, and give up for good
 while the hub was still busy. Waiting for the hub's word costs one look at the store per new
 pair, and bounds the wait by what the hub can spend on one dead pair.
 
@@ -31,9 +31,9 @@ one thread, never the hub's loop or the other links. Every wait has a deadline (
 construction, transfers). An idle hub link looks for its next header with one store read,
 every 0.5 ms while the link is busy (within 50 ms of its last transfer), then backing off to
 50 ms (a native store wait would log a warning at every timed-out slice), so the first group
-after an idle spell waits at most 50 ms and a busy link hardly waits. The back-off used to start
-at once: a worker's next header, due a few ms after a transfer, was then seen only at the next
-look of 0.5, 1.5, 3.5, 7.5 ms, which bounded a busy link by the hub's sleeps, not the work.
+after an idle spell waits at most 50 ms and a busy link hardly waits. The back-off does not start
+at once: a worker's next header, due a few ms after a transfer, would then be seen only at the
+next look of 0.5, 1.5, 3.5, 7.5 ms, bounding a busy link by the hub's sleeps, not the work.
 """
 
 from __future__ import annotations

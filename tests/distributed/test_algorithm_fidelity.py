@@ -1,4 +1,4 @@
-"""D-ARL as the papers run it, checked against independent references on CPU (issue 15).
+"""D-ARL as the papers run it, checked against independent references on CPU.
 
 * **Densities match the sampler**: the ``hf`` engine samples at temperature 0.7 and reports
   log-probs of that distribution; the trainer, built with the sampler's temperature, scores the

@@ -1,4 +1,4 @@
-"""Replay state on the hub rank only (issue 16): the loop's step at TP2 and TP2 x PP2 equals TP1.
+"""Replay state on the hub rank only: the loop's step at TP2 and TP2 x PP2 equals TP1.
 
 One DP replica runs four darl steps of the real ``StepRunner`` (``procs/replica_procs.py``):
 the hub alone holds the planner, makes the groups and decides every trainer call; its peers get

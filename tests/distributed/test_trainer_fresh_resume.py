@@ -31,7 +31,7 @@ def _run(rank: int, world: int, mode: str, hf_dir: str, ckpt: str, out: str) -> 
     trainer.train_step(batch, trainer_procs.toy_loss)
     params = trainer_procs.gather_hf_params(trainer, ps)
     if rank == 0:
-        torch.save({"params": params, "step": trainer.step, "version": trainer.version}, out)
+        torch.save({"params": params, "step": trainer.optimizer_steps, "version": trainer.version}, out)
 
 
 def test_resume_into_fresh_processes_is_bitwise(tmp_path):

@@ -37,7 +37,7 @@ def warm_worker(rank: int, world_size: int, hf_dir: str, out_path: str, warm: bo
     result = trainer.train_step(batch, lambda logp, b: (-(logp * torch.linspace(0.5, 1.5, logp.numel())).sum(), {}))
     if rank == 0:
         torch.save({"before": before, "after": after, "seconds": seconds, "loss": result.loss,
-                    "version": trainer.version, "step": trainer.step,
+                    "version": trainer.version, "step": trainer.optimizer_steps,
                     "params": gather_hf_params(trainer, ps)}, out_path)
     else:
         gather_hf_params(trainer, ps)

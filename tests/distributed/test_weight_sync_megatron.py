@@ -1,4 +1,4 @@
-"""Weight sync from a real TP2xPP2 Megatron trainer to rollout workers, bitwise (issue 5).
+"""Weight sync from a real TP2xPP2 Megatron trainer to rollout workers, bitwise.
 
 Three process trees, started as separate Slurm job steps would be, meet only through the
 control-plane store: the trainer step (``procs/megatron_sender.py``: four gloo ranks holding a

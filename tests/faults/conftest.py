@@ -7,6 +7,10 @@ and what the test observed (``fault_record`` fixture, optional) to a JSON file:
 ``$DARL_FAULTS_REPORT`` when set, else ``faults/results.json`` under the pytest cache (or under
 the temp dir with ``-p no:cacheprovider``). ``python tools/reliability_report.py`` renders it.
 Run outputs are never committed; only the rendered document is.
+
+The host fixtures of the hostile-program tests (``test_sandbox_hostile_*.py``) live here too: a
+host directory the sandbox sees read-only, a process it must not signal, sockets it must not
+reach.
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 _RESULTS: dict[str, dict] = {}  # nodeid -> record, in run order
@@ -91,3 +99,47 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 (pytest hook sign
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"fault records: {path} (render: python tools/reliability_report.py {path})")
+
+
+# ---- host fixtures of the hostile-program tests -----------------------------------------------
+@pytest.fixture
+def host(tmp_path):
+    """A host directory the sandbox sees read-only: a canary (0644) and a secret (0600)."""
+    d = tmp_path / "host"
+    d.mkdir()
+    (d / "canary.txt").write_text("original")
+    (d / "secret.txt").write_text(f"secret-{uuid.uuid4().hex}")
+    (d / "secret.txt").chmod(0o600)
+    d.chmod(0o755)
+    tmp_path.chmod(0o755)
+    return d
+
+
+@pytest.fixture
+def victim():
+    """A host process of the worker's (root) that the program must not be able to signal."""
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc.pid
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def listener():
+    """A TCP listener on every host address and an abstract unix socket, both of this host."""
+    tcp = socket.socket()
+    tcp.bind(("0.0.0.0", 0))
+    tcp.listen(16)
+    tcp.setblocking(False)
+    unix = socket.socket(socket.AF_UNIX)
+    name = f"darl-hostile-{uuid.uuid4().hex}"
+    unix.bind("\0" + name)
+    unix.listen(16)
+    unix.setblocking(False)
+    addrs = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                    if a.family == socket.AF_INET})
+    yield tcp.getsockname()[1], name, addrs
+    for s in (tcp, unix):
+        with pytest.raises(BlockingIOError):
+            s.accept()  # nobody connected
+        s.close()

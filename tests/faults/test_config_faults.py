@@ -23,8 +23,8 @@ CASES = {
     "model.path that does not exist": (["model.path=/nonexistent"], "model.path=/nonexistent: no such directory"),
     "dataset file that does not exist": (["data=gsm8k", "data.path=/nonexistent.jsonl"], "data.path=/nonexistent.jsonl"),
     "model of another architecture": (["model.path={llama}"], "LlamaForCausalLM is not supported"),
-    # issue 31: these used to fail inside the children (39-79 lines of traceback, or "trainer
-    # gone?") or train with no learning signal
+    # without the launcher's checks these fail inside the children (39-79 lines of traceback, or
+    # "trainer gone?") or train with no learning signal
     "lr not a number": (["trainer.optimizer.lr=nan"], "trainer.optimizer.lr=nan is not a number"),
     "lr far too large": (["trainer.optimizer.lr=1e9"], "trainer.optimizer.lr=1e+09 must be in (0, 1)"),
     "no prompts generated": (["data.builtin.num_prompts=0"], "data.builtin.num_prompts=0 must be >= cluster.rollout_workers=1"),

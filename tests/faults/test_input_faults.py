@@ -1,4 +1,4 @@
-"""Bad datasets stop the launcher in one line before any process starts (issue 31).
+"""Bad datasets stop the launcher in one line before any process starts.
 
 ``launch.train.main`` runs in-process on a real file dataset (the GSM8K preset's columns and
 template) with the embedded policy and its tokenizer: exit 2, one line naming the file and the

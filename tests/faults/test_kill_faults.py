@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
+from megatron_darl.exit_codes import ExitCode
 from tests.distributed.procs.launcher import wait_for
 from tests.distributed.procs.scenario import Scenario
 
@@ -54,7 +54,7 @@ def test_killed_worker_is_reported_and_killed_trainer_stops_workers(tmp_path, fa
         t_trainer = time.time()
         procs.kill("trainer0")
         code = procs.wait("worker0", HB_TIMEOUT + 15)
-        assert code == EXIT_TRAINER_LOST, procs.logs()
+        assert code == ExitCode.TRAINER_LOST, procs.logs()
         assert time.time() - t_trainer <= HB_TIMEOUT + SLACK + 3
         trainer_s = time.time() - t_trainer
     finally:
@@ -62,6 +62,6 @@ def test_killed_worker_is_reported_and_killed_trainer_stops_workers(tmp_path, fa
     assert _sessions_alive(pids) == []
     fault_record["observed"] = (f"worker 1 named by the trainer {loss['time'] - t_kill:.1f} s after kill -9 "
                                 f"(its reservations released), syncs went on to worker 0; after kill -9 of "
-                                f"the trainer worker 0 exited {EXIT_TRAINER_LOST} in {trainer_s:.1f} s")
+                                f"the trainer worker 0 exited {int(ExitCode.TRAINER_LOST)} in {trainer_s:.1f} s")
     fault_record["lost"] = ("worker 1's unsent groups (their staleness reservations are released, other workers "
                             "generate in their place); the trainer's work since its last checkpoint")

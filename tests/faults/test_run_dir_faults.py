@@ -1,4 +1,4 @@
-"""Run directories shared, cut short or resumed with another config (issue 31).
+"""Run directories shared, cut short or resumed with another config.
 
 Real ``python -m launch.train experiment=smoke`` runs on CPU (trainer and rollout worker
 processes); refusals that happen before any child starts run ``launch.train.main`` in-process.

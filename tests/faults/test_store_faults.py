@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_darl.rollout.worker import EXIT_TRAINER_LOST
+from megatron_darl.exit_codes import ExitCode
 from megatron_darl.transport import (
     TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, TransportTimeout, connect_store,
 )
@@ -163,14 +163,14 @@ def test_frozen_rank0_is_reported_by_every_peer_within_the_heartbeat_timeout(tmp
         for proc in procs.procs.values():
             _kill(proc.pid, signal.SIGCONT)
         procs.close()
-    assert exits["worker0"] == exits["worker1"] == EXIT_TRAINER_LOST, procs.logs()
+    assert exits["worker0"] == exits["worker1"] == ExitCode.TRAINER_LOST, procs.logs()
     for name in ("worker0", "worker1"):
         assert exits[name + "_s"] <= HB_TIMEOUT + SLACK, exits
         assert f"pid {rank0}" in logs[name] and "trainer 0 (" in logs[name], logs[name][-2000:]
     assert loss["peer"].startswith("trainer 0 (") and f"pid {rank0}" in loss["peer"], loss
     reported_s = loss["time"] - t_stop_wall
     assert reported_s <= HB_TIMEOUT + SLACK, loss
-    fault_record["observed"] = (f"workers exited {EXIT_TRAINER_LOST} after {exits['worker0_s']:.1f} s and "
+    fault_record["observed"] = (f"workers exited {int(ExitCode.TRAINER_LOST)} after {exits['worker0_s']:.1f} s and "
                                 f"{exits['worker1_s']:.1f} s, trainer 1 reported after {reported_s:.1f} s "
                                 f"(heartbeat timeout {HB_TIMEOUT:.0f} s), all naming trainer 0 (host, pid)")
     fault_record["lost"] = "the trainer's work since its last checkpoint (a frozen rank 0 writes none; the job stops)"

@@ -84,7 +84,7 @@ class LocalSlurm:
     # to those, so two emulated nodes of gpu:2 on a 4-GPU host never share a GPU
     split_host_gpus: bool = False
     gpu_device_dir: str = "/dev"  # where the nvidia<k> device files are (tests: fake ones)
-    plugin_dir: str = ""  # Slurm's plugins when not where it was built to look (tools/slurm_kit.sh)
+    plugin_dir: str = ""  # Slurm's plugins when not where it was built to look (gpu/slurm_kit.sh)
     pids: dict[str, int] = field(default_factory=dict)
 
     @property

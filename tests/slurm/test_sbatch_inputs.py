@@ -94,7 +94,7 @@ def test_vllm_is_the_engine_on_gpu_nodes_and_hf_stays_a_choice():
 
 def test_a_second_job_on_a_busy_output_dir_is_refused_naming_the_job(slurm_cluster, warm_policy, tmp_path):
     """Two jobs on one OUTPUT_DIR (``--oversubscribe``: they run at once): the second fails with
-    exit 2 and one line naming the first job, before it writes anything there (issue 31)."""
+    exit 2 and one line naming the first job, before it writes anything there."""
     from slurm_jobs import metrics, wait_for
 
     run = tmp_path / "run"

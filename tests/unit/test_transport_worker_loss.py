@@ -1,4 +1,4 @@
-"""A lost rollout worker is that worker's loss, not the run's (issue 31), in one process.
+"""A lost rollout worker is that worker's loss, not the run's, in one process.
 
 Heartbeat: a process that beats in the place of another of the same id (restarted) is reported
 as the loss of the old one, once, and counted. Weight sync: a member that dies in its round is

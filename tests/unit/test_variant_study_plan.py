@@ -1,4 +1,4 @@
-"""The variant study's plan as issue 39 asks for it: the window per case (D-ARL's K = 4 at every
+"""The variant study's plan: the window per case (D-ARL's K = 4 at every
 staleness, eta + 1 for the queue baselines and ``darl_keta``), degenerate groups dropped and
 refilled (``replay.fill_batch``, else the staleness collapses) unless asked, every step waiting
 for the staleness bound (``loop.wait_for_bound``, else it depends on relative speeds), and a record pooled from the partial files of several device calls, each with its own

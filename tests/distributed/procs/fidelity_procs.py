@@ -101,7 +101,7 @@ def _ppo_step(trainer, ps, groups) -> dict:
         rows = zip(b.input_ids.split(lens), logp.detach().split(counts), x.logp_base.split(counts),
                    x.weights.split(counts), x.advantages.split(counts))
         for ids, lp, prox, w, adv in rows:
-            calls.append({"step": trainer.step, "ids": tuple(ids.tolist()), "logp": lp.clone(),
+            calls.append({"step": trainer.optimizer_steps, "ids": tuple(ids.tolist()), "logp": lp.clone(),
                           "prox": prox.clone(), "w": w.clone(), "adv": float(adv[0])})
         return inner_loss(logp, b)
 
@@ -109,7 +109,7 @@ def _ppo_step(trainer, ps, groups) -> dict:
     plan, result = runner.run(groups, 0)
     params = {k: v.detach().clone() for k, v in trainer.export_hf_stage()}
     return {"calls": calls, "order": [s.sample_id for s in plan.samples], "stats": result.stats,
-            "optimizer_steps": result.optimizer_steps, "version": trainer.version, "step": trainer.step,
+            "optimizer_steps": result.optimizer_steps, "version": trainer.version, "step": trainer.optimizer_steps,
             "params": params, "w_clipped": plan.stats.w_clipped}
 
 

@@ -127,7 +127,7 @@ def run_rank(rank: int, a: argparse.Namespace) -> None:
         log.info("trainer built, checkpoint loaded")
         for _ in range(a.train_steps):
             result = trainer.train_step(make_batch(), toy_loss)
-            log.info("step %d: loss %.4f grad norm %.4f", trainer.step, result.loss, result.grad_norm)
+            log.info("step %d: loss %.4f grad norm %.4f", trainer.optimizer_steps, result.loss, result.grad_norm)
         wait_for_workers(ep, ps, a.workers, a.timeout / 2)  # within the other ranks' barrier timeout
         log.info("workers up; publishing v%d", trainer.version)
         publish(a, ep, trainer, ps)

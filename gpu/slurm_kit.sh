@@ -2,15 +2,15 @@
 # Slurm and munge for a machine with no package registry (the GPU machine), from Debian packages
 # fetched here: the sbatch scripts then run under a real one-node Slurm there, as on a cluster.
 #
-#   bash tools/slurm_kit.sh fetch DIR           # here: apt-get download the packages into DIR
-#   bash tools/slurm_kit.sh unpack DIR PREFIX   # there: dpkg -x each into PREFIX (not /: nothing
+#   bash gpu/slurm_kit.sh fetch DIR           # here: apt-get download the packages into DIR
+#   bash gpu/slurm_kit.sh unpack DIR PREFIX   # there: dpkg -x each into PREFIX (not /: nothing
 #                                               # of the system is overwritten), link slurmstepd
 #                                               # where slurmd looks for it, list missing libraries
-#   source <(bash tools/slurm_kit.sh env PREFIX)  # PATH, LD_LIBRARY_PATH and DARL_SLURM_PLUGIN_DIR
+#   source <(bash gpu/slurm_kit.sh env PREFIX)  # PATH, LD_LIBRARY_PATH and DARL_SLURM_PLUGIN_DIR
 #
 # Then tests/slurm/local_cluster.py's LocalSlurm(root, nodes=1, gpus=N,
 # plugin_dir=$DARL_SLURM_PLUGIN_DIR) starts munged, slurmctld and slurmd with GRES gpu:N, and
-# sbatch runs as usual (tools/device_slurm_run.sh does all of it in one device call).
+# sbatch runs as usual (gpu/slurm_run.sh does all of it in one device call).
 # The packages are Debian 12's (Slurm 22.05, munge 0.5.15): the machine needs glibc >= 2.36;
 # `unpack` says which libraries the binaries still miss there.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by the tools/device_*_run.sh scripts on the GPU machine: the carried wheels (.whl:
+# Sourced by the gpu/*_run.sh scripts on the GPU machine: the carried wheels (.whl:
 # megatron-core, hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended) installed once
 # into /tmp/site, vLLM from /tmp/vsite when staged (../shared/vllm-kit), and the environment every
 # run there wants.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The loop's scaling runs on a 4-GPU host, in one device call (docs/benchmarks.md, loop scaling):
 #
-#   DARL_COMMIT=<sha> bash tools/device_scaling_run.sh RUN [RUN ...]      (carry .whl)
+#   DARL_COMMIT=<sha> bash gpu/scaling_run.sh RUN [RUN ...]      (carry .whl)
 #
 # RUN is VARIANT@T:R[@ENGINE][@quick]: benchmarks/loop_profile.py at Qwen3-1.7B shape with that
 # variant (configs/algorithm), T trainer and R rollout GPUs, ENGINE vllm (default; needs /tmp/vsite,
@@ -21,8 +21,8 @@ mkdir -p "$OUT/rec" "$OUT/runs"
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 BUDGET=${DARL_BUDGET_S:-570}
-# shellcheck source=tools/device_env.sh
-source tools/device_env.sh
+# shellcheck source=gpu/env.sh
+source gpu/env.sh
 export TORCH_LOGS=${TORCH_LOGS:-recompiles}  # why a kernel recompiled, in the trainer logs
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }

@@ -1,10 +1,10 @@
-"""The sbatch scripts on a GPU host under a real Slurm (tools/device_slurm_run.sh calls this):
+"""The sbatch scripts on a GPU host under a real Slurm (gpu/slurm_run.sh calls this):
 the host's GPUs split over emulated nodes, a run submitted as a user submits it, stopped with
 ``scancel`` mid-run and resubmitted to resume, with the timeline a user would see.
 
-    python tools/device_slurm_case.py headline --model qwen3_4b --nodes 2 --steps 6 --cancel-at 3
-    python tools/device_slurm_case.py scaling --model qwen3_1.7b --nodes-list "1 2" --steps 6
-    python tools/device_slurm_case.py headline --model tiny --engine hf experiment=smoke   # CPU check
+    python gpu/slurm_case.py headline --model qwen3_4b --nodes 2 --steps 6 --cancel-at 3
+    python gpu/slurm_case.py scaling --model qwen3_1.7b --nodes-list "1 2" --steps 6
+    python gpu/slurm_case.py headline --model tiny --engine hf experiment=smoke   # CPU check
 
 ``headline``: ``slurm/<model>_darl.sbatch`` on ``--nodes`` emulated nodes (the host's GPUs split
 evenly: 4 GPUs, 2 nodes -> gpu:2 each; ``LocalSlurm(split_host_gpus=True)``), a random-init policy

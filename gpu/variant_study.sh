@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The variant study (issues 17 and 39) on the GPU machine, one device call at a time:
+# The variant study (benchmarks/variant_study.py) on the GPU machine, one device call at a time:
 #
-#   DARL_COMMIT=<sha> bash tools/device_variant_study.sh SECONDS [benchmarks/variant_study.py args...]
+#   DARL_COMMIT=<sha> bash gpu/variant_study.sh SECONDS [benchmarks/variant_study.py args...]
 #
 # (carry .whl: megatron-core, hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended.)
 # A study outlasts one call, and a GPU warm start is not bitwise reproducible across machines, so
@@ -23,7 +23,7 @@
 # 12 at once 2.3-2.8 s (sync, async) and 3.5 s (darl). So a run-step costs ~0.2-0.3 s of one
 # GPU's share of the host (16 cores a GPU), whatever the packing.
 #
-# Issue 39's plan (part 3), on nvidia-h100-x4 (64 cores), carry [".whl"]:
+# The headline study's plan (part 3), on nvidia-h100-x4 (64 cores), carry [".whl"]:
 #   grid: sync (eta 0) + {async, decoupled, darl, darl_once, darl_nomis, darl_nofilter, darl_keta}
 #   x eta {1, 4, 8}: 25 runs a seed; K = 4 for the D-ARL cases, eta + 1 for the queue baselines
 #   and darl_keta (named darl_k2/k5/k9); degenerate groups dropped; lr 3e-5 (sync 0.152 +- 0.002
@@ -38,7 +38,7 @@
 #   install (~20 s): ~400-450 s a call, under the 540 s budget. Each call's block is complete
 #   (every case of its seed, one warm start), so blocks from fresh machines pool as seeds.
 #     call k (k = 0, 1, 2; then 3, 4 if the time is there):
-#       DARL_COMMIT=<sha> bash tools/device_variant_study.sh 560 --seeds k --seed-major \
+#       DARL_COMMIT=<sha> bash gpu/variant_study.sh 560 --seeds k --seed-major \
 #         --parallel 25 --runs-per-gpu 7 --steps 100 --eval-every 25 --minibatches 4 --lr 3e-5 \
 #         --budget 480 --reuse-trained
 #     (a machine still warm from the call before may take two seeds: --seeds k,k+1 --parallel 50
@@ -52,7 +52,7 @@ set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-LIMIT=${1:?usage: device_variant_study.sh SECONDS [variant_study args...]}
+LIMIT=${1:?usage: variant_study.sh SECONDS [variant_study args...]}
 shift
 STATE=/tmp/darl_vs
 mkdir -p "$STATE"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The vLLM runs of issue 14 on the GPU machine, in one call, right after the kit's install.sh:
+# The vLLM tests and benchmark on the GPU machine, in one call, right after the kit's install.sh:
 #
-#   bash .vkit/bin/install.sh && DARL_COMMIT=<sha> bash tools/device_vllm_run.sh
+#   bash .vkit/bin/install.sh && DARL_COMMIT=<sha> bash gpu/vllm_run.sh
 #
 # (carry .whl, the project's wheels, if that checkout has them; vLLM must be in /tmp/vsite.)
 # Each part runs under its own timeout, inside an overall budget (DARL_DEVICE_BUDGET_S, default
