@@ -140,7 +140,8 @@ def _groups(overrides: Sequence[str]) -> set[str]:
 def cluster_overrides(knobs: Knobs, layout: Layout, job_id: str) -> list[str]:
     """The one translation of the Slurm split into the run config: the allocation's layout and
     the ``TRAINER_*``/``ROLLOUT_*``, ``TP``/``PP``, port and ``OUTPUT_DIR`` knobs as ``cluster.*``
-    (and the keys that must agree with it); every key is in ``RESERVED``."""
+    (and the keys that must agree with it). They come after the user's overrides; those of
+    ``RESERVED`` the user may not give at all."""
     addr = node_addr(layout.trainer_nodes[0])
     master_port, control_port = job_ports(job_id)
     return [

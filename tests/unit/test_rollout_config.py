@@ -1,4 +1,4 @@
-"""configs/rollout/*.yaml hold exactly the fields of the typed configs they compose."""
+"""configs/rollout/*.yaml state only fields of the typed configs they compose (the rest is their default)."""
 
 from __future__ import annotations
 
