@@ -75,7 +75,7 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     policy = build_policy(a.model)
     run = WORK / "run_headline"
     shutil.rmtree(run, ignore_errors=True)
-    knobs = {"MODEL_PATH": str(policy), "OUTPUT_DIR": str(run), "DATA": "builtin", "ENGINE": a.engine,
+    knobs = {"MODEL_PATH": str(policy), "OUTPUT_DIR": str(run), "DATA": "builtin", "ROLLOUT": a.engine,
              "DARL_PYTHON": sys.executable, "GRACE_S": "60", **({"MODEL": "tiny"} if a.model == "tiny" else {})}
     if a.rollout_nodes is not None:
         knobs["ROLLOUT_NODES"] = str(a.rollout_nodes)
@@ -131,7 +131,7 @@ def scaling(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     policy = build_policy(a.model)
     study = WORK / "study"
     shutil.rmtree(study, ignore_errors=True)
-    env = job_env(cluster, MODEL_PATH=str(policy), DATA="builtin", ENGINE=a.engine, DARL_PYTHON=sys.executable,
+    env = job_env(cluster, MODEL_PATH=str(policy), DATA="builtin", ROLLOUT=a.engine, DARL_PYTHON=sys.executable,
                   NODES_LIST=a.nodes_list, SCRIPT=f"slurm/{a.model}_darl.sbatch", STUDY_DIR=str(study),
                   SBATCH_ARGS=f"--gpus-per-node={cluster.gpus} --time=30", WAIT="1",
                   WAIT_TIMEOUT_S=str(int(a.timeout)))

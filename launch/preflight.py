@@ -97,7 +97,7 @@ def check_engine(cfg) -> None:
     if cfg.engine.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError(f"engine.backend=vllm: vLLM is not installed for {sys.executable}; install it with "
                          "pip install -e .[vllm] (vllm>=0.20,<0.27, GPU machines), or run the hf engine: "
-                         "rollout=hf (Slurm: ENGINE=hf)")
+                         "rollout=hf (Slurm: ROLLOUT=hf)")
 
 
 def check_task(cfg) -> None:

@@ -30,10 +30,10 @@ from launch.slurm_layout import Knobs, Layout, plan_layout
 from megatron_darl import timeline
 from megatron_darl.exit_codes import ExitCode
 
-# Overrides the launcher derives from the layout and knobs; a user override of one of these
-# would contradict the job steps, so it is refused and the knob named instead.
+# Overrides ``cluster_overrides`` derives from the layout and knobs; a user override of one of
+# these would contradict the job steps, so it is refused and the knob named instead.
 RESERVED = {
-    "cluster.trainer_ranks": "TRAIN_NODES / GPUS_PER_NODE", "cluster.rollout_workers": "ROLLOUT_NODES",
+    "cluster.trainer_ranks": "TRAINER_NODES / GPUS_PER_NODE", "cluster.rollout_workers": "ROLLOUT_NODES",
     "cluster.master_addr": "(the first trainer node)", "transport.control.host": "(the first trainer node)",
     "loop.run_dir": "OUTPUT_DIR", "parallel.tp": "TP", "parallel.pp": "PP",
 }
@@ -139,15 +139,32 @@ def _groups(overrides: Sequence[str]) -> set[str]:
     return {k for k in keys if "." not in k}
 
 
+def cluster_overrides(knobs: Knobs, layout: Layout, job_id: str) -> list[str]:
+    """The one translation of the Slurm split into the run config: the allocation's layout and
+    the ``TRAINER_*``/``ROLLOUT_*``, ``TP``/``PP``, port and ``OUTPUT_DIR`` knobs as ``cluster.*``
+    (and the keys that must agree with it). They come after the user's overrides; those of
+    ``RESERVED`` the user may not give at all."""
+    addr = node_addr(layout.trainer_nodes[0])
+    master_port, control_port = job_ports(job_id)
+    return [
+        f"cluster.trainer_ranks={layout.trainer_ranks}", f"cluster.rollout_workers={layout.workers}",
+        f"cluster.master_addr={_q(addr)}", f"transport.control.host={_q(addr)}",
+        f"cluster.master_port={knobs.master_port or master_port}",
+        f"transport.control.port={knobs.control_port or control_port}",
+        f"cluster.threads_per_process={layout.threads}", f"loop.run_dir={_q(knobs.output_dir)}",
+        f"loop.resume={str(knobs.resume).lower()}", f"parallel.tp={knobs.tp}", f"parallel.pp={knobs.pp}",
+    ]
+
+
 def compose_overrides(knobs: Knobs, layout: Layout, user: Sequence[str], env: Mapping[str, str],
                       init_checkpoint: str = "") -> list[str]:
-    """Hydra overrides of this job: knob presets, then the user's, then the layout's (reserved)."""
+    """Hydra overrides of this job: knob presets, then the user's, then ``cluster_overrides``."""
     mine = _groups(user)
     out = []
     if knobs.model != "tiny" and "model" not in mine:
         out.append(f"model={knobs.model}")
     for group, value in (("algorithm", knobs.algorithm), ("data", knobs.data),
-                         ("rollout", knobs.engine), ("trainer", knobs.trainer)):
+                         ("rollout", knobs.rollout), ("trainer", knobs.trainer)):
         if value and group not in mine:
             out.append(f"{group}={value}")
     if knobs.model_path:
@@ -158,18 +175,10 @@ def compose_overrides(knobs: Knobs, layout: Layout, user: Sequence[str], env: Ma
         out.append(f"trainer.init_checkpoint={_q(init_checkpoint)}")
     out.append(f"engine.tensor_parallel_size={knobs.rollout_tp}")
     out += list(user)
-    addr = node_addr(layout.train_nodes[0])
-    master_port, control_port = job_ports(env.get("SLURM_JOB_ID", ""))
-    out += [
-        f"cluster.trainer_ranks={layout.trainer_ranks}", f"cluster.rollout_workers={layout.workers}",
-        f"cluster.master_addr={_q(addr)}", f"transport.control.host={_q(addr)}",
-        f"cluster.master_port={knobs.master_port or master_port}",
-        f"transport.control.port={knobs.control_port or control_port}",
-        f"cluster.threads_per_process={layout.threads}", f"loop.run_dir={_q(knobs.output_dir)}",
-        f"loop.resume={str(knobs.resume).lower()}", f"parallel.tp={knobs.tp}", f"parallel.pp={knobs.pp}",
-    ]
+    out += cluster_overrides(knobs, layout, env.get("SLURM_JOB_ID", ""))
+    # Tags copied to summary.json (tools/scaling_report.py reads "nodes"); their names are record fields.
     tags = {"slurm_job_id": env.get("SLURM_JOB_ID", ""), "nodes": len(layout.nodes),
-            "train_nodes": len(layout.train_nodes), "rollout_nodes": layout.rollout_node_count,
+            "train_nodes": len(layout.trainer_nodes), "rollout_nodes": layout.rollout_node_count,
             "gpus_per_node": knobs.gpus_per_node}
     out += [f"++loop.extra.{k}={v}" for k, v in tags.items() if v != ""]
     return out
@@ -282,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = str(err).strip().splitlines()[0]
         print(f"launch.slurm: error: {first} (see python -m launch.train --help)", file=sys.stderr)
         return ExitCode.USAGE
-    log(f"[slurm] run dir {plan['RUN_DIR']}: trainer {plan['TRAIN_RANKS']} rank(s) on "
-        f"{plan['TRAIN_NODELIST']}, {len(plan['WORKER_NODES'])} rollout worker(s) on "
-        f"{','.join(dict.fromkeys(plan['WORKER_NODES']))}; store {plan['CONTROL_ADDR']}:{plan['CONTROL_PORT']}")
+    log(f"[slurm] run dir {plan['RUN_DIR']}: trainer {plan['TRAINER_RANKS']} rank(s) on "
+        f"{plan['TRAINER_NODELIST']}, {len(plan['ROLLOUT_WORKER_NODES'])} rollout worker(s) on "
+        f"{','.join(dict.fromkeys(plan['ROLLOUT_WORKER_NODES']))}; store {plan['CONTROL_ADDR']}:{plan['CONTROL_PORT']}")
     return ExitCode.OK
 
 

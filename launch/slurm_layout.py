@@ -1,7 +1,13 @@
 """The Slurm launcher's knobs and where each role runs in the allocation: pure and import-light.
 
 ``Knobs`` is the typed form of the environment variables documented at the top of
-``slurm/launch.sh`` (read here once, validated with one-line errors naming the variable);
+``slurm/launch.sh`` (read here once, validated with one-line errors naming the variable). They
+speak the run config's vocabulary: ``TRAINER_*`` and ``ROLLOUT_*`` for the two sides of the split
+(``cluster.trainer_*``, ``cluster.rollout_*``), ``MODEL``/``ALGORITHM``/``DATA``/``ROLLOUT``/``TRAINER``
+for the groups ``python -m launch.train --help`` lists; ``launch.slurm.cluster_overrides`` is the
+one place the layout becomes ``cluster.*``. A name of ``RENAMED`` is not a knob: set, it fails
+with one line naming the knob it means.
+
 ``plan_layout`` turns them and the allocation's node names into a ``Layout``: which nodes the
 trainer step spans with how many tasks, CPUs and GPUs each, and the node of every rollout
 worker (one engine per ``ROLLOUT_TP`` GPUs; on CPU one per node). Kept apart from
@@ -15,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-ENGINES = ("", "hf", "vllm")
+ROLLOUTS = ("", "hf", "vllm")
 DTYPES = ("fp32", "bf16")
+# Spellings outside the vocabulary and the knob each means (set one: a one-line error naming it).
+RENAMED = {"TRAIN_NODES": "TRAINER_NODES", "TRAIN_GPUS_PER_NODE": "TRAINER_GPUS_PER_NODE", "ENGINE": "ROLLOUT"}
 
 
 def _int(env: Mapping[str, str], name: str, default: Optional[int], minimum: int = 0) -> Optional[int]:
@@ -71,12 +79,12 @@ class Knobs:
     algorithm: str = "darl"  # ALGORITHM: configs/algorithm preset
     data: str = ""  # DATA: configs/data preset ("" = gsm8k for Qwen3, builtin for tiny)
     data_path: str = ""  # DATA_PATH: dataset file replacing the preset's path
-    engine: str = ""  # ENGINE: rollout preset vllm|hf ("" = vllm on GPU nodes, hf on a CPU run)
+    rollout: str = ""  # ROLLOUT: rollout preset vllm|hf ("" = vllm on GPU nodes, hf on a CPU run)
     trainer: str = ""  # TRAINER: configs/trainer preset ("" = default on GPU, cpu_tiny on CPU)
-    train_nodes: Optional[int] = None  # TRAIN_NODES: nodes of the trainer step
+    trainer_nodes: Optional[int] = None  # TRAINER_NODES: nodes of the trainer step
     rollout_nodes: Optional[int] = None  # ROLLOUT_NODES: nodes of rollout engines; 0 = share
     gpus_per_node: int = 0  # GPUS_PER_NODE: GPUs per node (0 = CPU run)
-    train_gpus_per_node: int = 0  # TRAIN_GPUS_PER_NODE: trainer share when ROLLOUT_NODES=0
+    trainer_gpus_per_node: int = 0  # TRAINER_GPUS_PER_NODE: trainer share when ROLLOUT_NODES=0
     tp: int = 1  # TP: trainer tensor-parallel size
     pp: int = 1  # PP: trainer pipeline-parallel size
     rollout_tp: int = 1  # ROLLOUT_TP: GPUs per rollout engine (vLLM tensor parallel)
@@ -91,6 +99,9 @@ class Knobs:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Knobs":
         """Read and check every knob; paths relative to the submit directory become absolute."""
+        for old, new in RENAMED.items():
+            if env.get(old, "").strip():
+                raise ValueError(f"{old} is now {new}: set {new}={env[old].strip()} (and unset {old})")
         base = Path(env.get("SLURM_SUBMIT_DIR") or os.getcwd())
         output_dir = _path(env, "OUTPUT_DIR", base)
         if not output_dir:
@@ -99,10 +110,10 @@ class Knobs:
             output_dir=output_dir, model=env.get("MODEL", "").strip() or "tiny",
             model_path=_path(env, "MODEL_PATH", base), algorithm=env.get("ALGORITHM", "").strip() or "darl",
             data=env.get("DATA", "").strip(), data_path=_path(env, "DATA_PATH", base),
-            engine=env.get("ENGINE", "").strip(), trainer=env.get("TRAINER", "").strip(),
-            train_nodes=_int(env, "TRAIN_NODES", None, 1), rollout_nodes=_int(env, "ROLLOUT_NODES", None, 0),
+            rollout=env.get("ROLLOUT", "").strip(), trainer=env.get("TRAINER", "").strip(),
+            trainer_nodes=_int(env, "TRAINER_NODES", None, 1), rollout_nodes=_int(env, "ROLLOUT_NODES", None, 0),
             gpus_per_node=_int(env, "GPUS_PER_NODE", gpus_from_slurm(env), 0),
-            train_gpus_per_node=_int(env, "TRAIN_GPUS_PER_NODE", 0, 0),
+            trainer_gpus_per_node=_int(env, "TRAINER_GPUS_PER_NODE", 0, 0),
             tp=_int(env, "TP", 1, 1), pp=_int(env, "PP", 1, 1), rollout_tp=_int(env, "ROLLOUT_TP", 1, 1),
             threads=_int(env, "THREADS", 0, 0), convert=_flag(env, "CONVERT", False),
             convert_cache=_path(env, "CONVERT_CACHE", base) or str(Path(cls.convert_cache).expanduser()),
@@ -113,8 +124,8 @@ class Knobs:
             knobs.data = "gsm8k"
         if not knobs.trainer and knobs.gpus_per_node > 0:
             knobs.trainer = "default"
-        if not knobs.engine:  # vLLM is the production engine; a CPU run has only hf
-            knobs.engine = "vllm" if knobs.gpus_per_node > 0 else "hf"
+        if not knobs.rollout:  # vLLM is the production engine; a CPU run has only hf
+            knobs.rollout = "vllm" if knobs.gpus_per_node > 0 else "hf"
         knobs.validate()
         return knobs
 
@@ -128,8 +139,8 @@ class Knobs:
                 raise ValueError(f"MODEL_PATH={path} is not a Hugging Face model directory (no config.json)")
         if self.data_path and not Path(self.data_path).is_file():
             raise ValueError(f"DATA_PATH={self.data_path}: no such file")
-        if self.engine not in ENGINES:
-            raise ValueError(f"ENGINE={self.engine!r}: use hf or vllm")
+        if self.rollout not in ROLLOUTS:
+            raise ValueError(f"ROLLOUT={self.rollout!r}: use hf or vllm")
         if self.convert_dtype not in DTYPES:
             raise ValueError(f"CONVERT_DTYPE={self.convert_dtype!r}: use one of {DTYPES}")
         if self.convert and not self.model_path:
@@ -138,10 +149,10 @@ class Knobs:
 
 @dataclass
 class Layout:
-    """Where the roles run: one trainer step over ``train_nodes``, one step per rollout worker."""
+    """Where the roles run: one trainer step over ``trainer_nodes``, one step per rollout worker."""
 
     nodes: list[str]  # the allocation, batch host first
-    train_nodes: list[str]  # nodes of the trainer step (rank 0 on the first)
+    trainer_nodes: list[str]  # nodes of the trainer step (rank 0 on the first)
     worker_nodes: list[str]  # node of each rollout worker; the worker id is the index
     trainer_tasks_per_node: int  # Megatron ranks per trainer node
     trainer_gpus_per_node: int  # GPUs of the trainer step per node (0 on CPU)
@@ -153,7 +164,7 @@ class Layout:
 
     @property
     def trainer_ranks(self) -> int:
-        return len(self.train_nodes) * self.trainer_tasks_per_node
+        return len(self.trainer_nodes) * self.trainer_tasks_per_node
 
     @property
     def workers(self) -> int:
@@ -165,23 +176,24 @@ class Layout:
 
     def shell_values(self) -> dict:
         """The plan variables ``slurm/launch.sh`` uses to start the job steps."""
-        return {"TRAIN_NODELIST": ",".join(self.train_nodes), "TRAIN_NODES": len(self.train_nodes),
-                "TRAIN_TASKS_PER_NODE": self.trainer_tasks_per_node, "TRAIN_RANKS": self.trainer_ranks,
-                "TRAIN_GPUS_PER_NODE": self.trainer_gpus_per_node,
-                "TRAIN_CPUS_PER_TASK": self.trainer_cpus_per_task, "WORKER_NODES": list(self.worker_nodes),
-                "WORKER_GPUS": self.worker_gpus, "WORKER_CPUS_PER_TASK": self.worker_cpus_per_task,
+        return {"TRAINER_NODELIST": ",".join(self.trainer_nodes), "TRAINER_NODES": len(self.trainer_nodes),
+                "TRAINER_TASKS_PER_NODE": self.trainer_tasks_per_node, "TRAINER_RANKS": self.trainer_ranks,
+                "TRAINER_GPUS_PER_NODE": self.trainer_gpus_per_node,
+                "TRAINER_CPUS_PER_TASK": self.trainer_cpus_per_task,
+                "ROLLOUT_WORKER_NODES": list(self.worker_nodes), "ROLLOUT_WORKER_GPUS": self.worker_gpus,
+                "ROLLOUT_WORKER_CPUS_PER_TASK": self.worker_cpus_per_task,
                 "THREADS": self.threads}
 
 
 def _split_nodes(knobs: Knobs, n: int) -> tuple[int, int]:
     """(trainer nodes, rollout nodes) of an ``n``-node allocation; rollout 0 = colocated."""
     rollout = knobs.rollout_nodes if knobs.rollout_nodes is not None else n // 2
-    train = knobs.train_nodes if knobs.train_nodes is not None else max(n - rollout, 1)
+    train = knobs.trainer_nodes if knobs.trainer_nodes is not None else max(n - rollout, 1)
     if rollout == 0 and train != n:
-        raise ValueError(f"TRAIN_NODES={train} with ROLLOUT_NODES=0 (shared nodes) must equal the "
+        raise ValueError(f"TRAINER_NODES={train} with ROLLOUT_NODES=0 (shared nodes) must equal the "
                          f"allocation's {n} node(s) (sbatch --nodes)")
     if rollout > 0 and train + rollout != n:
-        raise ValueError(f"TRAIN_NODES={train} + ROLLOUT_NODES={rollout} must equal the allocation's "
+        raise ValueError(f"TRAINER_NODES={train} + ROLLOUT_NODES={rollout} must equal the allocation's "
                          f"{n} node(s) (sbatch --nodes), or set ROLLOUT_NODES=0 to share the trainer nodes")
     return train, rollout
 
@@ -193,10 +205,10 @@ def _gpu_split(knobs: Knobs, colocated: bool) -> tuple[int, int]:
         return 1, 1
     train_gpus, rollout_gpus = g, g
     if colocated:
-        train_gpus = knobs.train_gpus_per_node or g // 2
+        train_gpus = knobs.trainer_gpus_per_node or g // 2
         if not 0 < train_gpus < g:
             raise ValueError(f"ROLLOUT_NODES=0 shares each node's {g} GPU(s) between trainer and "
-                             f"engines: TRAIN_GPUS_PER_NODE={train_gpus} must be in 1..{g - 1}")
+                             f"engines: TRAINER_GPUS_PER_NODE={train_gpus} must be in 1..{g - 1}")
         rollout_gpus = g - train_gpus
     if rollout_gpus % knobs.rollout_tp:
         raise ValueError(f"ROLLOUT_TP={knobs.rollout_tp} must divide the {rollout_gpus} rollout GPU(s) per node")
@@ -217,7 +229,7 @@ def plan_layout(knobs: Knobs, nodes: list[str], batch_host: str = "", cpus_on_no
     ranks, mp = train_n * tasks, knobs.tp * knobs.pp
     if ranks % mp:
         raise ValueError(f"TP={knobs.tp} x PP={knobs.pp} must divide the {ranks} trainer rank(s) "
-                         f"(TRAIN_NODES={train_n} x {tasks} per node)")
+                         f"(TRAINER_NODES={train_n} x {tasks} per node)")
     on_train_node = tasks + (engines if colocated else 0)
     on_rollout_node = on_train_node if colocated else engines
     if knobs.gpus_per_node:
@@ -230,7 +242,7 @@ def plan_layout(knobs: Knobs, nodes: list[str], batch_host: str = "", cpus_on_no
         raise ValueError(f"the layout needs {need} CPUs per node but the allocation has {cpus_on_node} "
                          "(submit with --exclusive, or fewer tasks per node)")
     return Layout(
-        nodes=list(nodes), train_nodes=train, worker_nodes=[n for n in rollout for _ in range(engines)],
+        nodes=list(nodes), trainer_nodes=train, worker_nodes=[n for n in rollout for _ in range(engines)],
         trainer_tasks_per_node=tasks, trainer_gpus_per_node=tasks if knobs.gpus_per_node else 0,
         worker_gpus=knobs.rollout_tp if knobs.gpus_per_node else 0, trainer_cpus_per_task=cpus_t,
         worker_cpus_per_task=cpus_w, threads=knobs.threads or cpus_t, colocated=colocated,

@@ -6,21 +6,26 @@
 #   e.g. MODEL_PATH=/models/Qwen3-4B OUTPUT_DIR=runs/q4b sbatch --nodes=4 slurm/qwen3_4b_darl.sbatch loop.steps=500
 #
 # Arguments after the script are Hydra overrides (as for python -m launch.train), e.g.
-# experiment=smoke, replay.k=8. Knobs (environment variables; sbatch exports the environment):
+# experiment=smoke, replay.k=8. Knobs (environment variables; sbatch exports the environment) use
+# the names python -m launch.train --help prints: MODEL, ALGORITHM, DATA, ROLLOUT, TRAINER select
+# those groups (a GROUP=PRESET argument wins), TRAINER_* / ROLLOUT_* are the two sides of the split
+# (cluster.trainer_* / cluster.rollout_*; launch/slurm.py cluster_overrides maps them).
+# TRAIN_NODES, TRAIN_GPUS_PER_NODE and ENGINE are not knobs: set, they stop the job with one line
+# naming TRAINER_NODES, TRAINER_GPUS_PER_NODE or ROLLOUT.
 #   MODEL          configs/model preset (the wrappers set it) or "tiny": the embedded tiny policy
 #   MODEL_PATH     Hugging Face checkpoint dir of the initial policy (needed unless MODEL=tiny)
 #   ALGORITHM      configs/algorithm preset (the darl, async and decoupled scripts: their *_paper preset);
 #                  others: darl sync async decoupled darl_nofilter darl_nomis async_is_paper
 #   DATA, DATA_PATH  configs/data preset (default gsm8k; builtin for MODEL=tiny) and its file
-#   ENGINE         rollout preset vllm | hf (default: vllm on GPU nodes, hf on a CPU run; a missing
-#                  vLLM stops the job before any step: pip install -e .[vllm], or ENGINE=hf)
+#   ROLLOUT        configs/rollout preset vllm | hf (default: vllm on GPU nodes, hf on a CPU run; a
+#                  missing vLLM stops the job before any step: pip install -e .[vllm], or ROLLOUT=hf)
 #   TRAINER        configs/trainer preset (default: "default" on GPU, cpu_tiny on CPU)
 #   OUTPUT_DIR     run dir: metrics, checkpoints, logs (default runs/<job name>_<job id>);
 #                  resubmitting with the same OUTPUT_DIR resumes from its latest checkpoint
 #   RESUME=1       0: refuse an OUTPUT_DIR that already holds checkpoints
-#   TRAIN_NODES    nodes of the trainer step (default: all but ROLLOUT_NODES)
+#   TRAINER_NODES  nodes of the trainer step (default: all but ROLLOUT_NODES)
 #   ROLLOUT_NODES  nodes of rollout engines (default: half the nodes, rounded down; 0 = the
-#                  engines share the trainer nodes, TRAIN_GPUS_PER_NODE GPUs each go to the trainer)
+#                  engines share the trainer nodes, TRAINER_GPUS_PER_NODE GPUs each go to the trainer)
 #   GPUS_PER_NODE  default: what the allocation has (SLURM_GPUS_ON_NODE); 0 = CPU run
 #   TP, PP         trainer tensor / pipeline parallel sizes (DP = ranks / (TP x PP))
 #   ROLLOUT_TP     GPUs per rollout engine (one engine = one worker = one job step)
@@ -99,29 +104,29 @@ if [ "$FINISHED" = 1 ]; then
 fi
 [ -z "$STOP_SIGNAL" ] || { echo "[slurm] stopped before any step started"; exit 0; }
 export MASTER_ADDR MASTER_PORT OMP_NUM_THREADS=$THREADS DARL_THREADS=$THREADS
-if [ "$TRAIN_GPUS_PER_NODE" = 0 ]; then export CUDA_VISIBLE_DEVICES=""; fi
+if [ "$TRAINER_GPUS_PER_NODE" = 0 ]; then export CUDA_VISIBLE_DEVICES=""; fi
 mem=(); [ -n "${STEP_MEM:-}" ] && mem=(--mem="$STEP_MEM")
 
 gpus() { [ "$1" -gt 0 ] && echo "$2=$1"; }  # a GPU option only on GPU runs
 # shellcheck disable=SC2046
-srun --exact --kill-on-bad-exit=1 --job-name=trainer --nodes="$TRAIN_NODES" \
-  --nodelist="$TRAIN_NODELIST" --ntasks-per-node="$TRAIN_TASKS_PER_NODE" \
-  --cpus-per-task="$TRAIN_CPUS_PER_TASK" $(gpus "$TRAIN_GPUS_PER_NODE" --gpus-per-node) "${mem[@]}" \
+srun --exact --kill-on-bad-exit=1 --job-name=trainer --nodes="$TRAINER_NODES" \
+  --nodelist="$TRAINER_NODELIST" --ntasks-per-node="$TRAINER_TASKS_PER_NODE" \
+  --cpus-per-task="$TRAINER_CPUS_PER_TASK" $(gpus "$TRAINER_GPUS_PER_NODE" --gpus-per-node) "${mem[@]}" \
   --output="$LOG_DIR/trainer-%t.log" \
   bash slurm/task.sh trainer "$PY" -m launch.trainer --config "$RUN_CONFIG" &
 TRAINER_PID=$!
 [ -z "$STOP_SIGNAL" ] || kill -"$STOP_SIGNAL" "$TRAINER_PID" 2>/dev/null
 WORKER_PIDS=()
-for wid in "${!WORKER_NODES[@]}"; do
+for wid in "${!ROLLOUT_WORKER_NODES[@]}"; do
   # shellcheck disable=SC2046
-  srun --exact --job-name="rollout$wid" --nodes=1 --ntasks=1 --nodelist="${WORKER_NODES[$wid]}" \
-    --cpus-per-task="$WORKER_CPUS_PER_TASK" $(gpus "$WORKER_GPUS" --gpus) "${mem[@]}" \
+  srun --exact --job-name="rollout$wid" --nodes=1 --ntasks=1 --nodelist="${ROLLOUT_WORKER_NODES[$wid]}" \
+    --cpus-per-task="$ROLLOUT_WORKER_CPUS_PER_TASK" $(gpus "$ROLLOUT_WORKER_GPUS" --gpus) "${mem[@]}" \
     --output="$LOG_DIR/rollout-$wid.log" \
     bash slurm/task.sh rollout "$PY" -m launch.rollout --config "$RUN_CONFIG" --worker-id "$wid" \
     --defer-signals &
   WORKER_PIDS+=($!)
 done
-expected=$((1 + ${#WORKER_NODES[@]}))
+expected=$((1 + ${#ROLLOUT_WORKER_NODES[@]}))
 (  # record the job steps and their nodes, as Slurm sees them, once all have started
   for _ in $(seq 120); do
     squeue -s -j "$SLURM_JOB_ID" -h -o "%i %j %N" >"$LOG_DIR/steps.tmp" 2>/dev/null

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from launch.slurm_layout import Knobs, plan_layout
+from launch.slurm_layout import RENAMED, Knobs, plan_layout
 from slurm_jobs import CPU_OPTS, REPO, job_env, sbatch, wait_state
 
 pytestmark = pytest.mark.slurm
@@ -21,10 +21,11 @@ SCRIPT = "slurm/qwen3_4b_darl.sbatch"
 @pytest.mark.parametrize("knobs, message", [
     ({"MODEL_PATH": "/nonexistent/Qwen3-4B"}, "MODEL_PATH=/nonexistent/Qwen3-4B: no such directory"),
     ({"MODEL": "qwen3_4b"}, "MODEL=qwen3_4b needs MODEL_PATH="),
-    ({"MODEL": "tiny", "TRAIN_NODES": "3"},
-     "TRAIN_NODES=3 + ROLLOUT_NODES=1 must equal the allocation's 2 node(s)"),
+    ({"MODEL": "tiny", "TRAINER_NODES": "3"},
+     "TRAINER_NODES=3 + ROLLOUT_NODES=1 must equal the allocation's 2 node(s)"),
+    ({"MODEL": "tiny", "TRAIN_NODES": "1"}, "TRAIN_NODES is now TRAINER_NODES: set TRAINER_NODES=1"),
     ({"MODEL": "tiny", "TP": "two"}, "TP='two' is not an integer"),
-    pytest.param({"MODEL": "tiny", "ENGINE": "vllm"},
+    pytest.param({"MODEL": "tiny", "ROLLOUT": "vllm"},
                  "engine.backend=vllm: vLLM is not installed for", id="vllm-missing",
                  marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
                                           reason="vLLM is installed here")),
@@ -63,7 +64,7 @@ def _knobs(**env) -> Knobs:
 def test_layout_gpu_nodes_split_between_trainer_and_engines():
     lay = plan_layout(_knobs(GPUS_PER_NODE="8", TP="2", ROLLOUT_TP="2"), ["a", "b", "c", "d"],
                       batch_host="a", cpus_on_node=64)
-    assert lay.train_nodes == ["a", "b"] and lay.trainer_ranks == 16 and lay.trainer_gpus_per_node == 8
+    assert lay.trainer_nodes == ["a", "b"] and lay.trainer_ranks == 16 and lay.trainer_gpus_per_node == 8
     assert lay.worker_nodes == ["c"] * 4 + ["d"] * 4 and lay.worker_gpus == 2
     assert (lay.trainer_cpus_per_task, lay.worker_cpus_per_task, lay.threads) == (8, 16, 8)
 
@@ -82,14 +83,43 @@ def test_layout_errors_name_the_knob():
         plan_layout(_knobs(GPUS_PER_NODE="8", ROLLOUT_TP="3"), ["a", "b"], cpus_on_node=64)
     with pytest.raises(ValueError, match=r"needs 2 CPUs per node but the allocation has 1"):
         plan_layout(_knobs(), ["a"], cpus_on_node=1)
-    with pytest.raises(ValueError, match=r"ENGINE='sglang': use hf or vllm"):
-        _knobs(ENGINE="sglang")
+    with pytest.raises(ValueError, match=r"ROLLOUT='sglang': use hf or vllm"):
+        _knobs(ROLLOUT="sglang")
 
 
 def test_vllm_is_the_engine_on_gpu_nodes_and_hf_stays_a_choice():
-    assert _knobs(GPUS_PER_NODE="8").engine == "vllm"
-    assert _knobs(GPUS_PER_NODE="8", ENGINE="hf").engine == "hf"
-    assert _knobs().engine == "hf"  # a CPU run: vLLM needs GPUs
+    assert _knobs(GPUS_PER_NODE="8").rollout == "vllm"
+    assert _knobs(GPUS_PER_NODE="8", ROLLOUT="hf").rollout == "hf"
+    assert _knobs().rollout == "hf"  # a CPU run: vLLM needs GPUs
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_a_name_outside_the_vocabulary_fails_with_one_line_naming_the_knob(old, new):
+    with pytest.raises(ValueError) as err:
+        _knobs(**{old: "1"})
+    assert str(err.value) == f"{old} is now {new}: set {new}=1 (and unset {old})"
+
+
+def test_the_knobs_speak_the_help_vocabulary():
+    """Group knobs are the groups ``--help`` lists; the split knobs are ``cluster.*``'s two sides."""
+    from launch.train import config_groups
+
+    assert {"model", "algorithm", "data", "rollout", "trainer"} <= set(config_groups())
+    lay = plan_layout(_knobs(GPUS_PER_NODE="4", TRAINER_NODES="2", ROLLOUT_NODES="1", ROLLOUT="hf"),
+                      ["a", "b", "c"], batch_host="a", cpus_on_node=16)
+    assert {k.split("_")[0] for k in lay.shell_values()} == {"TRAINER", "ROLLOUT", "THREADS"}
+
+
+def test_cluster_overrides_are_the_reserved_keys(monkeypatch):
+    import launch.slurm as ls
+
+    monkeypatch.setattr(ls, "node_addr", lambda name: f"addr-{name}")
+    knobs = _knobs(GPUS_PER_NODE="8", ROLLOUT_NODES="0", TRAINER_GPUS_PER_NODE="6", PP="2")
+    lay = plan_layout(knobs, ["a", "b"], batch_host="a", cpus_on_node=64)
+    over = dict(o.split("=", 1) for o in ls.cluster_overrides(knobs, lay, "1234"))
+    assert set(ls.RESERVED) <= set(over)
+    assert (over["cluster.trainer_ranks"], over["cluster.rollout_workers"], over["parallel.pp"]) == ("12", "4", "2")
+    assert over["cluster.master_addr"] == over["transport.control.host"] == "'addr-a'"
 
 
 def test_a_second_job_on_a_busy_output_dir_is_refused_naming_the_job(slurm_cluster, warm_policy, tmp_path):
