@@ -23,36 +23,17 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
 from megatron_darl.data.records import PromptRecord
-from megatron_darl.eval.harness import EvalConfig, check_limit, evaluate_benchmark, take_limit
+from megatron_darl.eval.config import EvalConfig, HeldoutConfig
+from megatron_darl.eval.harness import evaluate_benchmark, take_limit
 
 _STEP = re.compile(r"step_(\d+)")
-
-
-@dataclass
-class HeldoutConfig:
-    """How each checkpoint is scored on the held-out prompts: greedy, and optionally sampled."""
-
-    samples: int = 0  # responses sampled per prompt at ``temperature`` besides the greedy one (0: none)
-    temperature: float = 1.0  # sampling temperature of the sampled pass (the training temperature)
-    max_new_tokens: int = 48  # response length limit (as in training)
-    batch_prompts: int = 256  # prompts per engine call
-    seed: int = 0  # sampling seed (same seed for every checkpoint)
-    limit: float = -1  # N >= 1: the first N held-out prompts; 0 < f < 1: the first fraction f; -1: all
-    progress: bool = True  # a bar per checkpoint: prompts done of the held-out set
-
-    def __post_init__(self) -> None:
-        if self.samples < 0 or self.max_new_tokens < 1 or self.batch_prompts < 1:
-            raise ValueError("HeldoutConfig.samples must be >= 0, max_new_tokens and batch_prompts >= 1")
-        if self.temperature <= 0:
-            raise ValueError(f"HeldoutConfig.temperature must be > 0, got {self.temperature}")
-        check_limit(self.limit, "HeldoutConfig.limit")
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -70,9 +51,10 @@ class CheckpointWeights:
 
     def __init__(self, ckpt_dir: Path) -> None:
         from megatron_darl.models.qwen3.model import build_qwen3_model
-        from megatron_darl.trainer.checkpoint_io import read_metadata
-        from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
         from megatron_darl.ports import free_port
+        from megatron_darl.trainer.checkpoint_io import read_metadata
+        from megatron_darl.trainer.config import ParallelConfig
+        from megatron_darl.trainer.parallel import init_parallel
 
         self.ps = init_parallel(ParallelConfig(tp=1, pp=1), rank=0, world_size=1,
                                 init_method=f"tcp://127.0.0.1:{free_port()}")
@@ -122,7 +104,8 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
     """
     from transformers import AutoTokenizer
 
-    from megatron_darl.rollout.engines import EngineConfig, build_engine
+    from megatron_darl.rollout.config import EngineConfig
+    from megatron_darl.rollout.engines import build_engine
 
     if not records:
         raise ValueError("evaluate_checkpoints: no held-out prompts")

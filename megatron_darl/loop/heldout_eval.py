@@ -28,7 +28,8 @@ import logging
 import time
 from typing import Any, Callable, Iterable
 
-from megatron_darl.eval.periodic import PeriodicEvalConfig, is_due
+from megatron_darl.eval.config import PeriodicEvalConfig
+from megatron_darl.eval.periodic import is_due
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # between reads of the results still out, at the end of the run

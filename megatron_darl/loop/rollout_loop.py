@@ -18,6 +18,7 @@ from pathlib import Path
 
 from megatron_darl import timeline
 from megatron_darl.loop.run_config import RunConfig
+from megatron_darl.rollout.config import SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_
     records = load_dataset(cfg.data, reference_check(cfg.data.task, cfg.reward)).records
     fit = fit_prompts(cfg, records, tokenizer, max_position_embeddings)
     prompts = [PromptRecord(r.prompt_id, tuple(ids), r) for r, ids in zip(fit.records, fit.token_ids)]
-    source = PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
+    source = PromptSource(prompts, shard=worker_id, num_shards=cfg.topology.workers,
                           seed=cfg.sampling.seed)
     return source, len(prompts)
 
@@ -59,7 +60,7 @@ def resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) ->
     finally:
         store.close()
     if made:
-        shard_size = len(range(worker_id, num_prompts, control.num_workers))
+        shard_size = len(range(worker_id, num_prompts, cfg.topology.workers))
         worker.load_state_dict({"prompts": prompt_position(made, shard_size), "groups_made": made})
         log.info("rollout %d: resuming after %d groups", worker_id, made)
 
@@ -113,8 +114,9 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
     if cfg.worker.initial_version >= 0:  # the engine loaded the policy's own weights: version 0
         timeline.mark("first_weights")
     try:
-        worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
-                               engine, source, cfg.sampling, get_reward_fn(cfg.data.task, cfg.reward),
+        sampling = SamplingConfig.group(cfg.sampling, cfg.algorithm.group_size)
+        worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport, cfg.bound,
+                               cfg.topology, engine, source, sampling, get_reward_fn(cfg.data.task, cfg.reward),
                                lambda ids: tokenizer.decode(ids, skip_special_tokens=True), on_version=evaluator)
         resume_position(cfg, worker, worker_id, num_prompts)
         code = worker.run()

@@ -25,7 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with, stdio_reward_with
+from megatron_darl.rewards.code_exec import humaneval_reward_with, stdio_reward_with
+from megatron_darl.rewards.config import CodeRewardConfig
 from megatron_darl.rewards.sandbox import SandboxConfig, run_sandboxed
 from megatron_darl.rewards.sandbox_seccomp import _ARCHES, _SYSCALLS
 
