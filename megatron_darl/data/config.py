@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from megatron_darl.data.locations import register_resolver
 
 
 
@@ -128,8 +129,6 @@ def load_data_config(preset: str | Path, overrides: dict | None = None) -> DataC
     preset = Path(preset)
     if not preset.is_file():
         raise FileNotFoundError(f"data config {preset} does not exist")
-    from megatron_darl.data.locations import register_resolver
-
     register_resolver()  # ${benchmark_home:} in the benchmark presets
     merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(preset), overrides or {})
     return OmegaConf.to_object(merged)

@@ -29,9 +29,20 @@ from typing import Callable, Iterator
 
 import torch
 
+from megatron_darl.data.config import load_data_config
+from megatron_darl.data.loaders import load_dataset
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.eval.config import EvalConfig, HeldoutConfig
 from megatron_darl.eval.harness import evaluate_benchmark, take_limit
+from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
+from megatron_darl.models.qwen3.model import build_qwen3_model
+from megatron_darl.ports import free_port
+from megatron_darl.quiet import quiet_libraries
+from megatron_darl.rewards import reference_check
+from megatron_darl.rollout.config import EngineConfig
+from megatron_darl.rollout.engines import build_engine
+from megatron_darl.trainer.config import ParallelConfig
+from megatron_darl.trainer.parallel import destroy_parallel, init_parallel
 
 _STEP = re.compile(r"step_(\d+)")
 
@@ -50,11 +61,7 @@ class CheckpointWeights:
     """One Megatron model (TP 1, PP 1) in this process that yields a checkpoint's HF weights."""
 
     def __init__(self, ckpt_dir: Path) -> None:
-        from megatron_darl.models.qwen3.model import build_qwen3_model
-        from megatron_darl.ports import free_port
         from megatron_darl.trainer.checkpoint_io import read_metadata
-        from megatron_darl.trainer.config import ParallelConfig
-        from megatron_darl.trainer.parallel import init_parallel
 
         self.ps = init_parallel(ParallelConfig(tp=1, pp=1), rank=0, world_size=1,
                                 init_method=f"tcp://127.0.0.1:{free_port()}")
@@ -64,15 +71,12 @@ class CheckpointWeights:
 
     def weights(self, ckpt_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """Load ``ckpt_dir`` and yield its ``(hf_name, tensor)`` pairs."""
-        from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
         from megatron_darl.trainer.checkpoint_io import load_model_checkpoint
 
         load_model_checkpoint(self.model, ckpt_dir)
         yield from megatron_to_hf_stage(self.model, self.ps)
 
     def close(self) -> None:
-        from megatron_darl.trainer.parallel import destroy_parallel
-
         destroy_parallel()
 
 
@@ -103,9 +107,6 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
     one half deleted is never listed again.
     """
     from transformers import AutoTokenizer
-
-    from megatron_darl.rollout.config import EngineConfig
-    from megatron_darl.rollout.engines import build_engine
 
     if not records:
         raise ValueError("evaluate_checkpoints: no held-out prompts")
@@ -145,10 +146,6 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
 def _records(preset: str, overrides: list[str]) -> list[PromptRecord]:
     from omegaconf import OmegaConf
 
-    from megatron_darl.data.config import load_data_config
-    from megatron_darl.data.loaders import load_dataset
-    from megatron_darl.rewards import reference_check
-
     path = Path(preset)
     if not preset.endswith(".yaml"):
         path = Path(__file__).resolve().parents[2] / "configs" / "data" / f"{preset}.yaml"
@@ -175,8 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="data KEY=VALUE overrides (countdown.split=test)")
     args = parser.parse_args(argv)
     if not args.verbose:
-        from megatron_darl.quiet import quiet_libraries
-
         quiet_libraries()
     try:
         cfg = HeldoutConfig(samples=args.samples, temperature=args.temperature,

@@ -27,8 +27,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from megatron_darl.data.loaders import load_dataset
+from megatron_darl.data.locations import benchmark_home
+from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
 from megatron_darl.eval.config import EvalConfig, PeriodicEvalConfig
 from megatron_darl.eval.harness import BenchmarkResult, evaluate_benchmark, take_limit
+from megatron_darl.rewards import reference_check
 
 log = logging.getLogger(__name__)
 HELDOUT = "heldout"  # the run's own generated task, held out
@@ -46,8 +50,6 @@ def is_due(cfg: PeriodicEvalConfig, version: int, final: bool) -> bool:
 
 def known_benchmarks(table: Path = TABLE) -> list[str]:
     """Every name ``eval.benchmarks`` accepts."""
-    from megatron_darl.eval.benchmarks import load_benchmark_table
-
     return [HELDOUT, *load_benchmark_table(table)]
 
 
@@ -72,9 +74,6 @@ def planned(cfg: PeriodicEvalConfig, data) -> list[str]:
 
 
 def _benchmark_data(name: str, table: Path):
-    from megatron_darl.data.locations import benchmark_home
-    from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
-
     bench = load_benchmark_table(table)[name]
     return resolve_benchmark(name, bench, REPO / "configs" / "data", benchmark_home())
 
@@ -90,8 +89,6 @@ def heldout_data(data) -> Any:
 
 def _heldout_records(data, limit: float) -> list:
     """The held-out prompts of the run's generated task (see the module docstring)."""
-    from megatron_darl.data.loaders import load_dataset
-
     records = load_dataset(heldout_data(data)).records
     if data.task == "builtin":  # drop every problem the run trains on, and repeats
         seen = {r.prompt for r in load_dataset(data).records}
@@ -107,9 +104,6 @@ def _heldout_records(data, limit: float) -> list:
 def heldout_sets(cfg: PeriodicEvalConfig, data, reward=None) -> dict[str, list]:
     """``{benchmark: its first eval.limit prompt records}``, ``heldout`` under the dataset's name
     (``data.name``) and left out (logged) for a file dataset. Raises ``ValueError`` when a set has no prompts."""
-    from megatron_darl.data.loaders import load_dataset
-    from megatron_darl.rewards import reference_check
-
     sets = {}
     for name in cfg.benchmarks:
         if name == HELDOUT:

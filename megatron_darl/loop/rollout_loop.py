@@ -17,8 +17,17 @@ import logging
 from pathlib import Path
 
 from megatron_darl import timeline
+from megatron_darl.data import load_dataset
+from megatron_darl.eval.periodic import harness_config, heldout_sets
+from megatron_darl.loop.heldout_eval import HeldoutServer
 from megatron_darl.loop.run_config import RunConfig
+from megatron_darl.rewards import reference_check
+from megatron_darl.rewards.registry import get_reward_fn
 from megatron_darl.rollout.config import SamplingConfig
+from megatron_darl.rollout.engines import build_engine
+from megatron_darl.rollout.prompts import PromptRecord, PromptSource
+from megatron_darl.rollout.worker import RolloutWorker
+from megatron_darl.transport import connect_store
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +44,7 @@ class RolloutAborted(RuntimeError):
 def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_embeddings: int):
     """This worker's shard of the dataset (tokenized prompts that fit the context, the launcher's
     rule: ``prompt_fit``) and the dataset's size."""
-    from megatron_darl.data import load_dataset
     from megatron_darl.loop.prompt_fit import fit_prompts
-    from megatron_darl.rewards import reference_check
-    from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 
     records = load_dataset(cfg.data, reference_check(cfg.data.task, cfg.reward)).records
     fit = fit_prompts(cfg, records, tokenizer, max_position_embeddings)
@@ -51,7 +57,6 @@ def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_
 def resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) -> None:
     """Wait for the trainer's go; continue after the groups it already received from us."""
     from megatron_darl.loop.resume import prompt_position, worker_groups_made
-    from megatron_darl.transport import connect_store
 
     control = cfg.transport.control
     store = connect_store(control, who=f"rollout {worker_id} (start)")
@@ -79,10 +84,6 @@ def heldout_server(cfg: RunConfig, worker_id: int, engine, tokenizer):
     ``eval.benchmarks`` (``loop.heldout_eval``), else None. Its sets are loaded here, once."""
     if not cfg.eval.enabled or worker_id != cfg.eval.worker:
         return None
-    from megatron_darl.eval.periodic import harness_config, heldout_sets
-    from megatron_darl.loop.heldout_eval import HeldoutServer
-    from megatron_darl.transport import connect_store
-
     sets = heldout_sets(cfg.eval, cfg.data, cfg.reward)
     if sets:
         log.info("rollout %d: evaluates %s when the trainer asks", worker_id,
@@ -99,10 +100,6 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
         RolloutAborted: the worker stopped on its own, with its exit code and why.
     """
     from transformers import AutoTokenizer
-
-    from megatron_darl.rewards.registry import get_reward_fn
-    from megatron_darl.rollout.engines import build_engine
-    from megatron_darl.rollout.worker import RolloutWorker
 
     engine_cfg = engine_config(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from megatron_darl.ports import free_port
 from megatron_darl.trainer.config import ParallelConfig
+from megatron_darl.trainer.cpu_compat import apply_cpu_compat
 
 
 @dataclass
@@ -115,8 +116,6 @@ def init_parallel(
             "GPUs with CUDA_VISIBLE_DEVICES= for a CPU run)"
         )
     if on_cpu:
-        from megatron_darl.trainer.cpu_compat import apply_cpu_compat
-
         apply_cpu_compat()
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     if not dist.is_initialized():
