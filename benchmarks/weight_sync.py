@@ -187,7 +187,9 @@ def trainer(a: argparse.Namespace) -> None:
 def worker(a: argparse.Namespace) -> None:
     from megatron_darl.rollout.config import EngineConfig
     from megatron_darl.rollout.engines.hf import HFEngine
-    from megatron_darl.transport import WORKER, Heartbeat, MemberInfo, Topology, WeightReceiver, connect_store, register
+    from megatron_darl.transport import (
+        WORKER, Heartbeat, MemberInfo, Topology, WeightReceiver, connect_store, register,
+    )
 
     device = torch.device("cpu") if a.tiny else torch.device("cuda", 0 if a.colocated else 1 + a.index)
     if device.type == "cuda":

@@ -27,8 +27,7 @@ from megatron_darl.data.locations import benchmark_home
 from megatron_darl.eval import (
     evaluate_benchmark, load_benchmark_table, markdown_table, resolve_benchmark, resolve_hf_dir, write_results,
 )
-from megatron_darl.eval.config import EvalConfig
-from megatron_darl.eval.config import check_limit
+from megatron_darl.eval.config import EvalConfig, check_limit
 from megatron_darl.rewards import CodeRewardConfig, MathRewardConfig, RewardConfig, reference_check
 from megatron_darl.rollout.config import EngineConfig
 from megatron_darl.rollout.engines import build_engine

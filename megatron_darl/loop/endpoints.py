@@ -121,10 +121,11 @@ def _leave_on_trainer_loss(rank: int, say_why: Callable[[str], None]) -> Callabl
     return leave
 
 
-def open_endpoints(transport: TransportConfig, bound: StalenessBound, topology: Topology, ps, stage_bytes: int = 0,
-                   say_why: Callable[[str], None] | None = None) -> TrainerEndpoints:
+def open_endpoints(transport: TransportConfig, bound: StalenessBound, topology: Topology, ps,
+                   stage_bytes: int = 0, say_why: Callable[[str], None] | None = None) -> TrainerEndpoints:
     """Serve or join the store, start the heartbeat, and open this rank's hub/sender (with its
     background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy).
+    ``bound`` and ``topology`` are the run's (``RunConfig.bound``, ``RunConfig.topology``).
 
     Every trainer rank is watched: rank 0 watches the others' beats, they watch rank 0 through
     the store it serves; a lost one ends the run within ``heartbeat.timeout_s``, with
@@ -138,7 +139,8 @@ def open_endpoints(transport: TransportConfig, bound: StalenessBound, topology: 
     peers = [(TRAINER, r) for r in range(1, ps.world_size)] if ps.rank == 0 else []
     hb = Heartbeat(control, transport.heartbeat, me, watch=peers, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
-    hub = SampleHub(store, control, transport.channel, topology, ps.dp_rank, device=ps.device) if ps.is_hub else None
+    hub = (SampleHub(store, control, transport.channel, topology, ps.dp_rank, device=ps.device)
+           if ps.is_hub else None)
     leader = ps.tp_rank == 0 and ps.dp_rank == 0
     if not leader:
         return TrainerEndpoints(store, hb, hub, None, me, bound)
@@ -297,7 +299,8 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     while True:
         full = int(filled is not None and ps.rank == 0 and filled())  # before the poll: what arrived is in it
         polled = [r.group for r in ep.hub.poll()]
-        fresh = admit_fresh(ep.store, polled, step, ep.bound.max_staleness, who=f"hub {ep.hub.hub}, trainer step {step}")
+        fresh = admit_fresh(ep.store, polled, step, ep.bound.max_staleness,
+                            who=f"hub {ep.hub.hub}, trainer step {step}")
         if max_degenerate is not None:
             equal = [rewards_equal(g.rewards) for g in fresh]
             dead = [g for g, e in zip(fresh, equal) if e]

@@ -427,7 +427,8 @@ def run_trainer(cfg: RunConfig, trainer: PolicyTrainer, ps: ParallelState,
         if say_why is not None:
             say_why(line)
 
-    endpoints = open_endpoints(cfg.transport, cfg.bound, cfg.topology, ps, stage_bytes=trainer.hf_stage_bytes(), say_why=leaving)
+    endpoints = open_endpoints(cfg.transport, cfg.bound, cfg.topology, ps, stage_bytes=trainer.hf_stage_bytes(),
+                               say_why=leaving)
     try:
         loop = TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg))
     except BaseException:  # e.g. a damaged checkpoint to resume from: the endpoints' threads

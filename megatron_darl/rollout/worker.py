@@ -98,6 +98,8 @@ class RolloutWorker:
     """Run generation for the trainer until it asks to stop (or goes away).
 
     Args:
+        bound: the staleness bound (eta, B) starts are reserved against (``RunConfig.bound``).
+        topology: the run's workers, hubs and stages (``RunConfig.topology``).
         decode: token ids -> response text for ``reward_fn`` (the tokenizer's decode).
         on_version: called with each version the engine loads, at a safe point (generation resumed).
         reward_fn: ``reward_fn(record, response_text) -> float``; any callable.
