@@ -38,7 +38,7 @@ from megatron_darl.ports import free_port  # noqa: E402
 from megatron_darl.samples import Sample, SampleGroup, shard_of  # noqa: E402
 from megatron_darl.transport import (  # noqa: E402
     ChannelConfig, ControlPlaneConfig, SampleHub, SampleSender, StartTicket, connect_store, frame_group,
-    serve_store,
+    Topology, serve_store,
 )
 from megatron_darl.transport.frames import GroupMeta  # noqa: E402
 
@@ -60,8 +60,11 @@ def _device(a, role: str, index: int) -> torch.device:
 
 
 def _control(a, port: int) -> ControlPlaneConfig:
-    return ControlPlaneConfig(port=port, num_workers=a.workers, num_hubs=a.hubs, poll_interval_s=0.0005,
-                              store_timeout_s=120)
+    return ControlPlaneConfig(port=port, poll_interval_s=0.0005, store_timeout_s=120)
+
+
+def _topology(a) -> Topology:
+    return Topology(workers=a.workers, hubs=a.hubs)
 
 
 def _channel(a) -> ChannelConfig:
@@ -102,7 +105,8 @@ def worker(a, port: int, w: int, results, go) -> None:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     control = _control(a, port)
-    sender = SampleSender(connect_store(control, who=f"rollout {w}"), control, _channel(a), w, device=dev)
+    sender = SampleSender(connect_store(control, who=f"rollout {w}"), control, _channel(a), _topology(a), w,
+                          device=dev)
     samples = template(a.group_size, a.tokens, a.prompt_tokens)
     for gid in warm_ids(a, w):
         sender.send(SampleGroup(group_id=gid, prompt_id=gid, samples=samples, worker_id=w), StartTicket(0, 1))
@@ -124,7 +128,8 @@ def hub(a, port: int, h: int, results) -> None:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     control = _control(a, port)
-    hub_ = SampleHub(connect_store(control, who=f"trainer {h}"), control, _channel(a), h, device=dev)
+    hub_ = SampleHub(connect_store(control, who=f"trainer {h}"), control, _channel(a), _topology(a), h,
+                      device=dev)
     expect = sum(shard_of(gid, a.hubs, a.workers) == h for w in range(a.workers) for gid in my_groups(a, w))
     got, first, last, deadline = 0, None, None, time.monotonic() + 600
     sampler = StackSampler().start() if a.sample_stacks else None

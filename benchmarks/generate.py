@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.record import print_table, write_result  # noqa: E402
 from benchmarks.weight_sync import SHAPES, build_model, export  # noqa: E402
-from megatron_darl.rollout.engines import EngineConfig, SamplingConfig  # noqa: E402
+from megatron_darl.rollout.config import EngineConfig, SamplingConfig  # noqa: E402
 from megatron_darl.rollout.engines.hf import HFEngine  # noqa: E402
 
 PROMPT_VOCAB = 100  # prompt ids are drawn below this (the written tokenizer's size); outputs use the full vocab

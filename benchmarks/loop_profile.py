@@ -132,7 +132,8 @@ def build_policy(model: str, out: Path) -> Path:
     import transformers
     import yaml
 
-    from launch.warmstart import WarmStartConfig, ensure_warm_policy
+    from launch.warmstart import ensure_warm_policy
+    from megatron_darl.models.config import WarmStartConfig
 
     if model == "tiny":
         fields = dict(TINY)

@@ -96,7 +96,7 @@ def scaled_policy(policy: Path, scale: float, out: Path) -> tuple[Path, dict[str
 
 def sample(engine, a: argparse.Namespace, vocab: int, seed: int):
     """``prompts`` x ``n`` responses of exactly ``new_tokens`` tokens: (token lists, engine rows)."""
-    from megatron_darl.rollout.engines import SamplingConfig
+    from megatron_darl.rollout.config import SamplingConfig
 
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, vocab, (a.prompt_tokens,), generator=gen).tolist() for _ in range(a.prompts)]
@@ -196,7 +196,8 @@ def run_scale(a, engine, ps, policy: Path, scale: float, vocab: int) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    from megatron_darl.rollout.engines import EngineConfig, build_engine
+    from megatron_darl.rollout.config import EngineConfig
+    from megatron_darl.rollout.engines import build_engine
 
     start = time.perf_counter()
     a.work_dir.mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,8 @@ def worker(rank: int, world_size: int, a, out_dir: str) -> None:
     from megatron_darl.step.planner import ShardPlanner
     from megatron_darl.step.runner import StepRunner, loss_fn_for
     from megatron_darl.trainer.config import MicroBatchConfig, TrainerConfig
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
     from megatron_darl.trainer.policy_trainer import PolicyTrainer
 
     ps = init_parallel(ParallelConfig(tp=2, pp=2, timeout_s=600))

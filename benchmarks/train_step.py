@@ -90,8 +90,9 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
     import torch.distributed as dist
 
     from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
+    from megatron_darl.trainer.config import ParallelConfig
     from megatron_darl.trainer.flops import forward_flops, train_flops
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.parallel import init_parallel
     from megatron_darl.trainer.policy_trainer import PolicyTrainer, compiled_frames
 
     ps = init_parallel(ParallelConfig(tp=tp, pp=pp))

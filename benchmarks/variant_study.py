@@ -95,6 +95,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.async_speedup import SIZES, load_partial, mean_std, run_once, save_partial  # noqa: E402
 from benchmarks.record import device_name, print_table, write_result  # noqa: E402
 from megatron_darl.eval.heldout import list_checkpoints  # noqa: E402
+from megatron_darl.transport.shape import StalenessBound  # noqa: E402
 from tools.variant_report import t_interval  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,7 +139,7 @@ def case_overrides(case: str, eta: int, args) -> tuple[str, list[str]]:
     """The algorithm preset of a case and the Hydra overrides of its run."""
     preset, extra, _ = CASES[case]
     b = args.groups
-    per_call = b * (eta + 1) if args.rollout_batch == "window" else b
+    per_call = StalenessBound(eta, b).window if args.rollout_batch == "window" else b
     out = [f"algorithm.max_staleness={eta}", f"replay.k={window_k(case, eta)}", *extra,
            f"algorithm.ppo_minibatches={args.minibatches}", f"algorithm.group_size={args.group_size}",
            f"worker.groups_per_batch={per_call}", f"sampling.max_new_tokens={args.max_new_tokens}",

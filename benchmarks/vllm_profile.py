@@ -95,7 +95,7 @@ def _raw(a, model_dir: Path, logprobs_mode: str | None) -> dict:
 
 def _adapter(a, model_dir: Path, batched_tokens: int | None) -> dict:
     from benchmarks.generate import timed
-    from megatron_darl.rollout.engines import EngineConfig
+    from megatron_darl.rollout.config import EngineConfig
     from megatron_darl.rollout.engines.vllm import VLLMEngine
 
     extra = {"max_num_batched_tokens": batched_tokens} if batched_tokens else {}
@@ -116,7 +116,7 @@ def _hf(a) -> dict:
 
     from benchmarks.generate import timed
     from benchmarks.weight_sync import build_model
-    from megatron_darl.rollout.engines import EngineConfig
+    from megatron_darl.rollout.config import EngineConfig
     from megatron_darl.rollout.engines.hf import HFEngine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,7 +140,7 @@ def one_way(a) -> None:
         return
     from benchmarks.generate import write_model_dir
     from launch.engine_env import apply_engine_env
-    from megatron_darl.rollout.engines import EngineConfig
+    from megatron_darl.rollout.config import EngineConfig
 
     apply_engine_env(EngineConfig(backend="vllm", model_path=str(a.work_dir)))
     model_dir = write_model_dir(a.work_dir / a.model, a.model, a.prompt_tokens + a.new_tokens)

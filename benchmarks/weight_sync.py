@@ -92,8 +92,7 @@ def _parse() -> argparse.Namespace:
 def _transport(a: argparse.Namespace):
     from megatron_darl.transport import ControlPlaneConfig, HeartbeatConfig, WeightSyncConfig
 
-    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, store_timeout_s=600,
-                                 poll_interval_s=0.0005)
+    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, store_timeout_s=600, poll_interval_s=0.0005)
     backend = "gloo" if a.tiny else ("auto" if a.colocated else "nccl")
     sync = WeightSyncConfig(backend=backend, colocated=a.colocated or "ipc", bucket_bytes=a.bucket_mb << 20,
                             join_timeout_s=600, collective_timeout_s=600, ack_timeout_s=600)
@@ -136,7 +135,9 @@ def _copy_bound(nbytes: int, device: torch.device, repeats: int) -> float:
 
 
 def trainer(a: argparse.Namespace) -> None:
-    from megatron_darl.transport import TRAINER, WORKER, Heartbeat, MemberInfo, WeightSender, register, serve_store
+    from megatron_darl.transport import (
+        TRAINER, WORKER, Heartbeat, MemberInfo, Topology, WeightSender, register, serve_store,
+    )
 
     device = torch.device("cpu") if a.tiny else torch.device("cuda", 0)
     if device.type == "cuda":
@@ -147,7 +148,7 @@ def trainer(a: argparse.Namespace) -> None:
     register(store, me)
     hb = Heartbeat(control, hb_cfg, me).start()
     model = build_model(a.model, device, torch.float32 if a.tiny else torch.bfloat16)
-    sender = WeightSender(store, control, sync, 0, hb, device=device)
+    sender = WeightSender(store, control, sync, Topology(workers=a.workers), 0, hb, device=device)
     deadline = time.monotonic() + 600
     while not all(hb.is_alive(WORKER, w) for w in range(a.workers)):  # every worker beats first
         assert time.monotonic() < deadline, "benchmark workers did not start"
@@ -184,9 +185,11 @@ def trainer(a: argparse.Namespace) -> None:
 
 
 def worker(a: argparse.Namespace) -> None:
-    from megatron_darl.rollout.engines import EngineConfig
+    from megatron_darl.rollout.config import EngineConfig
     from megatron_darl.rollout.engines.hf import HFEngine
-    from megatron_darl.transport import WORKER, Heartbeat, MemberInfo, WeightReceiver, connect_store, register
+    from megatron_darl.transport import (
+        WORKER, Heartbeat, MemberInfo, Topology, WeightReceiver, connect_store, register,
+    )
 
     device = torch.device("cpu") if a.tiny else torch.device("cuda", 0 if a.colocated else 1 + a.index)
     if device.type == "cuda":
@@ -198,7 +201,8 @@ def worker(a: argparse.Namespace) -> None:
     hb = Heartbeat(control, hb_cfg, me).start()
     model = build_model(a.model, device, torch.float32 if a.tiny else torch.bfloat16)
     engine = HFEngine(EngineConfig(device=str(device), dtype="fp32" if a.tiny else "bf16"), model=model)
-    receiver = WeightReceiver(store, control, sync, a.index, engine.load_weights, initial_version=0)
+    receiver = WeightReceiver(store, control, sync, Topology(workers=a.workers), a.index, engine.load_weights,
+                              initial_version=0)
     while receiver.version < a.repeats + 1:
         receiver.maybe_sync()
         time.sleep(0.0005)

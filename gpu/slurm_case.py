@@ -58,7 +58,8 @@ def start_cluster(nodes: int, gpus_per_node: int) -> LocalSlurm:
 def build_policy(model: str) -> Path:
     """A random-init policy of ``model``'s shape; ``tiny``: the embedded default's warm policy."""
     if model == "tiny":
-        from launch.warmstart import WarmStartConfig, ensure_warm_policy
+        from launch.warmstart import ensure_warm_policy
+        from megatron_darl.models.config import WarmStartConfig
 
         return Path(ensure_warm_policy(WarmStartConfig(), log=lambda m: None))
     from benchmarks.loop_profile import build_policy as build

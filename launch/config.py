@@ -39,14 +39,11 @@ def canonical_override(item: str) -> str:
 
 
 def register_schema() -> None:
-    """Register ``RunConfig`` as ``run_schema`` and the ``dp_size`` resolver (idempotent)."""
+    """Register ``RunConfig`` as ``run_schema`` and the data resolver (idempotent)."""
     from megatron_darl.data.locations import register_resolver
 
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
     register_resolver()  # ${benchmark_home:}: where configs/data/*.yaml find the benchmark files
-    if not OmegaConf.has_resolver("dp_size"):
-        OmegaConf.register_new_resolver(
-            "dp_size", lambda ranks, tp, pp: int(ranks) // (int(tp) * int(pp)))
 
 
 def compose(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> DictConfig:
@@ -61,8 +58,8 @@ def compose(overrides: Sequence[str] = (), config_dir: Path = CONFIG_DIR) -> Dic
 
 def apply_gpu_counts(node: DictConfig) -> DictConfig:
     """``cluster.trainer_gpus`` / ``rollout_gpus`` (> 0) set the ranks, workers and devices they
-    imply: trainer ranks on GPUs 0..T-1, one rollout worker on each of GPUs T..T+R-1. Runs before
-    interpolation, so ``transport.control.num_workers`` and ``num_hubs`` follow; idempotent.
+    imply: trainer ranks on GPUs 0..T-1, one rollout worker on each of GPUs T..T+R-1 (the run's
+    topology, ``RunConfig.topology``, follows from these); idempotent.
     ``cluster.split`` ("T:R" or "auto") sets both counts first (``apply_split``)."""
     apply_split(node)
     c = node.cluster
@@ -127,8 +124,8 @@ def split_request(node: DictConfig, n_gpus: int) -> sp.SplitRequest:
 
 
 def check_layout_divides(node: DictConfig) -> None:
-    """TP x PP divides the trainer ranks, checked before ``transport.control.num_hubs`` (the DP size
-    they imply) is resolved: a remainder would otherwise surface as a hub count of 0."""
+    """TP x PP divides the trainer ranks, checked before conversion: a remainder would otherwise
+    surface as a hub count of 0 (the DP size, ``RunConfig.topology``)."""
     ranks, tp, pp = int(node.cluster.trainer_ranks), int(node.parallel.tp), int(node.parallel.pp)
     if tp < 1 or pp < 1:
         raise ValueError(f"parallel.tp={tp}, parallel.pp={pp}: both must be >= 1")

@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import MutableMapping
 
-from megatron_darl.rollout.engines.base import EngineConfig
+from megatron_darl.rollout.config import EngineConfig
 
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
             "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}

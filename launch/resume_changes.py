@@ -42,7 +42,7 @@ replay.{fill_batch,fill_max_degenerate}                allowed         which arr
                                                                        would select differently
 algorithm.*, replay.*                                  refused         the buffer, cache, snapshots and
                                                                        selection state were made for them
-sampling.*                                             refused         G, the sampler's density and the
+sampling.*                                             refused         the sampler's density and the
                                                                        prompt order (seed) of the samples
 data.*                                                 refused         the restored prompt positions index
                                                                        this dataset in this order
@@ -53,8 +53,6 @@ reward.*                                               refused         the buffe
   (fn, fn_kwargs, answer extraction, stdio_scoring)                    with it: two rewards in one run
 trainer.optimizer.*, trainer.bf16                      refused         restored from the checkpoint: a new
                                                                        value would be silently ignored
-transport.control.num_{workers,hubs,stages},           refused         follow the keys above
-  transport.channel.{groups_per_step,max_staleness}
 anything else                                          refused         not known to be safe
 =====================================================  ==============  =====================================
 """
@@ -107,7 +105,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
      "(replay.drop_degenerate, which fill_batch needs), and the restored counts hold trainable groups"),
     (("algorithm.", "replay."), Rule.REFUSED,
      "the replay buffer, log-prob cache, snapshots and selection state were made for it"),
-    (("sampling.",), Rule.REFUSED, "the buffered samples were drawn with it (G, density, prompt order)"),
+    (("sampling.",), Rule.REFUSED, "the buffered samples were drawn with it (density, prompt order)"),
     (("data.",), Rule.REFUSED, "the restored prompt positions index this dataset in this order"),
     (("reward.fn_timeout_s", "reward.fn_max_inflight", "reward.math.timeout_seconds", "reward.math.isolation",
       "reward.math.hard_timeout_seconds", "reward.math.pool_workers", "reward.code.sandbox.",
@@ -118,9 +116,6 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
      "itself is not compared: keep it unchanged within a run)"),
     (("trainer.optimizer.", "trainer.bf16"), Rule.REFUSED,
      "restored from the checkpoint: a new value would be silently ignored"),
-    (("transport.control.num_workers", "transport.control.num_hubs", "transport.control.num_stages",
-      "transport.channel.groups_per_step", "transport.channel.max_staleness"),
-     Rule.REFUSED, "it follows cluster/algorithm keys of the checkpoint's run"),
 )
 LAUNCH_KEYS = ("cluster.master_port", "transport.control.port", "transport.control.secret",
                "worker.initial_version")  # set anew by every launch: not a change of the run

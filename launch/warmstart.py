@@ -26,45 +26,14 @@ import json
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
 from megatron_darl.data.builtin import build_builtin_tokenizer, builtin_prompts, reference_solution
-
-
-@dataclass
-class TinyModelConfig:
-    """Shape of the embedded default's Qwen3-architecture policy (about 1M parameters)."""
-
-    hidden_size: int = 128  # model width
-    intermediate_size: int = 384  # SwiGLU width
-    num_hidden_layers: int = 4  # transformer layers
-    num_attention_heads: int = 4  # query heads
-    num_key_value_heads: int = 2  # GQA key/value heads
-    head_dim: int = 32  # per-head width
-    max_position_embeddings: int = 256  # longest prompt + response
-    tie_word_embeddings: bool = True  # share embedding and LM head
-
-
-@dataclass
-class WarmStartConfig:
-    """How the initial policy is fitted to reference solutions."""
-
-    model: TinyModelConfig = field(default_factory=TinyModelConfig)  # policy shape
-    steps: int = 300  # optimizer steps of supervised training
-    batch_size: int = 64  # sequences per step
-    lr: float = 3e-3  # AdamW learning rate (cosine-decayed to 10%)
-    seed: int = 0  # model init and data order
-    num_prompts: int = 2048  # training prompts (a seed disjoint from the RL prompts)
-    prompt_seed: int = 12345  # seed of the training prompts
-    max_operands: int = 3  # difficulty of the training prompts
-    max_value: int = 9  # operands drawn from 0..max_value (as configs/data/builtin.yaml)
-    answer_line_prob: float = 0.3  # fraction of targets that end with the rewarded answer line
-    cache_dir: str = "~/.cache/megatron_darl/warmstart"  # where fitted policies are kept
-    device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda"
+from megatron_darl.models.config import TinyModelConfig, WarmStartConfig
 
 
 def cache_key(cfg: WarmStartConfig) -> str:

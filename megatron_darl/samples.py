@@ -194,7 +194,7 @@ def shard_of(group_id: int, num_shards: int, num_workers: int) -> int:
 
     The sender (``transport/channel.py``) and the owner checks (``replay/buffer.py``,
     ``step/planner.py``) all call this one function with the run's worker count
-    (``transport.control.num_workers``), which a resume may not change (``launch/resume_changes.py``);
+    (``cluster.rollout_workers``), which a resume may not change (``launch/resume_changes.py``);
     a restored buffer entry keeps the shard stored with it. Pure integer arithmetic: stable across
     processes and Python versions.
     """

@@ -131,7 +131,8 @@ def hf_to_megatron_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
     from megatron_darl.checkpoint.model_io import CheckpointMetadata, check_finite, save_model_checkpoint
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
 
     _quiet_warnings()
     ps = init_parallel(ParallelConfig(tp=job.tp, pp=job.pp), rank, world_size)
@@ -161,7 +162,8 @@ def megatron_to_hf_worker(rank: int, world_size: int, job: ConversionJob) -> Non
     from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage, stage_hf_names
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.checkpoint.model_io import load_model_checkpoint, read_metadata
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
 
     _quiet_warnings()
     ps = init_parallel(ParallelConfig(tp=job.tp, pp=job.pp), rank, world_size)

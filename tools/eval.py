@@ -25,17 +25,12 @@ from pathlib import Path
 from megatron_darl.data.loaders import load_records
 from megatron_darl.data.locations import benchmark_home
 from megatron_darl.eval import (
-    EvalConfig,
-    evaluate_benchmark,
-    load_benchmark_table,
-    markdown_table,
-    resolve_benchmark,
-    resolve_hf_dir,
-    write_results,
+    evaluate_benchmark, load_benchmark_table, markdown_table, resolve_benchmark, resolve_hf_dir, write_results,
 )
-from megatron_darl.eval.harness import check_limit
+from megatron_darl.eval.config import EvalConfig, check_limit
 from megatron_darl.rewards import CodeRewardConfig, MathRewardConfig, RewardConfig, reference_check
-from megatron_darl.rollout.engines import EngineConfig, build_engine
+from megatron_darl.rollout.config import EngineConfig
+from megatron_darl.rollout.engines import build_engine
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "configs" / "eval" / "benchmarks.yaml"

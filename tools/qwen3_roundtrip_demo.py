@@ -50,7 +50,8 @@ def _logits_worker(rank: int, world_size: int, ckpt: str, ids_path: str, out_pat
     from megatron_darl.models.qwen3.logits import forward_logits
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.checkpoint import model_io as ckio
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
 
     ps = init_parallel(ParallelConfig(tp=2, pp=2, timeout_s=300))
     meta = ckio.read_metadata(ckpt)

@@ -10,12 +10,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from megatron_darl.data.locations import register_resolver
 
-from megatron_darl.data.countdown import CountdownTaskConfig
 
 
 GENERATED_TASKS = ("builtin", "countdown")  # tasks ``source: builtin`` can generate
 OVERLONG = ("refuse", "drop")  # data.overlong_prompts
+
+
+OPERATOR_SYMBOLS = "+-*"  # what a countdown chain may use (data/countdown.py OPERATORS)
+SPLITS = ("train", "test")
+ORDERS = ("left", "any")  # chains combine the numbers left to right, or any two available
+
+
+@dataclass
+class CountdownTaskConfig:
+    """Difficulty and size of the generated countdown problems (``configs/data/countdown*.yaml``)."""
+
+    num_prompts: int = 4096  # problems generated (independent draws of the split)
+    seed: int = 0  # generator seed (same seed and knobs, same problems)
+    split: str = "train"  # "train" or "test" (held out by a hash of the problem)
+    test_fraction: float = 0.1  # share of all problems that belong to the test split
+    min_numbers: int = 3  # fewest numbers in a problem
+    max_numbers: int = 4  # most numbers in a problem
+    max_value: int = 9  # numbers are drawn from 1..max_value
+    max_target: int = 100  # targets lie in 1..max_target
+    operators: str = "+-*"  # operations a chain may use
+    order: str = "any"  # "left": targets come from left-to-right chains (choose the operators);
+    # "any": from chains over any pair order (the full countdown search)
+    valid_chain_reward: float = 0.0  # reward of a valid chain that misses the target (partial credit)
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.min_numbers <= self.max_numbers:
+            raise ValueError(f"countdown: need 2 <= min_numbers ({self.min_numbers}) <= "
+                             f"max_numbers ({self.max_numbers})")
+        if self.max_value < 1 or self.max_target < 1:
+            raise ValueError(f"countdown: max_value={self.max_value} and max_target="
+                             f"{self.max_target} must be >= 1")
+        if not self.operators or any(op not in OPERATOR_SYMBOLS for op in self.operators):
+            raise ValueError(f"countdown: operators={self.operators!r}; choose from {OPERATOR_SYMBOLS}")
+        if self.order not in ORDERS:
+            raise ValueError(f"countdown: order={self.order!r}; use one of {ORDERS}")
+        if self.split not in SPLITS:
+            raise ValueError(f"countdown: split={self.split!r}; use one of {SPLITS}")
+        if not 0 < self.test_fraction < 1:
+            raise ValueError(f"countdown: test_fraction={self.test_fraction} must be in (0, 1)")
+        if self.num_prompts < 1:
+            raise ValueError(f"countdown: num_prompts={self.num_prompts} must be >= 1")
+        if not 0.0 <= self.valid_chain_reward < 1.0:
+            raise ValueError(f"countdown: valid_chain_reward={self.valid_chain_reward} must be in [0, 1)")
 
 
 @dataclass
@@ -86,8 +129,6 @@ def load_data_config(preset: str | Path, overrides: dict | None = None) -> DataC
     preset = Path(preset)
     if not preset.is_file():
         raise FileNotFoundError(f"data config {preset} does not exist")
-    from megatron_darl.data.locations import register_resolver
-
     register_resolver()  # ${benchmark_home:} in the benchmark presets
     merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(preset), overrides or {})
     return OmegaConf.to_object(merged)

@@ -8,20 +8,12 @@ error that names the file, ``tools/prepare_data.py`` (which fetches it) and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from megatron_darl.data.config import DataConfig, load_data_config
-
-
-@dataclass
-class BenchmarkConfig:
-    """One benchmark of the evaluation table."""
-
-    data: str  # name of the configs/data preset that maps its columns (gsm8k, math, aime, ...)
-    path: str  # file, relative to the benchmark directory unless absolute
+from megatron_darl.eval.config import BenchmarkConfig
 
 
 def load_benchmark_table(path: str | Path) -> dict[str, BenchmarkConfig]:

@@ -13,48 +13,18 @@ import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.data.templates import encode_prompt
+from megatron_darl.eval.config import EvalConfig, check_limit
 from megatron_darl.eval.metrics import avg_at_n, default_ks, mean_pass_at_k
-from megatron_darl.rewards.registry import THREAD_SAFE_TASKS, RewardConfig, Task, get_reward_fn
-from megatron_darl.rollout.engines.base import Engine, SamplingConfig
-
-
-@dataclass
-class EvalConfig:
-    """How every benchmark is sampled and scored."""
-
-    n: int = 16  # samples per prompt
-    ks: list[int] = field(default_factory=list)  # pass@k values (each <= n); [] = powers of 2 and n
-    temperature: float = 0.6  # sampling temperature
-    top_p: float = 0.95  # nucleus mass
-    max_new_tokens: int = 4096  # response length limit
-    seed: int = 0  # base sampling seed
-    batch_prompts: int = 8  # prompts per engine.generate call
-    limit: float = -1  # N >= 1: the first N prompts of each benchmark; 0 < f < 1: the first fraction f; -1: all
-    score_workers: int = 4  # threads for sandboxed code scoring (math stays in the main thread)
-    enable_thinking: bool | None = None  # passed to chat templates that know it (Qwen3); None = default
-    reward: RewardConfig = field(default_factory=RewardConfig)  # verifier settings
-    progress: bool = True  # show a tqdm progress bar
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"EvalConfig.n={self.n} must be >= 1")
-        bad = [k for k in self.ks if not 1 <= k <= self.n]
-        if bad:
-            raise ValueError(f"EvalConfig.ks={self.ks}: every k must be in [1, n={self.n}]")
-        check_limit(self.limit, "EvalConfig.limit")
-
-
-def check_limit(limit: float, name: str = "limit") -> None:
-    """A prompt limit is -1 (all), a count N >= 1, or a fraction in (0, 1)."""
-    if not (limit == -1 or 0 < limit < 1 or (limit >= 1 and float(limit).is_integer())):
-        raise ValueError(f"{name}={limit}: use a prompt count N >= 1, a fraction in (0, 1), or -1 for all")
+from megatron_darl.rewards.registry import THREAD_SAFE_TASKS, Task, get_reward_fn
+from megatron_darl.rollout.config import SamplingConfig
+from megatron_darl.rollout.engines.base import Engine
 
 
 def take_limit(records: list, limit: float) -> list:

@@ -23,38 +23,30 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
 from megatron_darl.checkpoint.model_io import load_model_checkpoint, read_metadata
+from megatron_darl.data.config import load_data_config
+from megatron_darl.data.loaders import load_dataset
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.exit_codes import ExitCode
-from megatron_darl.eval.harness import EvalConfig, check_limit, evaluate_benchmark, take_limit
+from megatron_darl.eval.config import EvalConfig, HeldoutConfig
+from megatron_darl.eval.harness import evaluate_benchmark, take_limit
+from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
+from megatron_darl.models.qwen3.model import build_qwen3_model
+from megatron_darl.ports import free_port
+from megatron_darl.quiet import quiet_libraries
+from megatron_darl.rewards import reference_check
+from megatron_darl.rollout.config import EngineConfig
+from megatron_darl.rollout.engines import build_engine
+from megatron_darl.trainer.config import ParallelConfig
+from megatron_darl.trainer.parallel import destroy_parallel, init_parallel
 
 _STEP = re.compile(r"step_(\d+)")
-
-
-@dataclass
-class HeldoutConfig:
-    """How each checkpoint is scored on the held-out prompts: greedy, and optionally sampled."""
-
-    samples: int = 0  # responses sampled per prompt at ``temperature`` besides the greedy one (0: none)
-    temperature: float = 1.0  # sampling temperature of the sampled pass (the training temperature)
-    max_new_tokens: int = 48  # response length limit (as in training)
-    batch_prompts: int = 256  # prompts per engine call
-    seed: int = 0  # sampling seed (same seed for every checkpoint)
-    limit: float = -1  # N >= 1: the first N held-out prompts; 0 < f < 1: the first fraction f; -1: all
-    progress: bool = True  # a bar per checkpoint: prompts done of the held-out set
-
-    def __post_init__(self) -> None:
-        if self.samples < 0 or self.max_new_tokens < 1 or self.batch_prompts < 1:
-            raise ValueError("HeldoutConfig.samples must be >= 0, max_new_tokens and batch_prompts >= 1")
-        if self.temperature <= 0:
-            raise ValueError(f"HeldoutConfig.temperature must be > 0, got {self.temperature}")
-        check_limit(self.limit, "HeldoutConfig.limit")
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -71,9 +63,6 @@ class CheckpointWeights:
     """One Megatron model (TP 1, PP 1) in this process that yields a checkpoint's HF weights."""
 
     def __init__(self, ckpt_dir: Path) -> None:
-        from megatron_darl.models.qwen3.model import build_qwen3_model
-        from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
-        from megatron_darl.ports import free_port
 
         self.ps = init_parallel(ParallelConfig(tp=1, pp=1), rank=0, world_size=1,
                                 init_method=f"tcp://127.0.0.1:{free_port()}")
@@ -83,14 +72,11 @@ class CheckpointWeights:
 
     def weights(self, ckpt_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         """Load ``ckpt_dir`` and yield its ``(hf_name, tensor)`` pairs."""
-        from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
 
         load_model_checkpoint(self.model, ckpt_dir)
         yield from megatron_to_hf_stage(self.model, self.ps)
 
     def close(self) -> None:
-        from megatron_darl.trainer.parallel import destroy_parallel
-
         destroy_parallel()
 
 
@@ -121,8 +107,6 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
     one half deleted is never listed again.
     """
     from transformers import AutoTokenizer
-
-    from megatron_darl.rollout.engines import EngineConfig, build_engine
 
     if not records:
         raise ValueError("evaluate_checkpoints: no held-out prompts")
@@ -162,10 +146,6 @@ def evaluate_checkpoints(model_dir: str | Path, checkpoints: list[tuple[int, Pat
 def _records(preset: str, overrides: list[str]) -> list[PromptRecord]:
     from omegaconf import OmegaConf
 
-    from megatron_darl.data.config import load_data_config
-    from megatron_darl.data.loaders import load_dataset
-    from megatron_darl.rewards import reference_check
-
     path = Path(preset)
     if not preset.endswith(".yaml"):
         path = Path(__file__).resolve().parents[2] / "configs" / "data" / f"{preset}.yaml"
@@ -192,8 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="data KEY=VALUE overrides (countdown.split=test)")
     args = parser.parse_args(argv)
     if not args.verbose:
-        from megatron_darl.quiet import quiet_libraries
-
         quiet_libraries()
     try:
         cfg = HeldoutConfig(samples=args.samples, temperature=args.temperature,

@@ -23,57 +23,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from megatron_darl.eval.harness import BenchmarkResult, EvalConfig, check_limit, evaluate_benchmark, take_limit
+from megatron_darl.data.loaders import load_dataset
+from megatron_darl.data.locations import benchmark_home
+from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
+from megatron_darl.eval.config import EvalConfig, PeriodicEvalConfig
+from megatron_darl.eval.harness import BenchmarkResult, evaluate_benchmark, take_limit
+from megatron_darl.rewards import reference_check
 
 log = logging.getLogger(__name__)
 HELDOUT = "heldout"  # the run's own generated task, held out
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "configs" / "eval" / "benchmarks.yaml"
-
-
-@dataclass
-class PeriodicEvalConfig:
-    """``eval.*``: held-out evaluation of the run's versions (docs/guide.md, Validation while training)."""
-
-    benchmarks: list[str] = field(default_factory=list)  # "heldout" and/or configs/eval/benchmarks.yaml names; [] = off
-    every_n_steps: int = 0  # also score version v when v % N == 0; 0 = only at start and end
-    at_start: bool = True  # score version 0 (the initial policy) of a fresh run
-    at_end: bool = True  # score the final version (after loop.steps steps)
-    limit: float = 256  # prompts per benchmark: a count N >= 1, a fraction in (0, 1), or -1 for all
-    n: int = 1  # samples per prompt (avg@n; pass@k up to n)
-    temperature: float = 0.0  # 0 = greedy
-    ks: list[int] = field(default_factory=list)  # pass@k values (each <= n); [] = powers of 2 and n
-    max_new_tokens: int = 0  # response length limit; 0 = sampling.max_new_tokens
-    batch_prompts: int = 64  # prompts per engine.generate call
-    seed: int = 0  # sampling seed (the same for every version)
-    worker: int = 0  # the rollout worker that evaluates (with its engine, between its generations)
-    timeout_s: float = 600.0  # the trainer's longest wait for a version's result; a late one is named, skipped
-
-    def __post_init__(self) -> None:
-        if len(set(self.benchmarks)) != len(self.benchmarks):
-            raise ValueError(f"eval.benchmarks={self.benchmarks}: a benchmark is named twice")
-        for name, ok, rule in (("every_n_steps", self.every_n_steps >= 0, ">= 0 (0: start and end only)"),
-                               ("n", self.n >= 1, ">= 1"), ("temperature", self.temperature >= 0, ">= 0 (0: greedy)"),
-                               ("max_new_tokens", self.max_new_tokens >= 0, ">= 0 (0: sampling.max_new_tokens)"),
-                               ("batch_prompts", self.batch_prompts >= 1, ">= 1"), ("worker", self.worker >= 0, ">= 0"),
-                               ("timeout_s", self.timeout_s > 0, "> 0")):
-            if not ok:
-                raise ValueError(f"eval.{name}={getattr(self, name)} must be {rule}")
-        if self.n > 1 and self.temperature == 0:
-            raise ValueError(f"eval.n={self.n} with eval.temperature=0: greedy samples are all the same; "
-                             "set eval.temperature > 0 or eval.n=1")
-        bad = [k for k in self.ks if not 1 <= k <= self.n]
-        if bad:
-            raise ValueError(f"eval.ks={self.ks}: every k must be in [1, eval.n={self.n}]")
-        check_limit(self.limit, "eval.limit")
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.benchmarks)
 
 
 def is_due(cfg: PeriodicEvalConfig, version: int, final: bool) -> bool:
@@ -86,8 +50,6 @@ def is_due(cfg: PeriodicEvalConfig, version: int, final: bool) -> bool:
 
 def known_benchmarks(table: Path = TABLE) -> list[str]:
     """Every name ``eval.benchmarks`` accepts."""
-    from megatron_darl.eval.benchmarks import load_benchmark_table
-
     return [HELDOUT, *load_benchmark_table(table)]
 
 
@@ -112,9 +74,6 @@ def planned(cfg: PeriodicEvalConfig, data) -> list[str]:
 
 
 def _benchmark_data(name: str, table: Path):
-    from megatron_darl.data.locations import benchmark_home
-    from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
-
     bench = load_benchmark_table(table)[name]
     return resolve_benchmark(name, bench, REPO / "configs" / "data", benchmark_home())
 
@@ -130,8 +89,6 @@ def heldout_data(data) -> Any:
 
 def _heldout_records(data, limit: float) -> list:
     """The held-out prompts of the run's generated task (see the module docstring)."""
-    from megatron_darl.data.loaders import load_dataset
-
     records = load_dataset(heldout_data(data)).records
     if data.task == "builtin":  # drop every problem the run trains on, and repeats
         seen = {r.prompt for r in load_dataset(data).records}
@@ -147,9 +104,6 @@ def _heldout_records(data, limit: float) -> list:
 def heldout_sets(cfg: PeriodicEvalConfig, data, reward=None) -> dict[str, list]:
     """``{benchmark: its first eval.limit prompt records}``, ``heldout`` under the dataset's name
     (``data.name``) and left out (logged) for a file dataset. Raises ``ValueError`` when a set has no prompts."""
-    from megatron_darl.data.loaders import load_dataset
-    from megatron_darl.rewards import reference_check
-
     sets = {}
     for name in cfg.benchmarks:
         if name == HELDOUT:

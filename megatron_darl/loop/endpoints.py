@@ -32,7 +32,7 @@ import torch
 from megatron_darl.exit_codes import ExitCode
 from megatron_darl.samples import SampleGroup
 from megatron_darl.transport import (
-    TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, TransportConfig,
+    TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleHub, StalenessBound, Topology, TransportConfig,
     WeightSender, connect_store, register, serve_store,
 )
 from megatron_darl.algorithms import rewards_equal
@@ -55,6 +55,7 @@ class TrainerEndpoints:
     hub: SampleHub | None  # this replica's shard of the sample channel (hub ranks only)
     sender: WeightSender | None  # this PP stage's weight broadcast (stage leaders only)
     me: MemberInfo  # this rank's rendezvous record
+    bound: StalenessBound  # eta: the hub refuses groups older than the bound (``admit_fresh``)
     publisher: BackgroundPublisher | None = None  # the sender's thread (weight_sync.background)
     last_group_at: float = field(default_factory=time.monotonic)  # rank 0: when a group last arrived
 
@@ -119,10 +120,11 @@ def _leave_on_trainer_loss(rank: int, say_why: Callable[[str], None]) -> Callabl
     return leave
 
 
-def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0,
-                   say_why: Callable[[str], None] | None = None) -> TrainerEndpoints:
+def open_endpoints(transport: TransportConfig, bound: StalenessBound, topology: Topology, ps,
+                   stage_bytes: int = 0, say_why: Callable[[str], None] | None = None) -> TrainerEndpoints:
     """Serve or join the store, start the heartbeat, and open this rank's hub/sender (with its
     background thread when ``weight_sync.background`` allows it for ``stage_bytes`` per copy).
+    ``bound`` and ``topology`` are the run's (``RunConfig.bound``, ``RunConfig.topology``).
 
     Every trainer rank is watched: rank 0 watches the others' beats, they watch rank 0 through
     the store it serves; a lost one ends the run within ``heartbeat.timeout_s``, with
@@ -136,10 +138,11 @@ def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0,
     peers = [(TRAINER, r) for r in range(1, ps.world_size)] if ps.rank == 0 else []
     hb = Heartbeat(control, transport.heartbeat, me, watch=peers, on_loss=on_loss,
                    store_is_peer=None if ps.rank == 0 else (TRAINER, 0)).start()
-    hub = SampleHub(store, control, transport.channel, ps.dp_rank, device=ps.device) if ps.is_hub else None
+    hub = (SampleHub(store, control, transport.channel, topology, ps.dp_rank, device=ps.device)
+           if ps.is_hub else None)
     leader = ps.tp_rank == 0 and ps.dp_rank == 0
     if not leader:
-        return TrainerEndpoints(store, hb, hub, None, me)
+        return TrainerEndpoints(store, hb, hub, None, me, bound)
     ws = transport.weight_sync
     background = ws.background and ps.pp_size == 1 and 2 * stage_bytes <= ws.background_max_bytes
     if ps.rank == 0:
@@ -149,9 +152,9 @@ def open_endpoints(transport: TransportConfig, ps, stage_bytes: int = 0,
         log.info("weight sync: %s%s", "staged, published from a thread" if background else "blocking", why)
     # the thread polls the store on a connection of its own
     sender_store = connect_store(control, who=f"trainer {ps.rank} weight sync") if background else store
-    sender = WeightSender(sender_store, control, ws, ps.pp_rank, hb, device=ps.device)
+    sender = WeightSender(sender_store, control, ws, topology, ps.pp_rank, hb, device=ps.device)
     publisher = BackgroundPublisher(sender, ps.device) if background else None
-    return TrainerEndpoints(store, hb, hub, sender, me, publisher)
+    return TrainerEndpoints(store, hb, hub, sender, me, bound, publisher)
 
 
 @dataclass
@@ -170,7 +173,7 @@ class Backlog:
 
     def need(self) -> int:
         """New groups the next step must wait for."""
-        return max(0, (self.ahead + 1) * self.per_step - self.surplus)
+        return max(0, StalenessBound(self.ahead, self.per_step).window - self.surplus)
 
     def floor(self) -> int:
         """New groups the next step needs for its B, the bound aside."""
@@ -295,7 +298,8 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     while True:
         full = int(filled is not None and ps.rank == 0 and filled())  # before the poll: what arrived is in it
         polled = [r.group for r in ep.hub.poll()]
-        fresh = admit_fresh(ep.store, polled, step, ep.hub.cfg.max_staleness, who=f"hub {ep.hub.hub}, trainer step {step}")
+        fresh = admit_fresh(ep.store, polled, step, ep.bound.max_staleness,
+                            who=f"hub {ep.hub.hub}, trainer step {step}")
         if max_degenerate is not None:
             equal = [rewards_equal(g.rewards) for g in fresh]
             dead = [g for g, e in zip(fresh, equal) if e]

@@ -28,7 +28,8 @@ import logging
 import time
 from typing import Any, Callable, Iterable
 
-from megatron_darl.eval.periodic import PeriodicEvalConfig, is_due
+from megatron_darl.eval.config import PeriodicEvalConfig
+from megatron_darl.eval.periodic import is_due, score_version
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # between reads of the results still out, at the end of the run
@@ -111,8 +112,6 @@ class HeldoutServer:
             self._store = self._connect()
         if self._store.read(request_key(version)) is None or self._store.check([result_key(version)]):
             return
-        from megatron_darl.eval.periodic import score_version
-
         start = time.monotonic()
         try:
             point = score_version(version, self.sets, self.engine, self.tokenizer, self.ecfg)

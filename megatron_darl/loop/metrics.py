@@ -28,8 +28,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from megatron_darl.eval.periodic import point_metrics
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.metric_writers import LineAppender, Outage, TensorBoardEvents
+from megatron_darl.loop.plots import plot_progress
 from megatron_darl.step.stats import CACHE_SOURCES, StepStats
 
 log = logging.getLogger(__name__)
@@ -266,8 +268,6 @@ class MetricsLogger:
         training record of step v-1 reports that version), ``heldout/<benchmark>/avg@n`` and
         ``pass@k``. TensorBoard plots it at that step; W&B, whose steps only increase, at the
         latest step, against ``heldout/version``. Not part of ``history`` (training steps)."""
-        from megatron_darl.eval.periodic import point_metrics
-
         version = int(point["version"])
         record = {"step": version, "kind": HELDOUT_KIND, "version": version, **point_metrics(point),
                   "wall_seconds": self._wall_offset + time.monotonic() - self._start}
@@ -344,8 +344,6 @@ class MetricsLogger:
             log.error("%s: the last %d record(s) could not be written (no room); they are lost", self.path, lost)
         try:
             if self.cfg.plot and self.history:
-                from megatron_darl.loop.plots import plot_progress
-
                 variant = (extra or {}).get("variant", "")
                 title = f"variant {variant}, run dir {self.run_dir}" if variant else f"run dir {self.run_dir}"
                 plot_progress(self.history, self.run_dir / "progress.png", title=title)

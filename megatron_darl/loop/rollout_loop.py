@@ -20,7 +20,17 @@ from megatron_darl import timeline
 from megatron_darl.data.prompt_fit import fit_prompts
 from megatron_darl.exit_codes import ExitCode
 from megatron_darl.loop.resume import prompt_position, worker_groups_made
+from megatron_darl.data import load_dataset
+from megatron_darl.eval.periodic import harness_config, heldout_sets
+from megatron_darl.loop.heldout_eval import HeldoutServer
 from megatron_darl.loop.run_config import RunConfig
+from megatron_darl.rewards import reference_check
+from megatron_darl.rewards.registry import get_reward_fn
+from megatron_darl.rollout.config import SamplingConfig
+from megatron_darl.rollout.engines import build_engine
+from megatron_darl.rollout.prompts import PromptRecord, PromptSource
+from megatron_darl.rollout.worker import RolloutWorker
+from megatron_darl.transport import connect_store
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +47,17 @@ class RolloutAborted(RuntimeError):
 def build_prompt_source(cfg: RunConfig, tokenizer, worker_id: int, max_position_embeddings: int):
     """This worker's shard of the dataset (tokenized prompts that fit the context, the launcher's
     rule: ``prompt_fit``) and the dataset's size."""
-    from megatron_darl.data import load_dataset
-    from megatron_darl.rewards import reference_check
-    from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 
     records = load_dataset(cfg.data, reference_check(cfg.data.task, cfg.reward)).records
     fit = fit_prompts(cfg, records, tokenizer, max_position_embeddings)
     prompts = [PromptRecord(r.prompt_id, tuple(ids), r) for r, ids in zip(fit.records, fit.token_ids)]
-    source = PromptSource(prompts, shard=worker_id, num_shards=cfg.transport.control.num_workers,
+    source = PromptSource(prompts, shard=worker_id, num_shards=cfg.topology.workers,
                           seed=cfg.sampling.seed)
     return source, len(prompts)
 
 
 def resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) -> None:
     """Wait for the trainer's go; continue after the groups it already received from us."""
-    from megatron_darl.transport import connect_store
 
     control = cfg.transport.control
     store = connect_store(control, who=f"rollout {worker_id} (start)")
@@ -60,7 +66,7 @@ def resume_position(cfg: RunConfig, worker, worker_id: int, num_prompts: int) ->
     finally:
         store.close()
     if made:
-        shard_size = len(range(worker_id, num_prompts, control.num_workers))
+        shard_size = len(range(worker_id, num_prompts, cfg.topology.workers))
         worker.load_state_dict({"prompts": prompt_position(made, shard_size), "groups_made": made})
         log.info("rollout %d: resuming after %d groups", worker_id, made)
 
@@ -79,10 +85,6 @@ def heldout_server(cfg: RunConfig, worker_id: int, engine, tokenizer):
     ``eval.benchmarks`` (``loop.heldout_eval``), else None. Its sets are loaded here, once."""
     if not cfg.eval.enabled or worker_id != cfg.eval.worker:
         return None
-    from megatron_darl.eval.periodic import harness_config, heldout_sets
-    from megatron_darl.loop.heldout_eval import HeldoutServer
-    from megatron_darl.transport import connect_store
-
     sets = heldout_sets(cfg.eval, cfg.data, cfg.reward)
     if sets:
         log.info("rollout %d: evaluates %s when the trainer asks", worker_id,
@@ -100,10 +102,6 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
     """
     from transformers import AutoTokenizer
 
-    from megatron_darl.rewards.registry import get_reward_fn
-    from megatron_darl.rollout.engines import build_engine
-    from megatron_darl.rollout.worker import RolloutWorker
-
     engine_cfg = engine_config(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
@@ -114,8 +112,9 @@ def run_rollout(cfg: RunConfig, worker_id: int) -> int:
     if cfg.worker.initial_version >= 0:  # the engine loaded the policy's own weights: version 0
         timeline.mark("first_weights")
     try:
-        worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport,
-                               engine, source, cfg.sampling, get_reward_fn(cfg.data.task, cfg.reward),
+        sampling = SamplingConfig.group(cfg.sampling, cfg.algorithm.group_size)
+        worker = RolloutWorker(dataclasses.replace(cfg.worker, worker_id=worker_id), cfg.transport, cfg.bound,
+                               cfg.topology, engine, source, sampling, get_reward_fn(cfg.data.task, cfg.reward),
                                lambda ids: tokenizer.decode(ids, skip_special_tokens=True), on_version=evaluator)
         resume_position(cfg, worker, worker_id, num_prompts)
         code = worker.run()

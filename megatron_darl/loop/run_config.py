@@ -6,6 +6,10 @@ Composition from ``configs/`` is Hydra's job in ``launch/config.py``, which regi
 as the structured schema every preset is checked against and converts the composed config to it
 once; nothing here knows Hydra. ``check_consistent`` holds the cross-component checks, each
 ``ValueError`` naming both fields.
+
+A number several components share is stated once: the staleness bound in ``algorithm.*`` (eta,
+B; G too), the topology in ``cluster.*`` and ``parallel.*``. ``bound`` and ``topology`` derive
+the plain values (``transport.shape``) that the transport, the worker and the loop take.
 """
 
 from __future__ import annotations
@@ -14,16 +18,15 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from megatron_darl.data.config import DataConfig
-from megatron_darl.eval.periodic import PeriodicEvalConfig
+from megatron_darl.eval.config import PeriodicEvalConfig
 from megatron_darl.loop.config import LoopConfig, ModelConfig, density_temperature
-from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
-from launch.warmstart import WarmStartConfig
+from megatron_darl.models.config import WarmStartConfig
 from megatron_darl.rewards.config import RewardConfig
-from megatron_darl.rollout.engines.base import EngineConfig, SamplingConfig
-from megatron_darl.rollout.worker import RolloutWorkerConfig
-from megatron_darl.trainer.config import TrainerConfig
-from megatron_darl.trainer.parallel import ParallelConfig
+from megatron_darl.rollout.config import EngineConfig, ResponseSamplingConfig, RolloutWorkerConfig
+from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
+from megatron_darl.trainer.config import ParallelConfig, TrainerConfig
 from megatron_darl.transport.config import TransportConfig
+from megatron_darl.transport.shape import StalenessBound, Topology
 
 ROLLOUT_FAILURE = ("continue", "abort")
 
@@ -115,11 +118,11 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)  # prompts and reward task
     reward: RewardConfig = field(default_factory=RewardConfig)  # verifier settings, reward.fn (own reward)
     engine: EngineConfig = field(default_factory=EngineConfig)  # rollout backend
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(n=8))  # n = G
+    sampling: ResponseSamplingConfig = field(default_factory=ResponseSamplingConfig)  # G: algorithm.group_size
     worker: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)  # rollout worker knobs
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # optimisation, batching
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # TP/PP layout
-    transport: TransportConfig = field(default_factory=lambda: _transport(8, 2))  # B, eta
+    transport: TransportConfig = field(default_factory=TransportConfig)  # store, channel, weight sync
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # local process layout
     eval: PeriodicEvalConfig = field(default_factory=PeriodicEvalConfig)  # held-out points while training
 
@@ -130,29 +133,19 @@ class RunConfig:
     def dp_size(self) -> int:
         return self.cluster.trainer_ranks // (self.parallel.tp * self.parallel.pp)
 
+    @property
+    def bound(self) -> StalenessBound:
+        """The staleness bound (eta, B), from ``algorithm.*``: what the gate, hubs and workers enforce."""
+        return StalenessBound(self.algorithm.max_staleness, self.algorithm.groups_per_step)
 
-def _transport(groups_per_step: int, max_staleness: int) -> TransportConfig:
-    """Transport defaults that agree with ``AlgorithmConfig``'s (the YAML interpolates them)."""
-    cfg = TransportConfig()
-    cfg.channel.groups_per_step, cfg.channel.max_staleness = groups_per_step, max_staleness
-    return cfg
+    @property
+    def topology(self) -> Topology:
+        """Rollout workers, DP hubs and PP stages, from ``cluster.*`` and ``parallel.*``."""
+        return Topology(workers=self.cluster.rollout_workers, hubs=self.dp_size, stages=self.parallel.pp)
 
 
 def check_consistent(cfg: RunConfig) -> None:
     """Cross-component checks: each ValueError names both fields."""
-    pairs = [
-        ("sampling.n", cfg.sampling.n, "algorithm.group_size", cfg.algorithm.group_size),
-        ("transport.channel.groups_per_step", cfg.transport.channel.groups_per_step,
-         "algorithm.groups_per_step", cfg.algorithm.groups_per_step),
-        ("transport.channel.max_staleness", cfg.transport.channel.max_staleness,
-         "algorithm.max_staleness", cfg.algorithm.max_staleness),
-        ("transport.control.num_workers", cfg.transport.control.num_workers,
-         "cluster.rollout_workers", cfg.cluster.rollout_workers),
-        ("transport.control.num_stages", cfg.transport.control.num_stages, "parallel.pp", cfg.parallel.pp),
-    ]
-    for a, va, b, vb in pairs:
-        if va != vb:
-            raise ValueError(f"{a}={va} must equal {b}={vb}")
     _check_sampling(cfg.sampling)
     if cfg.eval.enabled and cfg.eval.worker >= cfg.cluster.rollout_workers:
         raise ValueError(f"eval.worker={cfg.eval.worker} must be below cluster.rollout_workers="
@@ -162,9 +155,6 @@ def check_consistent(cfg: RunConfig) -> None:
         raise ValueError(f"cluster.trainer_ranks={cfg.cluster.trainer_ranks} is not a multiple of "
                          f"parallel.tp x parallel.pp = {mp}")
     dp = cfg.cluster.trainer_ranks // mp
-    if cfg.transport.control.num_hubs != dp:
-        raise ValueError(f"transport.control.num_hubs={cfg.transport.control.num_hubs} must equal "
-                         f"the DP size {dp} (cluster.trainer_ranks / (tp x pp))")
     if cfg.algorithm.groups_per_step < dp:
         raise ValueError(f"algorithm.groups_per_step={cfg.algorithm.groups_per_step} must be at "
                          f"least the DP size {dp} (each DP rank trains at least one group a step)")
@@ -174,7 +164,7 @@ def check_consistent(cfg: RunConfig) -> None:
 
 def _check_sampling(s) -> None:
     """Values the engines would only reject in a child process (or silently misuse)."""
-    for name, ok, rule in (("max_new_tokens", s.max_new_tokens >= 1, ">= 1"), ("n", s.n >= 1, ">= 1"),
+    for name, ok, rule in (("max_new_tokens", s.max_new_tokens >= 1, ">= 1"),
                            ("temperature", s.temperature >= 0, ">= 0 (0: greedy)"),
                            ("top_p", 0 < s.top_p <= 1, "in (0, 1]"),
                            ("top_k", s.top_k == -1 or s.top_k >= 1, ">= 1, or -1 (off)")):

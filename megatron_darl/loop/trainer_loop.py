@@ -91,14 +91,14 @@ class TrainerLoop:
                  run_config: dict[str, Any] | None = None) -> None:
         self.cfg, self.trainer, self.ps, self.ep = cfg, trainer, ps, endpoints
         self.planner = (ShardPlanner(cfg.algorithm, cfg.replay, shard=ps.dp_rank, num_shards=ps.dp_size,
-                                     num_workers=cfg.transport.control.num_workers)
+                                     num_workers=cfg.topology.workers)
                         if self.ps.is_hub else None)
         self.runner = StepRunner(cfg.algorithm, cfg.replay, self.planner, trainer, ps)
         self.use_snapshots = uses_snapshots(cfg.algorithm)
         self.kl_reference = cfg.algorithm.kl_coef > 0  # the initial weights stay as snapshot v0
         self.checkpoints = CheckpointManager(cfg.loop, trainer, ps, self.use_snapshots or self.kl_reference,
                                              self._extra_state)
-        workers = cfg.transport.control.num_workers
+        workers = cfg.topology.workers
         self.base_received, self.received = 0, 0  # groups: restored global total, local since
         self.backlog = Backlog(cfg.algorithm.groups_per_step,  # hubs: groups beyond B for the next steps
                                ahead=cfg.algorithm.max_staleness if cfg.loop.wait_for_bound else 0)
@@ -163,7 +163,7 @@ class TrainerLoop:
         step, saved = self.start_step, None
         try:
             if step > 0:  # a resumed run: fresh workers must get the resumed weights first
-                wait_for_workers(self.ep, self.ps, self.cfg.transport.control.num_workers,
+                wait_for_workers(self.ep, self.ps, self.cfg.topology.workers,
                                  self.cfg.loop.receive_timeout_s, tag=step)
                 self._publish()
             while step < self.cfg.loop.steps and not self._stop_agreed(step):
@@ -324,7 +324,7 @@ class TrainerLoop:
         publisher, prefetch = self.ep.publisher, self.cfg.replay.prefetch
         received = receive_groups(self.ep, self.ps, self.backlog.need(), self.cfg.loop.receive_timeout_s, step,
                                   self.cfg.transport.control.poll_interval_s,
-                                  self.cfg.transport.control.num_workers,
+                                  self.cfg.topology.workers,
                                   stop=lambda: self.stop.signum is not None or (
                                       publisher is not None and publisher.failure() is not None),
                                   idle=lambda groups: prefetch and self.runner.prefetch(groups, step),
@@ -336,8 +336,8 @@ class TrainerLoop:
 
     def _bound_filled(self) -> Callable[[], bool]:
         """Rank 0's check that no more starts can reach the hubs under the bound now."""
-        ch = self.cfg.transport.channel
-        return lambda: bound_filled(self.ep.store, ch.max_staleness, ch.groups_per_step)
+        bound = self.cfg.bound
+        return lambda: bound_filled(self.ep.store, bound)
 
     def _follow_wait(self, step: int) -> Received:
         """Peer: serve the hub's passes until the wait is over; whether the step goes on."""
@@ -407,7 +407,7 @@ class TrainerLoop:
             self.logger.close({"variant": self.cfg.algorithm.variant, "final_version": self.trainer.version})
         if self.ps.rank == 0:
             request_stop(self.ep.store)
-            live = [w for w in range(self.cfg.transport.control.num_workers)
+            live = [w for w in range(self.cfg.topology.workers)
                     if self.ep.heartbeat.is_alive(WORKER, w)]
             missing = wait_for_exits(self.ep.store, WORKER, live, self.cfg.transport.heartbeat.timeout_s)
             if missing:
@@ -428,7 +428,8 @@ def run_trainer(cfg: RunConfig, trainer: PolicyTrainer, ps: ParallelState,
         if say_why is not None:
             say_why(line)
 
-    endpoints = open_endpoints(cfg.transport, ps, stage_bytes=trainer.hf_stage_bytes(), say_why=leaving)
+    endpoints = open_endpoints(cfg.transport, cfg.bound, cfg.topology, ps, stage_bytes=trainer.hf_stage_bytes(),
+                               say_why=leaving)
     try:
         loop = TrainerLoop(cfg, trainer, ps, endpoints, asdict(cfg))
     except BaseException:  # e.g. a damaged checkpoint to resume from: the endpoints' threads

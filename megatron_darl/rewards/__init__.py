@@ -16,7 +16,7 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "CodeRewardConfig": "code_exec", "extract_code": "code_exec", "humaneval_reward": "code_exec",
+    "CodeRewardConfig": "config", "extract_code": "code_exec", "humaneval_reward": "code_exec",
     "stdio_reward": "code_exec",
     "check_chain": "countdown", "countdown_reward": "countdown",
     "MathRewardConfig": "config", "RewardConfig": "config",

@@ -24,30 +24,15 @@ import dataclasses
 import logging
 import re
 import time
-from dataclasses import dataclass, field
 
 from megatron_darl import counters
 from megatron_darl.data.testcases import humaneval_setup, humaneval_solution_prefix
-from megatron_darl.rewards.sandbox import FunctionCheck, SandboxConfig, SandboxResult, run_sandboxed
+from megatron_darl.rewards.config import CodeRewardConfig
+from megatron_darl.rewards.sandbox import FunctionCheck, SandboxResult, run_sandboxed
 
 logger = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
-
-
-@dataclass
-class CodeRewardConfig:
-    """How code answers are scored."""
-
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of each run
-    stdio_scoring: str = "all"  # "all": 1.0 only when every case passes; "fraction": share passed
-    stdio_total_seconds: float = 30.0  # wall-clock budget of all cases of one answer together
-
-    def __post_init__(self) -> None:
-        if self.stdio_scoring not in ("all", "fraction"):
-            raise ValueError(f"reward.code.stdio_scoring={self.stdio_scoring!r}: use 'all' or 'fraction'")
-        if not self.stdio_total_seconds > 0:
-            raise ValueError(f"reward.code.stdio_total_seconds={self.stdio_total_seconds!r}: must be > 0")
 
 
 def extract_code(text: str) -> tuple[str, bool]:

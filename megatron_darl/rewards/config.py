@@ -15,7 +15,23 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_darl.rewards.code_exec import CodeRewardConfig
+# sandbox.py is stdlib-only and loadable from its file alone, so SandboxConfig stays beside run_sandboxed
+from megatron_darl.rewards.sandbox import SandboxConfig
+
+
+@dataclass
+class CodeRewardConfig:
+    """How code answers are scored."""
+
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of each run
+    stdio_scoring: str = "all"  # "all": 1.0 only when every case passes; "fraction": share passed
+    stdio_total_seconds: float = 30.0  # wall-clock budget of all cases of one answer together
+
+    def __post_init__(self) -> None:
+        if self.stdio_scoring not in ("all", "fraction"):
+            raise ValueError(f"reward.code.stdio_scoring={self.stdio_scoring!r}: use 'all' or 'fraction'")
+        if not self.stdio_total_seconds > 0:
+            raise ValueError(f"reward.code.stdio_total_seconds={self.stdio_total_seconds!r}: must be > 0")
 
 
 @dataclass

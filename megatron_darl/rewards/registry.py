@@ -16,6 +16,7 @@ from megatron_darl.rewards.builtin_answer import builtin_reward
 from megatron_darl.rewards.code_exec import humaneval_reward_with, stdio_reward_with
 from megatron_darl.rewards.config import RewardConfig
 from megatron_darl.rewards.countdown import record_reward as countdown_record_reward
+from megatron_darl.rewards.custom import CustomReward
 from megatron_darl.rewards.math_answer import math_reward_with, reference_problem
 from megatron_darl.rewards.sandbox import sandbox_mode
 
@@ -80,8 +81,6 @@ def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:
     kernel refuses its isolation (and degraded mode is not allowed), so a worker fails at start.
     """
     if cfg is not None and cfg.fn:
-        from megatron_darl.rewards.custom import CustomReward
-
         return CustomReward.from_config(cfg)
     try:
         entry = REWARDS[Task(task)]

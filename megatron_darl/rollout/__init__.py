@@ -1,6 +1,6 @@
 """Rollout workers and engine backends (vLLM, HF); never imports Megatron or the trainer."""
 
 from megatron_darl.rollout.prompts import PromptRecord, PromptSource
-from megatron_darl.rollout.worker import RolloutWorker, RolloutWorkerConfig
+from megatron_darl.rollout.worker import RolloutWorker
 
-__all__ = ["PromptRecord", "PromptSource", "RolloutWorker", "RolloutWorkerConfig"]
+__all__ = ["PromptRecord", "PromptSource", "RolloutWorker"]

@@ -47,13 +47,14 @@ import torch
 import torch.distributed as dist
 
 from megatron_darl import timeline
-from megatron_darl.rollout.engines.base import Engine, Generation, SamplingConfig, StreamingEngine
+from megatron_darl.rollout.config import RolloutWorkerConfig, SamplingConfig
+from megatron_darl.rollout.engines.base import Engine, Generation, StreamingEngine
 from megatron_darl.rollout.engines.stream import as_stream
 from megatron_darl.rollout.prompts import PromptRecord, PromptSource
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import (
-    TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleSender, StalenessGate, StartTicket,
-    TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
+    TRAINER, WORKER, Heartbeat, MemberInfo, PeerLoss, SampleSender, StalenessBound, StalenessGate, StartTicket,
+    Topology, TransportConfig, TransportTimeout, WeightLoadError, WeightReceiver, connect_store, post_exit, register,
     stop_requested,
 )
 from megatron_darl.exit_codes import ExitCode
@@ -62,39 +63,6 @@ from megatron_darl.transport.store import Keys
 
 log = logging.getLogger(__name__)
 RewardFn = Callable[[Any, str], float]
-
-
-UPDATE_MODES = ("finish", "interrupt")
-
-
-@dataclass
-class RolloutWorkerConfig:
-    """One rollout worker."""
-
-    worker_id: int = 0  # rank among rollout workers (0..num_workers-1)
-    groups_per_batch: int = 8  # prompt groups per engine call of a batch engine (hf); see max_inflight
-    max_inflight: int = 0  # groups submitted and not yet finished at once; 0 = groups_per_batch
-    update_mode: str = "finish"  # groups in flight at a weight sync: "finish" on the old weights, or "interrupt"
-    chunk_tokens: int = 0  # batch engines: new tokens per engine call (a safe point between); 0 = whole responses
-    reward_threads: int = 4  # threads computing rewards off the engine's critical path
-    idle_sleep_s: float = 0.01  # sleep when the staleness bound or a sync blocks generation
-    initial_version: int = 0  # version of the engine's starting weights (-1: wait for a sync)
-
-    def __post_init__(self) -> None:
-        if self.worker_id < 0:
-            raise ValueError(f"RolloutWorkerConfig.worker_id must be >= 0, got {self.worker_id}")
-        if self.groups_per_batch < 1 or self.reward_threads < 1:
-            raise ValueError("RolloutWorkerConfig.groups_per_batch and reward_threads must be >= 1")
-        if self.max_inflight < 0 or self.chunk_tokens < 0:
-            raise ValueError("RolloutWorkerConfig.max_inflight and chunk_tokens must be >= 0")
-        if self.update_mode not in UPDATE_MODES:
-            raise ValueError(f"RolloutWorkerConfig.update_mode must be one of {UPDATE_MODES}, "
-                             f"got {self.update_mode!r}")
-
-    @property
-    def inflight_limit(self) -> int:
-        """Groups the engine works on at once (the batch of a batch engine)."""
-        return self.max_inflight or self.groups_per_batch
 
 
 @dataclass
@@ -106,11 +74,11 @@ class _Pending:
     rewards: Future  # -> list[float], one per sample
 
 
-def fair_share(limit: int, groups_per_step: int, max_staleness: int, num_workers: int) -> int:
+def fair_share(limit: int, bound: StalenessBound, num_workers: int) -> int:
     """A worker's groups in flight: ``limit``, but at most its share of the groups the staleness
     bound lets start at once, ``ceil((eta + 1) * B / workers)``; so every worker can fill its batch
     (synchronous with two workers: B/2 each, not B for one and nothing for the other)."""
-    share = -(-(max_staleness + 1) * groups_per_step // num_workers)
+    share = -(-bound.window // num_workers)
     return max(1, min(limit, share))
 
 
@@ -128,21 +96,24 @@ class RolloutWorker:
     """Run generation for the trainer until it asks to stop (or goes away).
 
     Args:
+        bound: the staleness bound (eta, B) starts are reserved against (``RunConfig.bound``).
+        topology: the run's workers, hubs and stages (``RunConfig.topology``).
         decode: token ids -> response text for ``reward_fn`` (the tokenizer's decode).
         on_version: called with each version the engine loads, at a safe point (generation resumed).
         reward_fn: ``reward_fn(record, response_text) -> float``; any callable.
     """
 
     def __init__(
-        self, cfg: RolloutWorkerConfig, transport: TransportConfig, engine: Engine | StreamingEngine,
+        self, cfg: RolloutWorkerConfig, transport: TransportConfig, bound: StalenessBound, topology: Topology,
+        engine: Engine | StreamingEngine,
         prompts: PromptSource, sampling: SamplingConfig, reward_fn: RewardFn,
         decode: Callable[[list[int]], str], on_version: Callable[[int], None] | None = None,
     ) -> None:
-        if cfg.worker_id >= transport.control.num_workers:
-            raise ValueError(
-                f"RolloutWorkerConfig.worker_id {cfg.worker_id} >= control.num_workers {transport.control.num_workers}"
-            )
+        if cfg.worker_id >= topology.workers:
+            raise ValueError(f"RolloutWorkerConfig.worker_id {cfg.worker_id} >= the run's {topology.workers} "
+                             "rollout workers (cluster.rollout_workers)")
         self.cfg, self.transport, self.engine, self.prompts = cfg, transport, engine, prompts
+        self.bound, self.topology = bound, topology
         self.sampling, self.reward_fn, self.decode = sampling, reward_fn, decode
         self.on_version = on_version  # called at a safe point with each version the engine loads
         self.me = MemberInfo.here(WORKER, cfg.worker_id)
@@ -160,13 +131,11 @@ class RolloutWorker:
         # (ledger requests), and turning finished ones into groups (decode, tensors)
         self.host_seconds = {"flush": 0.0, "admit": 0.0, "collect": 0.0}
         self._blocked = ""  # why the last admission added nothing ("gate", "weights" or "")
-        channel = transport.channel
-        self.batch_limit = fair_share(cfg.inflight_limit, channel.groups_per_step, channel.max_staleness,
-                                      transport.control.num_workers)
+        self.batch_limit = fair_share(cfg.inflight_limit, bound, topology.workers)
         if self.batch_limit < cfg.inflight_limit:
             log.info("rollout %d: %d groups in flight at most (its share of the %d the staleness bound "
                      "lets %d workers start at once), not %d", cfg.worker_id, self.batch_limit,
-                     (channel.max_staleness + 1) * channel.groups_per_step, transport.control.num_workers,
+                     bound.window, topology.workers,
                      cfg.inflight_limit)
         # group id -> its start, prompt and ordinal among this worker's groups, while in flight
         self._started: dict[int, tuple[StartTicket, PromptRecord, int]] = {}
@@ -237,15 +206,15 @@ class RolloutWorker:
 
     def _serve(self, store: dist.Store, hb: Heartbeat, pool: ThreadPoolExecutor) -> int:
         # joining as a new generation fences a predecessor's and gives back its starts in flight
-        gate = StalenessGate(store, self.transport.channel, worker_id=self.cfg.worker_id)
+        gate = StalenessGate(store, self.bound, worker_id=self.cfg.worker_id)
         if gate.dropped:
             log.warning("%s: the previous process of rollout %d died with %d groups in flight: dropped, "
                         "their staleness reservations given back", self.me.describe(), self.cfg.worker_id,
                         gate.dropped)
         engine_device = getattr(self.engine, "device", None)  # a worker on its leader's GPU gets CUDA IPC
-        sender = SampleSender(store, self.transport.control, self.transport.channel, self.cfg.worker_id,
+        sender = SampleSender(store, self.transport.control, self.transport.channel, self.topology, self.cfg.worker_id,
                               gate=gate, device=channel_device(engine_device))
-        receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.cfg.worker_id,
+        receiver = WeightReceiver(store, self.transport.control, self.transport.weight_sync, self.topology, self.cfg.worker_id,
                                   self.engine.load_weights, initial_version=self.cfg.initial_version,
                                   gpu=device_uuid(engine_device) if isinstance(engine_device, torch.device) else None)
         stream = as_stream(self.engine, self.cfg.chunk_tokens)
@@ -347,7 +316,7 @@ class RolloutWorker:
             self._blocked = "gate"
         for ticket in tickets:
             record = self.prompts.next()
-            group_id = self.groups_made * self.transport.control.num_workers + self.cfg.worker_id
+            group_id = self.groups_made * self.topology.workers + self.cfg.worker_id
             self._started[group_id] = (ticket, record, self.groups_made)
             self.groups_made += 1
             stream.submit(group_id, list(record.token_ids), self.sampling)

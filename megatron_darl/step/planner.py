@@ -136,7 +136,7 @@ class ShardPlanner:
 
     def __init__(self, algorithm: AlgorithmConfig, replay: ReplayConfig, shard: int = 0,
                  num_shards: int = 1, num_workers: int = 1) -> None:
-        """``num_workers``: the run's rollout workers (``transport.control.num_workers``), whose
+        """``num_workers``: the run's rollout workers (``RunConfig.topology.workers``), whose
         groups ``shard_of`` deals over the ``num_shards`` DP shards as the channel does."""
         self.quota = shard_quota(algorithm.groups_per_step, num_shards, shard)  # B/DP, or one more
         self.algorithm, self.replay = algorithm, replay

@@ -88,3 +88,22 @@ class TrainerConfig:
             raise ValueError(f"trainer.snapshots={self.snapshots!r}: use auto, device or host")
         if self.peak_tflops <= 0:
             raise ValueError(f"trainer.peak_tflops must be > 0, got {self.peak_tflops}")
+
+
+@dataclass
+class ParallelConfig:
+    """Model-parallel layout; the data-parallel size is derived from the world size."""
+
+    tp: int = 1  # tensor-parallel size
+    pp: int = 1  # pipeline-parallel size
+    seed: int = 1234  # Megatron RNG seed (TP ranks get seed + 2718 + tp_rank)
+    backend: str = "auto"  # "nccl", "gloo" or "auto" (nccl when CUDA is available)
+    timeout_s: float = 600.0  # timeout of every collective on the created groups
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ParallelConfig.{name} must be a positive int, got {value!r}")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"ParallelConfig.backend must be auto|nccl|gloo, got {self.backend!r}")

@@ -21,30 +21,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_darl.ports import free_port
-
-
-@dataclass
-class ParallelConfig:
-    """Model-parallel layout; the data-parallel size is derived from the world size."""
-
-    tp: int = 1  # tensor-parallel size
-    pp: int = 1  # pipeline-parallel size
-    seed: int = 1234  # Megatron RNG seed (TP ranks get seed + 2718 + tp_rank)
-    backend: str = "auto"  # "nccl", "gloo" or "auto" (nccl when CUDA is available)
-    timeout_s: float = 600.0  # timeout of every collective on the created groups
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "pp"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ParallelConfig.{name} must be a positive int, got {value!r}")
-        if self.backend not in ("auto", "nccl", "gloo"):
-            raise ValueError(f"ParallelConfig.backend must be auto|nccl|gloo, got {self.backend!r}")
-
-    def resolved_backend(self) -> str:
-        if self.backend == "auto":
-            return "nccl" if torch.cuda.is_available() else "gloo"
-        return self.backend
+from megatron_darl.trainer.config import ParallelConfig
+from megatron_darl.trainer.cpu_compat import apply_cpu_compat
 
 
 @dataclass
@@ -129,7 +107,7 @@ def init_parallel(
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
 
-    backend = cfg.resolved_backend()
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     on_cpu = not torch.cuda.is_available()
     if on_cpu == (backend == "nccl"):
         raise ValueError(
@@ -138,8 +116,6 @@ def init_parallel(
             "GPUs with CUDA_VISIBLE_DEVICES= for a CPU run)"
         )
     if on_cpu:
-        from megatron_darl.trainer.cpu_compat import apply_cpu_compat
-
         apply_cpu_compat()
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     if not dist.is_initialized():

@@ -46,6 +46,9 @@ import torch.distributed as dist
 
 from megatron_darl import timeline
 from megatron_darl.checkpoint.training import load_model_weights
+from megatron_darl.models.qwen3.config import spec_from_hf
+from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
+from megatron_darl.models.qwen3.model import build_qwen3_model, have_transformer_engine
 from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
 from megatron_darl.trainer.config import TrainerConfig
 from megatron_darl.trainer.flops import mfu, train_flops
@@ -104,8 +107,6 @@ class PolicyTrainer:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.temperature = float(temperature)
-        from megatron_darl.models.qwen3.config import spec_from_hf
-
         self.cfg = cfg
         self.ps = parallel_state
         self.hf_config = hf_config
@@ -128,12 +129,8 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ construction
     def _build_chunks(self) -> list:
-        from megatron_darl.models.qwen3.model import build_qwen3_model
-
         overrides: dict[str, Any] = {"calculate_per_token_loss": True}
         if self.ps.tp_size > 1 and self.cfg.sequence_parallel and not self.ps.on_cpu:
-            from megatron_darl.models.qwen3.model import have_transformer_engine
-
             # Megatron's local (non-TE) norms cannot run sequence-parallel.
             overrides["sequence_parallel"] = have_transformer_engine()
         if self.cfg.activation_recompute:
@@ -396,6 +393,4 @@ class PolicyTrainer:
 
     def export_hf_stage(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full_tensor)`` of this pipeline stage (collective over the TP group)."""
-        from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
-
         return megatron_to_hf_stage(self.model_chunks, self.ps)

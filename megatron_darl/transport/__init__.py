@@ -16,9 +16,8 @@ from megatron_darl.transport.config import (
 from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
 from megatron_darl.transport.heartbeat import Heartbeat, PeerLoss
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
-from megatron_darl.transport.staleness import (
-    StalenessGate, StartTicket, release_reservations, staleness_capacity,
-)
+from megatron_darl.transport.shape import StalenessBound, Topology
+from megatron_darl.transport.staleness import StalenessGate, StartTicket, release_reservations
 from megatron_darl.transport.store import (
     TRAINER, WORKER, MemberInfo, TransportTimeout, connect_store, post_exit, published_version, register,
     request_stop, serve_store, stop_requested, wait_for_exits,
@@ -29,10 +28,10 @@ from megatron_darl.transport.weight_sync import SyncReport, WeightLoadError, Wei
 __all__ = [
     "ChannelConfig", "ControlPlaneConfig", "DataPlaneGroup", "GroupFrame", "GroupMeta", "Heartbeat",
     "HeartbeatConfig", "MemberInfo", "PeerLoss", "ReceivedGroup", "SampleHub",
-    "SampleSender", "StalenessGate", "StartTicket", "SyncReport", "TRAINER", "TransportConfig",
-    "TransportTimeout", "WORKER", "WeightLoadError", "WeightReceiver", "WeightSender", "WeightSyncConfig",
+    "SampleSender", "StalenessBound", "StalenessGate", "StartTicket", "SyncReport", "TRAINER", "TransportConfig",
+    "Topology", "TransportTimeout", "WORKER", "WeightLoadError", "WeightReceiver", "WeightSender", "WeightSyncConfig",
     "WeightSyncFailed", "build_group",
     "connect_store", "frame_group", "post_exit", "published_version", "register",
     "release_reservations",
-    "request_stop", "serve_store", "staleness_capacity", "stop_requested", "unframe_group", "wait_for_exits",
+    "request_stop", "serve_store", "stop_requested", "unframe_group", "wait_for_exits",
 ]

@@ -53,6 +53,7 @@ from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, indexed
 from megatron_darl.transport.frames import GroupMeta, ReceivedGroup, frame_group
 from megatron_darl.transport.links import InLink, Outgoing, OutLink
+from megatron_darl.transport.shape import Topology
 from megatron_darl.transport.staleness import StalenessGate, StartTicket
 from megatron_darl.transport.store import (
     TRAINER, ControlStore, Keys, TransportTimeout, describe_peer, get_int,
@@ -76,18 +77,19 @@ class SampleSender:
         device: the worker's GPU (its engine's), or CPU: NCCL is used only between two GPUs.
     """
 
-    def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, worker_id: int,
-                 gate: StalenessGate | None = None, device: torch.device = CPU) -> None:
+    def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, topology: Topology,
+                 worker_id: int, gate: StalenessGate | None = None, device: torch.device = CPU) -> None:
         self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
+        self.topology = topology
         device = indexed(device)
         self._gate, self._device = gate, device
-        self._next = [self._resume_seq(h) for h in range(control.num_hubs)]
+        self._next = [self._resume_seq(h) for h in range(topology.hubs)]
         # last ack read per hub (acks only grow, so it bounds the true count of unacked groups
         # from above; after a store-transport restart it lies below _next - 1)
         self._acked = [get_int(self._store, Keys.sample_ack(h, worker_id), -1)
-                       for h in range(control.num_hubs)]
+                       for h in range(topology.hubs)]
         self._links = [OutLink(control, cfg, worker_id, h, device, self._backend_for(h))
-                       for h in range(control.num_hubs)]
+                       for h in range(topology.hubs)]
 
     def _resume_seq(self, hub: int) -> int:
         """The first seq after the last acked one; with the store transport also after the groups
@@ -147,7 +149,7 @@ class SampleSender:
         groups would deadlock with it. ``stopped`` lets a worker leave when the trainer, which
         no longer acks, raises the stop flag.
         """
-        hub = shard_of(group.group_id, self._control.num_hubs, self._control.num_workers)
+        hub = shard_of(group.group_id, self.topology.hubs, self.topology.workers)
         start = time.monotonic()
         deadline = start + self.cfg.send_timeout_s
         nap = _FIRST_WAIT_S
@@ -177,13 +179,13 @@ class SampleSender:
         """Wait (at most ``timeout_s``) until every group handed over is acked; returns how many
         are not. A failed link ends the wait (its groups stay unacked)."""
         deadline = time.monotonic() + timeout_s
-        left = [h for h in range(self._control.num_hubs) if self.unacked(h)]
+        left = [h for h in range(self.topology.hubs) if self.unacked(h)]
         nap = _FIRST_WAIT_S
         while left and time.monotonic() < deadline:
             time.sleep(nap)
             nap = min(2 * nap, self._control.poll_interval_s)
             left = [h for h in left if self.unacked(h) and not self._links[h].error]
-        return sum(self.unacked(h) for h in range(self._control.num_hubs))
+        return sum(self.unacked(h) for h in range(self.topology.hubs))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the links once their queues are sent (at most ``timeout_s``: they are daemons)."""
@@ -200,9 +202,10 @@ class SampleHub:
         device: the hub's GPU (NCCL pairs receive there), or CPU.
     """
 
-    def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, hub: int,
+    def __init__(self, store: ControlStore, control: ControlPlaneConfig, cfg: ChannelConfig, topology: Topology, hub: int,
                  device: torch.device = CPU) -> None:
         self._store, self._control, self.cfg, self.hub = store, control, cfg, hub
+        self.topology = topology
         device = indexed(device)
         store.set(Keys.hub_info(hub), json.dumps(_where(device)))
         self._arrived: queue.SimpleQueue[ReceivedGroup] = queue.SimpleQueue()
@@ -211,7 +214,7 @@ class SampleHub:
         self.duplicates_dropped = 0  # groups received twice and dropped (exactly-once guard)
         self._stop = threading.Event()
         self._links = [InLink(control, cfg, hub, w, device, self._arrived.put, self._stop)
-                       for w in range(control.num_workers)]
+                       for w in range(topology.workers)]
 
     @property
     def fenced(self) -> int:

@@ -12,23 +12,17 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ControlPlaneConfig:
-    """Where the TCPStore served by trainer rank 0 lives and who is expected to meet there."""
+    """Where the TCPStore served by trainer rank 0 lives (who meets there: ``shape.Topology``)."""
 
     host: str = "127.0.0.1"  # host of trainer rank 0 (first trainer node under Slurm)
     bind: str = ""  # address the store listens on; "" = the one `host` resolves to; "0.0.0.0" = all
     port: int = 0  # TCPStore port on that host; 0 = the launcher picks a free one
-    num_workers: int = 1  # rollout workers expected (worker ids 0..num_workers-1)
-    num_hubs: int = 1  # trainer DP hub ranks (one per DP replica: TP0, first PP stage)
-    num_stages: int = 1  # trainer PP stages, each with one weight-sync leader
     store_timeout_s: float = 300.0  # how long a process waits for the store to come up
     call_timeout_s: float = 30.0  # deadline of one store request (frozen or unreachable host)
     poll_interval_s: float = 0.005  # sleep between non-blocking store polls
     secret: str = field(default="", repr=False)  # per-run HMAC key; from the launcher, never saved
 
     def __post_init__(self) -> None:
-        for name in ("num_workers", "num_hubs", "num_stages"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ControlPlaneConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"ControlPlaneConfig.port must be in [0, 65535], got {self.port}")
         for name in ("store_timeout_s", "call_timeout_s"):
@@ -57,10 +51,8 @@ CHANNEL_TRANSPORTS = ("dataplane", "store")
 
 @dataclass
 class ChannelConfig:
-    """Sample channel rollout -> DP hub: payload path, back-pressure, the staleness bound."""
+    """Sample channel rollout -> DP hub: payload path and back-pressure (the bound: ``shape``)."""
 
-    groups_per_step: int = 1  # B: prompt groups the trainer consumes per optimizer step
-    max_staleness: int = 0  # eta: groups_started <= (t + eta + 1) * groups_per_step
     max_unacked_per_hub: int = 8  # groups a worker may have handed over but not yet acked, per hub
     send_timeout_s: float = 600.0  # longest a worker waits for a hub to make room (back-pressure)
     transport: str = "dataplane"  # payloads: "dataplane" (a worker<->hub pair group) or "store"
@@ -69,10 +61,6 @@ class ChannelConfig:
     transfer_timeout_s: float = 120.0  # one group's payload on a pair; a stuck peer's pair is dropped
 
     def __post_init__(self) -> None:
-        if self.groups_per_step < 1:
-            raise ValueError(f"ChannelConfig.groups_per_step must be >= 1, got {self.groups_per_step}")
-        if self.max_staleness < 0:
-            raise ValueError(f"ChannelConfig.max_staleness must be >= 0, got {self.max_staleness}")
         if self.max_unacked_per_hub < 1:
             raise ValueError(
                 f"ChannelConfig.max_unacked_per_hub must be >= 1, got {self.max_unacked_per_hub}"

@@ -39,6 +39,7 @@ import threading
 from typing import Any
 
 from megatron_darl.transport.errors import ForeignValueError, TransportTimeout
+from megatron_darl.transport.shape import StalenessBound
 
 log = logging.getLogger(__name__)
 PREFIX = "stale/"  # every counter under it lives in the ledger, never in the open store
@@ -142,7 +143,7 @@ class Ledger:
             return {"fenced": True}
         if worker >= 0:
             self._wants[worker] = int(count)
-        cap = (self._published + max_staleness + 1) * groups_per_step
+        cap = StalenessBound(max_staleness, groups_per_step).capacity(self._published)
         started = self._counters.get(STARTED, 0)
         if started + count > cap:
             return {"full": True, "version": self._published}
@@ -155,7 +156,7 @@ class Ledger:
         smaller than each live worker's reservation (its last one's size; 1 before its first: a
         batch engine reserves whole batches, so the bound may be out of its reach) and no live
         worker has a start outstanding. False while no worker is live."""
-        cap = (self._published + max_staleness + 1) * groups_per_step
+        cap = StalenessBound(max_staleness, groups_per_step).capacity(self._published)
         room = cap - self._counters.get(STARTED, 0)
         live = list(self._live)
         filled = bool(live) and room < min(self._wants.get(w, 1) for w in live) and all(

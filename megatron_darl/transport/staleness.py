@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from megatron_darl.samples import SampleGroup
-from megatron_darl.transport.config import ChannelConfig
 from megatron_darl.transport.ledger import outstanding_key
+from megatron_darl.transport.shape import StalenessBound
 from megatron_darl.transport.store import ControlStore, Keys
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,6 @@ class StartTicket:
     generation: int = 0  # the reserving worker's generation (0: a gate that keeps no count)
 
 
-def staleness_capacity(version: int, max_staleness: int, groups_per_step: int) -> int:
-    """Largest ``groups_started`` allowed while version ``version`` is published."""
-    return (version + max_staleness + 1) * groups_per_step
-
-
 def release_reservations(store: ControlStore, worker_id: int) -> int:
     """Fence a lost worker's generation and give back the starts it reserved but never delivered;
     returns how many (counted in ``Keys.DROPPED``).
@@ -73,12 +68,12 @@ def release_reservations(store: ControlStore, worker_id: int) -> int:
     return int(store.ledger.call("fence", worker=int(worker_id))["released"])
 
 
-def bound_filled(store: ControlStore, max_staleness: int, groups_per_step: int) -> bool:
+def bound_filled(store: ControlStore, bound: StalenessBound) -> bool:
     """True when no live worker can start a group under the published version and none has one in
     flight: every start the bound allows now has reached a hub, as near its cap as the workers'
     reservation sizes reach (``loop.wait_for_bound`` stops waiting then)."""
-    return bool(store.ledger.call("filled", max_staleness=int(max_staleness),
-                                  groups_per_step=int(groups_per_step))["filled"])
+    return bool(store.ledger.call("filled", max_staleness=bound.max_staleness,
+                                  groups_per_step=bound.groups_per_step)["filled"])
 
 
 def groups_dropped(store: ControlStore) -> int:
@@ -143,8 +138,8 @@ class StalenessGate:
             and its reservations are counted as outstanding until their groups reach a hub.
     """
 
-    def __init__(self, store: ControlStore, cfg: ChannelConfig, worker_id: int | None = None) -> None:
-        self._store, self.cfg, self.worker_id = store, cfg, worker_id
+    def __init__(self, store: ControlStore, bound: StalenessBound, worker_id: int | None = None) -> None:
+        self._store, self.bound, self.worker_id = store, bound, worker_id
         self.generation, self.dropped = 0, 0
         if worker_id is not None:
             self.dropped = self._join()
@@ -180,7 +175,7 @@ class StalenessGate:
     def _reserve(self, count: int) -> dict:
         return self._store.ledger.call(
             "reserve", worker=-1 if self.worker_id is None else int(self.worker_id), generation=self.generation,
-            count=int(count), max_staleness=self.cfg.max_staleness, groups_per_step=self.cfg.groups_per_step)
+            count=int(count), max_staleness=self.bound.max_staleness, groups_per_step=self.bound.groups_per_step)
 
     def posted(self, ticket: StartTicket) -> bool:
         """The group started under ``ticket`` reached its hub (``mark_delivered``)."""

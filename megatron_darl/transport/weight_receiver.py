@@ -28,6 +28,7 @@ from megatron_darl.transport.buckets import BucketEntry, unpack
 from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, open_shared
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
+from megatron_darl.transport.shape import Topology
 from megatron_darl.transport.store import (
     WORKER, ControlStore, MemberInfo, TransportTimeout, published_version, wait_key,
 )
@@ -48,11 +49,12 @@ class WeightReceiver:
     """
 
     def __init__(
-        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, worker_id: int,
+        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, topology: Topology, worker_id: int,
         load: Callable[[Iterable[tuple[str, torch.Tensor]]], None], initial_version: int = 0,
         device: torch.device | None = None, gpu: str | None = None,
     ) -> None:
         self._store, self._control, self.cfg, self.worker_id = store, control, cfg, worker_id
+        self.topology = topology
         self._load, self._device = load, device
         self._gpu = device_uuid() if gpu is None else gpu
         self.version = initial_version  # weights the engine holds now; -1 = none valid
@@ -99,7 +101,7 @@ class WeightReceiver:
         self._sent = {}
         ok = True
         try:
-            for stage in range(self._control.num_stages):
+            for stage in range(self.topology.stages):
                 ok = self._receive_stage(offer, stage, ready) and ok
         except WeightLoadError as exc:
             self.version = -1 if self._loaded_any else self.version

@@ -57,6 +57,7 @@ from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig
 from megatron_darl.transport.cuda_ipc import device_uuid, share
 from megatron_darl.transport.heartbeat import Heartbeat
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
+from megatron_darl.transport.shape import Topology
 from megatron_darl.transport.store import (
     WORKER, ControlStore, TransportTimeout, describe_peer, get_int, publish_version,
     wait_key,
@@ -81,14 +82,14 @@ class WeightSender:
     """
 
     def __init__(
-        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, stage: int,
+        self, store: ControlStore, control: ControlPlaneConfig, cfg: WeightSyncConfig, topology: Topology, stage: int,
         heartbeat: Heartbeat, device: torch.device | None = None,
     ) -> None:
-        if not 0 <= stage < control.num_stages:
-            raise ValueError(f"stage {stage} outside 0..{control.num_stages - 1}")
-        self._store, self._control, self.cfg, self.stage = store, control, cfg, stage
+        if not 0 <= stage < topology.stages:
+            raise ValueError(f"stage {stage} outside 0..{topology.stages - 1}")
+        self._store, self._control, self.cfg, self.stage, self.topology = store, control, cfg, stage, topology
         self._hb = heartbeat
-        for w in range(control.num_workers):
+        for w in range(topology.workers):
             heartbeat.watch(WORKER, w)
         heartbeat.refresh(store)
         # data-plane groups by (backend, broadcast members, their processes), built once each:
@@ -355,7 +356,7 @@ class WeightSender:
 
     def _live_workers(self) -> list[int]:
         self._hb.refresh(self._store)
-        return [w for w in range(self._control.num_workers) if self._hb.is_alive(WORKER, w)]
+        return [w for w in range(self.topology.workers) if self._hb.is_alive(WORKER, w)]
 
     def _gather_ready(self, offer: int, rnd: int, todo: list[int], deadline: float,
                       acks: "_Acks | None" = None) -> tuple[list[int], list[int]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from megatron_darl.transport.staleness import staleness_capacity
+from megatron_darl.transport.shape import StalenessBound
 from tests.distributed.procs.scenario import Scenario
 
 GROUPS, GPS, ETA = 500, 10, 2
@@ -43,7 +43,7 @@ def test_two_workers_500_groups_exactly_once_bounded_staleness_stall_isolated(tm
         assert seqs == list(range(len(seqs))) and seqs
     # staleness bound at the start of every group; tokens never older than the version then published
     for r in recs:
-        assert r["started_index"] <= staleness_capacity(r["start_version"], ETA, GPS), r
+        assert r["started_index"] <= StalenessBound(ETA, GPS).capacity(r["start_version"]), r
         assert r["min_token_version"] >= r["start_version"], r
     assert sorted(r["started_index"] for r in recs) == list(range(1, len(recs) + 1))
     # the stalled worker did not hold up the other's groups

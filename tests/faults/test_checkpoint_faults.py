@@ -132,7 +132,8 @@ def _init_from(rank: int, world: int, ckpt: str, out: str) -> None:
     """Gloo worker: a ``PolicyTrainer`` with ``init_checkpoint=ckpt``; writes what it raised."""
     from megatron_darl.checkpoint.model_io import CheckpointDamaged, read_metadata
     from megatron_darl.trainer.config import TrainerConfig
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
     from megatron_darl.trainer.policy_trainer import PolicyTrainer
 
     ps = init_parallel(ParallelConfig(timeout_s=120))

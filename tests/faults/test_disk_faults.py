@@ -89,7 +89,8 @@ def _saves_on_a_small_disk(rank: int, world: int, roomy: str, small: str, out: s
 
     from megatron_darl.checkpoint import disk
     from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
 
     ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=120))
     trainer = trainer_procs._production_trainer(ps, "")
@@ -241,7 +242,8 @@ def _retention_on_a_small_disk(rank: int, world: int, roomy: str, small: str, ou
     from megatron_darl.checkpoint.manager import CheckpointManager
     from megatron_darl.loop.config import LoopConfig
     from megatron_darl.checkpoint.training import save_checkpoint
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
 
     ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=120))
     trainer = trainer_procs._production_trainer(ps, "")

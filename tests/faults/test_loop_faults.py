@@ -33,7 +33,8 @@ def _mismatched_engine_model(tmp_path: Path) -> Path:
     import torch
     import transformers
 
-    from launch.warmstart import WarmStartConfig, ensure_warm_policy
+    from launch.warmstart import ensure_warm_policy
+    from megatron_darl.models.config import WarmStartConfig
 
     policy = ensure_warm_policy(WarmStartConfig(), log=lambda *_: None)
     cfg = transformers.AutoConfig.from_pretrained(policy)

@@ -83,7 +83,8 @@ def _save_damage_load(rank: int, world: int, root: str, out: str) -> None:
     import trainer_procs
 
     from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
 
     ps = init_parallel(ParallelConfig(tp=1, pp=1, timeout_s=120))
     trainer = trainer_procs._production_trainer(ps, "")

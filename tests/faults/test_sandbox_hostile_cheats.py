@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 from hostile_sandbox import PRELUDE, assert_all_refused, sandbox_cfg
-from megatron_darl.rewards.code_exec import CodeRewardConfig, humaneval_reward_with
+from megatron_darl.rewards.code_exec import humaneval_reward_with
+from megatron_darl.rewards.config import CodeRewardConfig
 from megatron_darl.rewards.sandbox import SandboxConfig, run_sandboxed
 
 

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from hostile_sandbox import sandbox_cfg, survivors
-from megatron_darl.rewards.code_exec import CodeRewardConfig, stdio_reward_with
+from megatron_darl.rewards.code_exec import stdio_reward_with
+from megatron_darl.rewards.config import CodeRewardConfig
 from megatron_darl.rewards.sandbox import run_sandboxed
 
 

@@ -21,7 +21,7 @@ from megatron_darl.exit_codes import ExitCode
 from megatron_darl.transport import (
     TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, TransportTimeout, connect_store,
 )
-from megatron_darl.transport.staleness import staleness_capacity
+from megatron_darl.transport.shape import StalenessBound
 from megatron_darl.transport.store import ForeignValueError, Keys
 from tests.distributed.procs.launcher import free_port, wait_for
 from tests.distributed.procs.scenario import Scenario
@@ -241,7 +241,7 @@ def test_a_process_without_the_secret_cannot_stop_or_join_the_run(tmp_path, faul
     assert done and done[0]["steps"] == steps
     # the counter was not moved down: no more starts than the bound allows at the last version, no
     # group trained staler than eta (step s trains at version s - 1); nor up: every step was made
-    assert done[0]["started"] <= staleness_capacity(steps, eta, gps), done
+    assert done[0]["started"] <= StalenessBound(eta, gps).capacity(steps), done
     ages = [r["step"] - 1 - r["min_token_version"] for r in sc.records("hub0.jsonl") if r["step"] <= steps]
     assert max(ages) <= eta, sorted(ages)
     refusals = [line for line in (tmp_path / "trainer0.log").read_text().splitlines()

@@ -48,7 +48,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from megatron_darl.rollout.engines import EngineConfig, build_engine
+    from megatron_darl.rollout.config import EngineConfig
+    from megatron_darl.rollout.engines import build_engine
 
     eng = build_engine(EngineConfig(backend="vllm", model_path=model_dir, dtype="bf16", compile=False,
                                     gpu_memory_utilization=0.3, max_batch_size=64, timeout_s=300))
@@ -101,7 +102,7 @@ def _diffs(gens_by_prompt, model, temperature, top_k=-1):
 
 @pytest.mark.parametrize("temperature,top_k", [(1.0, -1), (0.7, -1), (0.7, 20)])
 def test_sampled_logprobs_equal_teacher_forced_recomputation(engine, model_dir, temperature, top_k):
-    from megatron_darl.rollout.engines import SamplingConfig
+    from megatron_darl.rollout.config import SamplingConfig
 
     out = engine.generate(PROMPTS, SamplingConfig(n=4, max_new_tokens=24, temperature=temperature, top_k=top_k,
                                                   ignore_eos=True))
@@ -120,7 +121,7 @@ def test_sampled_logprobs_equal_teacher_forced_recomputation(engine, model_dir, 
 
 
 def test_weights_loaded_in_place_change_outputs_and_originals_restore_them(engine, model_dir):
-    from megatron_darl.rollout.engines import SamplingConfig
+    from megatron_darl.rollout.config import SamplingConfig
 
     greedy = SamplingConfig(n=1, max_new_tokens=16, temperature=0.0, ignore_eos=True)
     before = engine.generate(PROMPTS, greedy)
@@ -152,7 +153,7 @@ def _wait(engine, keys, timeout_s=120.0):
 
 
 def test_a_long_response_does_not_hold_back_other_groups(engine):
-    from megatron_darl.rollout.engines import SamplingConfig
+    from megatron_darl.rollout.config import SamplingConfig
 
     engine.submit("long", PROMPTS[0], SamplingConfig(n=1, max_new_tokens=LONG, ignore_eos=True))
     short = SamplingConfig(n=4, max_new_tokens=8, ignore_eos=True)
@@ -165,7 +166,7 @@ def test_a_long_response_does_not_hold_back_other_groups(engine):
 
 
 def test_interrupt_continues_responses_on_new_weights_with_per_token_versions(engine, model_dir):
-    from megatron_darl.rollout.engines import SamplingConfig
+    from megatron_darl.rollout.config import SamplingConfig
 
     old = {k: v.clone() for k, v in _hf(model_dir).state_dict().items()}
     engine.resume(0)

@@ -23,7 +23,7 @@ VLLM_SAFE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, nu
 def vllm_environment() -> None:
     """What ``launch.rollout`` sets before building a vLLM engine (the tests build one directly)."""
     from launch.engine_env import apply_engine_env
-    from megatron_darl.rollout.engines import EngineConfig
+    from megatron_darl.rollout.config import EngineConfig
 
     apply_engine_env(EngineConfig(backend="vllm"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -29,7 +29,8 @@ def slurm_cluster(tmp_path_factory):
 def warm_policy() -> str:
     """The embedded default's warm-started tiny policy (HF dir), fitted here once if not cached,
     so no job spends its time limit fitting it."""
-    from launch.warmstart import WarmStartConfig, ensure_warm_policy
+    from launch.warmstart import ensure_warm_policy
+    from megatron_darl.models.config import WarmStartConfig
 
     return str(ensure_warm_policy(WarmStartConfig(), log=lambda m: None))
 

@@ -8,8 +8,9 @@ import pytest
 from megatron_darl.data import load_data_config, load_dataset
 from megatron_darl.data.config import DataConfig
 from megatron_darl.data.countdown import (
-    CountdownProblem, CountdownTaskConfig, countdown_records, format_example, parse_prompt, split_of,
+    CountdownProblem, countdown_records, format_example, parse_prompt, split_of,
 )
+from megatron_darl.data.config import CountdownTaskConfig
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.rewards import check_chain, countdown_reward, get_reward_fn, score
 from megatron_darl.rewards.countdown import record_reward

@@ -1,7 +1,7 @@
 """``launch.engine_env``: the variables a vLLM rollout worker gets, and that the user's win."""
 
 from launch.engine_env import apply_engine_env, engine_env
-from megatron_darl.rollout.engines import EngineConfig
+from megatron_darl.rollout.config import EngineConfig
 
 
 def test_vllm_gets_its_environment_and_user_values_win(tmp_path):

@@ -14,20 +14,12 @@ import torch
 from megatron_darl.data import build_builtin_tokenizer, builtin_prompts, reference_solution
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.eval import (
-    BenchmarkConfig,
-    EvalConfig,
-    avg_at_n,
-    default_ks,
-    evaluate_benchmark,
-    is_megatron_checkpoint,
-    load_benchmark_table,
-    mean_pass_at_k,
-    pass_at_k,
-    resolve_benchmark,
-    resolve_hf_dir,
-    write_results,
+    avg_at_n, default_ks, evaluate_benchmark, is_megatron_checkpoint, load_benchmark_table, mean_pass_at_k,
+    pass_at_k, resolve_benchmark, resolve_hf_dir, write_results,
 )
-from megatron_darl.rollout.engines.base import Generation, SamplingConfig
+from megatron_darl.eval.config import BenchmarkConfig, EvalConfig
+from megatron_darl.rollout.config import SamplingConfig
+from megatron_darl.rollout.engines.base import Generation
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = Path(os.environ.get("DARL_BENCHMARK_DIR", REPO.parent / "shared" / "data" / "benchmarks"))

@@ -24,7 +24,7 @@ from megatron_darl.loop.metrics import step_metrics
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.step.config import ReplayConfig
 from megatron_darl.step.stats import StepStats
-from megatron_darl.transport import ChannelConfig, StalenessGate
+from megatron_darl.transport import StalenessBound, StalenessGate
 from megatron_darl.transport.staleness import (
     give_back_degenerate, groups_dropped, groups_refused, mark_delivered, release_reservations,
 )
@@ -48,7 +48,7 @@ def test_rewards_equal_is_the_advantage_rule():
 
 def test_a_degenerate_group_gives_its_start_back_under_its_own_key(stores):
     server, client = stores
-    gate = StalenessGate(client, ChannelConfig(groups_per_step=2, max_staleness=0), worker_id=0)
+    gate = StalenessGate(client, StalenessBound(max_staleness=0, groups_per_step=2), worker_id=0)
     assert len(gate.try_start_batch(2)) == 2 and gate.try_start() is None  # the bound: 2 at version 0
     assert mark_delivered(server, 0, 2, generation=gate.generation)
     assert give_back_degenerate(server, [_group(1, [1.0, 1.0])]) == 1
@@ -64,7 +64,7 @@ def test_a_degenerate_group_gives_its_start_back_under_its_own_key(stores):
 
 def test_a_fenced_generations_group_gains_nothing(stores):
     server, client = stores
-    gate = StalenessGate(client, ChannelConfig(groups_per_step=2, max_staleness=0), worker_id=0)
+    gate = StalenessGate(client, StalenessBound(max_staleness=0, groups_per_step=2), worker_id=0)
     assert len(gate.try_start_batch(2)) == 2
     assert release_reservations(server, 0) == 2  # declared lost: both starts given back
     assert not mark_delivered(server, 0, 1, generation=1)  # its group arrives later: refused at the hub,
@@ -75,16 +75,17 @@ def test_a_fenced_generations_group_gains_nothing(stores):
 class _Hub:
     """Hands out one prepared batch of groups per poll (a stand-in for ``SampleHub``)."""
 
-    def __init__(self, batches: list[list[SampleGroup]], max_staleness: int = 4) -> None:
-        self.batches, self.hub, self.cfg = list(batches), 0, SimpleNamespace(max_staleness=max_staleness)
+    def __init__(self, batches: list[list[SampleGroup]]) -> None:
+        self.batches, self.hub = list(batches), 0
 
     def poll(self):
         return [SimpleNamespace(group=g) for g in (self.batches.pop(0) if self.batches else [])]
 
 
-def _endpoints(store, batches, **hub) -> TrainerEndpoints:
+def _endpoints(store, batches, max_staleness: int = 4) -> TrainerEndpoints:
     hb = SimpleNamespace(is_lost=lambda *a: False, is_alive=lambda *a: True, incarnations=lambda *a: 1)
-    return TrainerEndpoints(store=store, heartbeat=hb, hub=_Hub(batches, **hub), sender=None, me=None)
+    return TrainerEndpoints(store=store, heartbeat=hb, hub=_Hub(batches), sender=None, me=None,
+                            bound=StalenessBound(max_staleness=max_staleness, groups_per_step=1))
 
 
 def _receive(ep, need, max_degenerate, rank=0):

@@ -27,15 +27,14 @@ def test_algorithm_presets_match_the_variant_table(variant):
     assert (cfg.replay.k, cfg.algorithm.max_staleness, cfg.replay.max_replays) == (k, eta, replays)
     assert eta <= k - 1  # arriving samples are always inside the window
     assert cfg.algorithm.spec() == spec
-    assert cfg.transport.channel.max_staleness == eta  # interpolated from algorithm.max_staleness
-    assert cfg.transport.channel.groups_per_step == cfg.algorithm.groups_per_step
+    assert cfg.bound.max_staleness == eta and cfg.bound.groups_per_step == cfg.algorithm.groups_per_step
 
 
 def test_max_staleness_and_b_are_stated_once():
-    """The channel's eta and B follow the algorithm's: the rollout presets state neither."""
+    """The bound the transport enforces is the algorithm's: the rollout presets state neither."""
     cfg = load_run_config(["algorithm=darl", "algorithm.max_staleness=3", "algorithm.groups_per_step=4",
                            "worker.groups_per_batch=4"])
-    assert (cfg.transport.channel.max_staleness, cfg.transport.channel.groups_per_step) == (3, 4)
+    assert (cfg.bound.max_staleness, cfg.bound.groups_per_step, cfg.bound.window) == (3, 4, 16)
     for name in ("hf", "vllm"):
         text = (REPO / "configs" / "rollout" / f"{name}.yaml").read_text()
         assert "max_staleness" not in text and "groups_per_step" not in text, name
@@ -44,11 +43,11 @@ def test_max_staleness_and_b_are_stated_once():
 def test_defaults_and_smoke_experiment():
     cfg = load_run_config([])
     assert cfg.algorithm.variant == "darl" and cfg.data.task == "builtin"
-    assert cfg.model.needs_warm_start and cfg.sampling.n == cfg.algorithm.group_size
+    assert cfg.model.needs_warm_start and cfg.algorithm.group_size == 8
     smoke = load_run_config(["experiment=smoke", "algorithm=sync"])
     assert smoke.cluster.trainer_devices == [] and smoke.cluster.rollout_devices == []
     assert smoke.loop.steps <= 5 and smoke.loop.run_dir.startswith("runs/smoke_sync_20")  # timestamped
-    assert smoke.transport.channel.groups_per_step == smoke.algorithm.groups_per_step == 2
+    assert smoke.bound.groups_per_step == smoke.algorithm.groups_per_step == 2
 
 
 def test_model_group_gives_random_init_shape():
@@ -62,8 +61,6 @@ def test_model_group_gives_random_init_shape():
     ("algorithm.score=best", "algorithm.score"),
     ("replay.k=0", "replay.k"),
     ("loop.wandb.mode=cloud", "loop.wandb.mode"),
-    ("sampling.n=3", "sampling.n"),
-    ("transport.control.num_hubs=2", "num_hubs"),
     ("algorithm.groups_per_step=1", "DP size"),  # 2 DP ranks need 2 groups a step
     ("algorithm.ppo_minibatches=0", "algorithm.ppo_minibatches"),
     ("algorithm.ppo_epochs=0", "algorithm.ppo_epochs"),
@@ -74,7 +71,7 @@ def test_model_group_gives_random_init_shape():
     ("sampling.top_k=20", "sampling.top_k"),
 ])
 def test_bad_values_name_the_field(override, field):
-    extra = ["cluster.trainer_ranks=2", "transport.control.num_hubs=2"] if "DP" in field else []
+    extra = ["cluster.trainer_ranks=2"] if "DP" in field else []
     with pytest.raises(Exception) as info:
         load_run_config([override, *extra])
     err = info.value
@@ -107,7 +104,7 @@ def test_paper_presets_one_step_off_window_warmup_minibatches(preset, variant):
     assert (a.variant, a.max_staleness, cfg.replay.k, cfg.replay.warmup) == (variant, 1, 4, 5)
     assert (a.ppo_minibatches, a.ppo_epochs, a.optimizer_steps) == (4, 1, 4)
     assert a.weight_cap == 2.0 and a.mis.cap_mode == "clip"
-    assert cfg.transport.channel.max_staleness == 1
+    assert cfg.bound.max_staleness == 1
     assert cfg.replay.max_replays == (None if variant == "darl" else 1)
     assert a.rollout_is == (2.0 if preset == "async_is_paper" else None)
 

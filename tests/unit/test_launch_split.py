@@ -233,7 +233,7 @@ def test_auto_on_gpu4_sets_ranks_workers_devices_and_transport(caplog, tmp_path,
     c = cfg.cluster
     assert (c.split, c.trainer_gpus, c.rollout_gpus) == ("1:3", 1, 3)
     assert (c.trainer_ranks, c.rollout_workers, c.trainer_devices, c.rollout_devices) == (1, 3, [0], [1, 2, 3])
-    assert (cfg.transport.control.num_workers, cfg.transport.control.num_hubs) == (3, 1)
+    assert (cfg.topology.workers, cfg.topology.hubs) == (3, 1)
     assert "cluster.split=auto on 4 GPUs -> 1:3" in caplog.text and "config cluster.rates" in caplog.text
     # the saved config says 1:3, and its children never decide again
     path = save_run_config(cfg, tmp_path / "run_config.yaml")
@@ -250,7 +250,7 @@ def test_auto_trainer_bound_takes_the_largest_valid_trainer(groups, split):
                            f"worker.groups_per_batch={groups}", *EXPLICIT])
     t = int(split[0])
     assert cfg.cluster.split == split and cfg.cluster.trainer_devices == list(range(t))
-    assert cfg.transport.control.num_hubs == t and cfg.transport.control.num_workers == 4 - t
+    assert cfg.topology.hubs == t and cfg.topology.workers == 4 - t
 
 
 def test_auto_with_the_default_model_on_gpu4_resolves():
@@ -262,7 +262,7 @@ def test_auto_with_the_default_model_on_gpu4_resolves():
 def test_explicit_split_is_the_counts():
     cfg = load_run_config(["cluster=gpu4", "cluster.split=1:3"])
     assert (cfg.cluster.trainer_devices, cfg.cluster.rollout_devices) == ([0], [1, 2, 3])
-    assert cfg.transport.control.num_workers == 3
+    assert cfg.topology.workers == 3
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -14,21 +14,21 @@ from megatron_darl.loop.endpoints import Backlog
 from megatron_darl.loop.metrics import WorkerRates
 from megatron_darl.rollout.worker import fair_share
 from megatron_darl.transport import (
-    TRAINER, WORKER, ChannelConfig, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, StalenessGate,
+    TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, StalenessBound, StalenessGate,
     serve_store,
 )
 from tests.distributed.procs.launcher import free_port
 
 
 def _store():
-    control = ControlPlaneConfig(port=free_port(), num_workers=2, store_timeout_s=10, poll_interval_s=0.001)
+    control = ControlPlaneConfig(port=free_port(), store_timeout_s=10, poll_interval_s=0.001)
     return control, serve_store(control)
 
 
 def test_a_batch_is_reserved_whole_or_not_at_all():
     """A batch engine's batch never shrinks to what the bound has left (a recompilation each)."""
     control, store = _store()
-    gate = StalenessGate(store, ChannelConfig(groups_per_step=8, max_staleness=1), worker_id=0)
+    gate = StalenessGate(store, StalenessBound(max_staleness=1, groups_per_step=8), worker_id=0)
     first = gate.try_start_batch(8)
     assert [t.index for t in first] == list(range(1, 9))
     assert gate.try_start_batch(12) == [] and gate.started() == 8  # 12 > the 8 left: nothing taken
@@ -38,12 +38,12 @@ def test_a_batch_is_reserved_whole_or_not_at_all():
 
 def test_concurrent_batches_never_overshoot_the_bound():
     control, store = _store()
-    cfg = ChannelConfig(groups_per_step=6, max_staleness=1)  # 12 groups may start at version 0
+    bound = StalenessBound(max_staleness=1, groups_per_step=6)  # 12 groups may start at version 0
     got: list[int] = []
     lock = threading.Lock()
 
     def grab():
-        gate = StalenessGate(store, cfg)
+        gate = StalenessGate(store, bound)
         for _ in range(20):
             batch = gate.try_start_batch(4)
             with lock:
@@ -54,7 +54,7 @@ def test_concurrent_batches_never_overshoot_the_bound():
         t.start()
     for t in threads:
         t.join(10)
-    assert sorted(got) == list(range(1, 13)) and StalenessGate(store, cfg).started() == 12
+    assert sorted(got) == list(range(1, 13)) and StalenessGate(store, bound).started() == 12
 
 
 @pytest.mark.parametrize("limit, b, eta, workers, expected", [
@@ -65,7 +65,7 @@ def test_concurrent_batches_never_overshoot_the_bound():
     (8, 1, 0, 4, 1),  # never below one
 ])
 def test_a_workers_batch_is_at_most_its_share_of_the_bound(limit, b, eta, workers, expected):
-    assert fair_share(limit, b, eta, workers) == expected
+    assert fair_share(limit, StalenessBound(max_staleness=eta, groups_per_step=b), workers) == expected
 
 
 def test_the_backlog_makes_one_step_per_b_groups_received():
@@ -127,7 +127,7 @@ def test_gpu_counts_set_ranks_workers_and_devices(split, trainer, rollout):
     c = cfg.cluster
     assert (c.trainer_devices, c.rollout_devices) == (trainer, rollout)
     assert c.trainer_ranks == len(trainer) and c.rollout_workers == len(rollout)
-    assert cfg.transport.control.num_workers == len(rollout) and cfg.transport.control.num_hubs == len(trainer)
+    assert cfg.topology.workers == len(rollout) and cfg.topology.hubs == len(trainer)
 
 
 def test_gpu4_preset_is_two_and_two_and_counts_are_checked():

@@ -12,9 +12,8 @@ from launch.config import load_run_config
 from launch.preflight import check_eval
 from megatron_darl.data.config import DataConfig
 from megatron_darl.data.loaders import load_dataset
-from megatron_darl.eval.periodic import (
-    PeriodicEvalConfig, heldout_sets, is_due, planned, point_metrics,
-)
+from megatron_darl.eval.config import PeriodicEvalConfig
+from megatron_darl.eval.periodic import heldout_sets, is_due, planned, point_metrics
 from megatron_darl.loop.heldout_eval import HeldoutRequests, request_key, result_key
 
 
@@ -63,7 +62,8 @@ def test_builtin_heldout_prompts_are_not_training_prompts():
 
 
 def test_point_metrics_are_avg_at_n_and_pass_at_k():
-    from megatron_darl.eval.harness import evaluate_benchmark, EvalConfig
+    from megatron_darl.eval.config import EvalConfig
+    from megatron_darl.eval.harness import evaluate_benchmark
     from megatron_darl.rollout.engines.base import Generation
     import torch
 

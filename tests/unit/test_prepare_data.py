@@ -10,7 +10,8 @@ import pytest
 
 from megatron_darl.data.config import load_data_config
 from megatron_darl.data.locations import SHARED_BENCHMARKS
-from megatron_darl.eval.harness import EvalConfig, take_limit
+from megatron_darl.eval.config import EvalConfig
+from megatron_darl.eval.harness import take_limit
 from tools import prepare_data as pd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ def test_limit_is_a_count_or_a_fraction():
     rows = list(range(10))
     assert take_limit(rows, -1) == rows and take_limit(rows, 3) == [0, 1, 2]
     assert take_limit(rows, 0.25) == [0, 1, 2] and take_limit(rows, 0.01) == [0]  # rounded up, at least one
-    from megatron_darl.eval.heldout import HeldoutConfig
+    from megatron_darl.eval.config import HeldoutConfig
 
     for bad in (0, 1.5, -2):
         with pytest.raises(ValueError, match="limit"):

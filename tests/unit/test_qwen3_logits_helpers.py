@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from megatron_darl.models.qwen3 import causal_mask, mask_padded_vocab_
-from megatron_darl.trainer.parallel import ParallelConfig, validate_layout
+from megatron_darl.trainer.config import ParallelConfig
+from megatron_darl.trainer.parallel import validate_layout
 
 
 def test_parallel_config_rejects_bad_sizes_by_name():

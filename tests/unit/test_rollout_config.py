@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron_darl.rollout.engines import EngineConfig, SamplingConfig
-from megatron_darl.rollout.worker import RolloutWorkerConfig
+from megatron_darl.rollout.config import EngineConfig, ResponseSamplingConfig, RolloutWorkerConfig
 from megatron_darl.transport import (
     ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
 )
@@ -23,7 +22,7 @@ def test_rollout_yaml_builds_the_dataclasses(path):
     cfg = TransportConfig(ControlPlaneConfig(**t.get("control", {})), HeartbeatConfig(**t.get("heartbeat", {})),
                           ChannelConfig(**t.get("channel", {})), WeightSyncConfig(**t.get("weight_sync", {})))
     engine = EngineConfig(**d["engine"])
-    SamplingConfig(**d.get("sampling", {}))
+    ResponseSamplingConfig(**d.get("sampling", {}))
     RolloutWorkerConfig(**d.get("worker", {}))
     assert engine.backend == path.stem and cfg.heartbeat.timeout_s > 2 * cfg.heartbeat.interval_s
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 import transformers
 
-from megatron_darl.rollout.engines import EngineConfig, SamplingConfig, build_engine
+from megatron_darl.rollout.config import EngineConfig, SamplingConfig
+from megatron_darl.rollout.engines import build_engine
 from megatron_darl.rollout.engines.stream import BatchStream, as_stream
 from tests.distributed.procs.sources import save_tiny_model, tiny_config
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_darl.rewards.code_exec import CodeRewardConfig, stdio_reward_with
+from megatron_darl.rewards.code_exec import stdio_reward_with
+from megatron_darl.rewards.config import CodeRewardConfig
 from megatron_darl.rewards.sandbox import FunctionCheck, SandboxConfig, run_sandboxed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "megatron_darl" / "rewards"))

@@ -24,4 +24,4 @@ def test_a_batch_smaller_than_the_dp_size_is_refused_before_launch():
                          "worker.groups_per_batch=2"])
     cfg = load_run_config(["cluster=gpu4", "cluster.split=3:1", "algorithm.groups_per_step=32",
                            "worker.groups_per_batch=32"])
-    assert cfg.transport.control.num_hubs == 3
+    assert cfg.topology.hubs == 3

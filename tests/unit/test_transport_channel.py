@@ -13,8 +13,8 @@ import torch
 from megatron_darl.samples import Sample, SampleGroup, shard_of
 from megatron_darl.transport import (
     ChannelConfig, ControlPlaneConfig, GroupFrame, GroupMeta, HeartbeatConfig, SampleHub, SampleSender,
-    StalenessGate, StartTicket, TransportTimeout, frame_group, release_reservations, serve_store,
-    staleness_capacity, unframe_group,
+    StalenessBound, StalenessGate, StartTicket, Topology, TransportTimeout, frame_group, release_reservations,
+    serve_store, unframe_group,
 )
 from megatron_darl.transport.frames import split_frames
 from megatron_darl.transport.links import Header
@@ -38,9 +38,8 @@ def _group(gid: int, worker: int = 0, g: int = 3, index: int = -1) -> SampleGrou
 
 
 def _store(workers=1, hubs=1):
-    control = ControlPlaneConfig(port=free_port(), num_workers=workers, num_hubs=hubs, store_timeout_s=10,
-                                 poll_interval_s=0.001)
-    return control, serve_store(control)
+    control = ControlPlaneConfig(port=free_port(), store_timeout_s=10, poll_interval_s=0.001)
+    return control, serve_store(control), Topology(workers=workers, hubs=hubs)
 
 
 def _cfg(transport: str, **kw) -> ChannelConfig:
@@ -94,17 +93,17 @@ def test_shard_of_deals_one_workers_folded_ids_evenly_over_the_hubs():
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_exactly_once_in_order_with_a_restarted_sender(transport):
-    control, store = _store()
+    control, store, topo = _store()
     cfg = _cfg(transport, max_unacked_per_hub=100)
-    sender = SampleSender(store, control, cfg, 0)
-    hub = SampleHub(store, control, cfg, 0)
+    sender = SampleSender(store, control, cfg, topo, 0)
+    hub = SampleHub(store, control, cfg, topo, 0)
     for gid in range(0, 10, 2):
         sender.send(_group(gid), StartTicket(0, gid + 1))
     first = _take(hub, 2)
     if transport == "dataplane":  # a restart resumes after the acked groups: let them arrive
         assert sender.flush(20) == 0
     sender.close()
-    restarted = SampleSender(store, control, cfg, 0)
+    restarted = SampleSender(store, control, cfg, topo, 0)
     restarted.send(_group(100), StartTicket(0, 100))
     got = first + _take(hub, 4)
     assert [r.group.group_id for r in got] == [0, 2, 4, 6, 8, 100]
@@ -150,30 +149,30 @@ def test_a_restarted_store_sender_never_reuses_a_seq_the_hub_took_while_it_looke
     """A restart scans past its earlier incarnation's posted headers; a header the hub consumed
     during the scan is missing too, and must not be taken for a free seq (its group would sit
     under a seq the hub has passed, never delivered: a full test run once saw 3 of 4 groups)."""
-    control, store = _store()
+    control, store, topo = _store()
     cfg = _cfg("store", max_unacked_per_hub=100)
-    first = SampleSender(store, control, cfg, 0)
+    first = SampleSender(store, control, cfg, topo, 0)
     for gid in range(0, 6, 2):
         first.send(_group(gid), StartTicket(0, gid + 1))
     first.close()
     assert store.check([Keys.sample(0, 0, s) for s in range(3)])
     racing = _ConsumedWhileLooking(store, posted=3)
-    restarted = SampleSender(racing, control, cfg, 0)
+    restarted = SampleSender(racing, control, cfg, topo, 0)
     assert racing.checks >= 2 and restarted._next[0] == 3  # after the consumed seqs 0-2, not 0
     restarted.close()
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_back_pressure_blocks_then_times_out_naming_the_hub(transport):
-    control, store = _store()
+    control, store, topo = _store()
     cfg = _cfg(transport, max_unacked_per_hub=2, send_timeout_s=0.3)
-    sender = SampleSender(store, control, cfg, 0)
+    sender = SampleSender(store, control, cfg, topo, 0)
     sender.send(_group(0), StartTicket(0, 1))
     sender.send(_group(2), StartTicket(0, 2))
     assert sender.unacked(0) == 2
     with pytest.raises(TransportTimeout, match=r"hub 0 acked nothing .*trainer 0 \(not joined\)"):
         sender.send(_group(4), StartTicket(0, 3))
-    hub = SampleHub(store, control, cfg, 0)  # the hub comes: its link takes both, then room again
+    hub = SampleHub(store, control, cfg, topo, 0)  # the hub comes: its link takes both, then room again
     assert [r.group.group_id for r in _take(hub, 2)] == [0, 2]
     assert sender.flush(20) == 0
     sender.send(_group(4), StartTicket(0, 3))
@@ -185,13 +184,13 @@ def test_back_pressure_blocks_then_times_out_naming_the_hub(transport):
 def test_back_pressure_holds_across_a_sender_restart():
     """A restarted store-transport sender goes past the groups it posted and nobody consumed;
     they still count against ``max_unacked_per_hub`` (the sender caches the last ack it read)."""
-    control, store = _store()
+    control, store, topo = _store()
     cfg = _cfg("store", max_unacked_per_hub=2, send_timeout_s=0.3)
-    first = SampleSender(store, control, cfg, 0)
+    first = SampleSender(store, control, cfg, topo, 0)
     first.send(_group(0), StartTicket(0, 1))
     first.send(_group(2), StartTicket(0, 2))
     first.close()
-    restarted = SampleSender(store, control, cfg, 0)
+    restarted = SampleSender(store, control, cfg, topo, 0)
     with pytest.raises(TransportTimeout, match=r"hub 0 acked nothing .*\(2 groups unacked\)"):
         restarted.send(_group(4), StartTicket(0, 3))
     assert not store.check([Keys.sample(0, 0, 2)])
@@ -199,14 +198,14 @@ def test_back_pressure_holds_across_a_sender_restart():
 
 
 def test_back_pressure_wait_ends_on_stop_without_sending():
-    control, store = _store()
+    control, store, topo = _store()
     cfg = _cfg("dataplane", max_unacked_per_hub=1, send_timeout_s=30.0)
-    sender = SampleSender(store, control, cfg, 0)
+    sender = SampleSender(store, control, cfg, topo, 0)
     sender.send(_group(0), StartTicket(0, 1))
     polls = []
     hub = sender.send(_group(2), StartTicket(0, 2), stopped=lambda: polls.append(1) or len(polls) > 3)
     assert hub is None and len(polls) == 4  # returned at the 4th poll, long before the timeout
-    receiver = SampleHub(store, control, cfg, 0)
+    receiver = SampleHub(store, control, cfg, topo, 0)
     assert [r.group.group_id for r in _take(receiver, 1)] == [0]
     time.sleep(0.3)
     assert receiver.poll() == []  # 2 was never sent
@@ -218,9 +217,9 @@ def test_back_pressure_wait_ends_on_stop_without_sending():
 def test_a_link_that_fails_at_setup_ends_the_next_send_not_the_send_timeout():
     # found on the GPU machine: a bare "cuda" device made the link thread's set_device raise before
     # its error was recorded, and the worker waited out send_timeout_s while the trainer waited too
-    control, store = _store()
+    control, store, topo = _store()
     cfg = _cfg("dataplane", max_unacked_per_hub=1, send_timeout_s=60.0)
-    sender = SampleSender(store, control, cfg, 0, device=torch.device("cuda", 0))  # no CUDA here: setup fails
+    sender = SampleSender(store, control, cfg, topo, 0, device=torch.device("cuda", 0))  # no CUDA here: setup fails
     t0 = time.monotonic()
     with pytest.raises(TransportTimeout, match=r"rollout 0: the channel to hub 0 .* failed: "):
         sender.send(_group(0), StartTicket(0, 1))  # the first, or at the latest the one back-pressure holds
@@ -239,10 +238,10 @@ def test_a_bare_cuda_device_is_given_its_index():
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker(transport):
-    control, store = _store(workers=3, hubs=2)
+    control, store, topo = _store(workers=3, hubs=2)
     cfg = _cfg(transport, max_unacked_per_hub=1000)
-    hubs = [SampleHub(store, control, cfg, h) for h in range(2)]
-    senders = [SampleSender(store, control, cfg, w) for w in range(2)]  # worker 2 never sends
+    hubs = [SampleHub(store, control, cfg, topo, h) for h in range(2)]
+    senders = [SampleSender(store, control, cfg, topo, w) for w in range(2)]  # worker 2 never sends
     for local in range(30):
         for w, s in enumerate(senders):
             s.send(_group(local * 3 + w, worker=w), StartTicket(0, 1))
@@ -260,9 +259,9 @@ def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker(transport)
 def test_a_slow_worker_mid_transfer_does_not_hold_up_another():
     """Worker 1 posts a header, joins its pair and then stalls 2 s before sending the payload;
     worker 0's groups to the same hub arrive meanwhile."""
-    control, store = _store(workers=2)
+    control, store, topo = _store(workers=2)
     cfg = _cfg("dataplane", max_unacked_per_hub=100)
-    hub = SampleHub(store, control, cfg, 0)
+    hub = SampleHub(store, control, cfg, topo, 0)
     slow = frame_group(_group(1, worker=1), GroupMeta(0, 0, 1)).to_buffer()
     sent = {}
 
@@ -277,7 +276,7 @@ def test_a_slow_worker_mid_transfer_does_not_hold_up_another():
     thread = threading.Thread(target=stalled_worker)
     thread.start()
     time.sleep(0.5)  # worker 1's link is now waiting in its receive
-    fast = SampleSender(store, control, cfg, 0)
+    fast = SampleSender(store, control, cfg, topo, 0)
     for gid in range(0, 10, 2):
         fast.send(_group(gid), StartTicket(0, 1))
     got = _take(hub, 5, timeout_s=1.8)  # all of worker 0's, well before worker 1 sends
@@ -293,14 +292,14 @@ def test_groups_queued_behind_a_transfer_cross_as_one_and_arrive_in_order():
     """The worker sends 6 groups before the hub exists: its link waits to build the pair with the
     first one posted, the rest queue behind it and cross in one transfer; the hub gets all six in
     seq order, bitwise, in fewer transfers than groups, and acks the last seq."""
-    control, store = _store()
+    control, store, topo = _store()
     cfg = _cfg("dataplane", max_unacked_per_hub=100)
-    sender = SampleSender(store, control, cfg, 0)
+    sender = SampleSender(store, control, cfg, topo, 0)
     groups = [_group(gid) for gid in range(0, 12, 2)]
     for g in groups:
         sender.send(g, StartTicket(0, 1))
     time.sleep(0.3)
-    hub = SampleHub(store, control, cfg, 0)
+    hub = SampleHub(store, control, cfg, topo, 0)
     got = _take(hub, 6)
     assert [r.meta.seq for r in got] == list(range(6))
     for g, r in zip(groups, got):
@@ -328,17 +327,17 @@ def test_a_dead_workers_pair_is_dropped_and_its_restart_delivers():
     """A worker that dies after posting its header (its pair is never built): the hub's link for
     it gives up that pair after connect_timeout_s, the restarted worker re-posts the same seq on a
     new epoch and it is delivered; the other worker's groups flowed the whole time."""
-    control, store = _store(workers=2)
+    control, store, topo = _store(workers=2)
     cfg = _cfg("dataplane", max_unacked_per_hub=100, connect_timeout_s=1.0)
-    hub = SampleHub(store, control, cfg, 0)
+    hub = SampleHub(store, control, cfg, topo, 0)
     epoch = store.add(Keys.sample_epoch(0, 1), 1)
     store.set(Keys.sample(0, 1, 0), Header(0, epoch, "gloo", 100, 99).to_bytes())  # then it died
-    live = SampleSender(store, control, cfg, 0)
+    live = SampleSender(store, control, cfg, topo, 0)
     for gid in range(0, 6, 2):
         live.send(_group(gid), StartTicket(0, 1))
     assert sorted(r.group.group_id for r in _take(hub, 3)) == [0, 2, 4]
     time.sleep(1.5)  # the link's build of the dead epoch has failed by now
-    restarted = SampleSender(store, control, cfg, 1)
+    restarted = SampleSender(store, control, cfg, topo, 1)
     restarted.send(_group(7, worker=1), StartTicket(0, 2))
     got = _take(hub, 1, timeout_s=15)
     assert got[0].group.group_id == 7 and got[0].meta.seq == 0
@@ -351,13 +350,13 @@ def test_a_restarted_worker_waits_out_a_hub_busy_with_its_predecessors_pair():
     """The predecessor built its pair and froze before sending: the hub's link waits
     transfer_timeout_s on it. The restarted worker's first transfer waits for the hub instead of
     timing its build out twice (2 x 2 x connect_timeout_s, less than the hub is busy) and giving up."""
-    control, store = _store(workers=1)
+    control, store, topo = _store(workers=1)
     cfg = _cfg("dataplane", connect_timeout_s=1.0, transfer_timeout_s=6.0)
-    hub = SampleHub(store, control, cfg, 0)
+    hub = SampleHub(store, control, cfg, topo, 0)
     epoch = store.add(Keys.sample_epoch(0, 0), 1)
     store.set(Keys.sample(0, 0, 0), Header(0, epoch, "gloo", 100, 99).to_bytes())
     frozen = build_group(store, f"ch/0/0/{epoch}", 1, 2, "gloo", 10.0)  # then it sends nothing
-    restarted = SampleSender(store, control, cfg, 0)
+    restarted = SampleSender(store, control, cfg, topo, 0)
     restarted.send(_group(4), StartTicket(0, 1))
     got = _take(hub, 1, timeout_s=20)
     assert got[0].group.group_id == 4 and restarted._links[0].error == ""
@@ -368,13 +367,13 @@ def test_a_restarted_worker_waits_out_a_hub_busy_with_its_predecessors_pair():
 
 
 def test_staleness_gate_holds_globally_under_concurrency():
-    control, store = _store()
-    cfg = ChannelConfig(groups_per_step=5, max_staleness=1)
+    control, store, topo = _store()
+    bound = StalenessBound(max_staleness=1, groups_per_step=5)
     tickets: list[StartTicket] = []
     lock = threading.Lock()
 
     def grab():
-        gate = StalenessGate(store, cfg)
+        gate = StalenessGate(store, bound)
         while (t := gate.try_start()) is not None:
             with lock:
                 tickets.append(t)
@@ -384,17 +383,16 @@ def test_staleness_gate_holds_globally_under_concurrency():
         t.start()
     for t in threads:
         t.join(10)
-    assert len(tickets) == staleness_capacity(0, 1, 5) == 10
+    assert len(tickets) == bound.capacity(0) == 10
     assert sorted(t.index for t in tickets) == list(range(1, 11))
     publish_version(store, 2)
-    more = StalenessGate(store, cfg)
+    more = StalenessGate(store, bound)
     assert [more.try_start().index for _ in range(10)] == list(range(11, 21)) and more.try_start() is None
 
 
 def test_a_dead_workers_reservations_are_given_back():
-    control, store = _store()
-    cfg = ChannelConfig(groups_per_step=3, max_staleness=0)
-    gate = StalenessGate(store, cfg, worker_id=1)
+    control, store, topo = _store()
+    gate = StalenessGate(store, StalenessBound(max_staleness=0, groups_per_step=3), worker_id=1)
     tickets = [gate.try_start() for _ in range(3)]
     assert gate.try_start() is None
     gate.posted(tickets[0])  # one reached its hub; two die with the worker
@@ -405,17 +403,17 @@ def test_a_dead_workers_reservations_are_given_back():
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_group_stops_being_outstanding_once_durable_at_the_hub(transport):
-    control, store = _store()
-    cfg = _cfg(transport, groups_per_step=4, max_staleness=0, max_unacked_per_hub=10)
-    gate = StalenessGate(store, cfg, worker_id=0)
-    sender = SampleSender(store, control, cfg, 0, gate=gate)
+    control, store, topo = _store()
+    cfg = _cfg(transport, max_unacked_per_hub=10)
+    gate = StalenessGate(store, StalenessBound(max_staleness=0, groups_per_step=4), worker_id=0)
+    sender = SampleSender(store, control, cfg, topo, 0, gate=gate)
     tickets = [gate.try_start() for _ in range(3)]
     for gid, t in zip((0, 2), tickets):
         sender.send(_group(gid), t)
     if transport == "dataplane":  # no hub yet: in flight, still outstanding
         time.sleep(0.3)
         assert store.add("stale/outstanding/0", 0) == 3
-    hub = SampleHub(store, control, cfg, 0)
+    hub = SampleHub(store, control, cfg, topo, 0)
     _take(hub, 2)
     assert sender.flush(20) == 0
     assert release_reservations(store, 0) == 1  # only the never-sent third one
@@ -424,10 +422,10 @@ def test_a_group_stops_being_outstanding_once_durable_at_the_hub(transport):
 
 
 def test_config_edges():
-    with pytest.raises(ValueError, match="num_workers"):
-        ControlPlaneConfig(num_workers=0)
+    with pytest.raises(ValueError, match="workers"):
+        Topology(workers=0)
     with pytest.raises(ValueError, match="max_staleness"):
-        ChannelConfig(max_staleness=-1)
+        StalenessBound(max_staleness=-1, groups_per_step=1)
     with pytest.raises(ValueError, match="transport"):
         ChannelConfig(transport="carrier pigeon")
     with pytest.raises(ValueError, match="backend"):

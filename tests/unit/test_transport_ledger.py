@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from megatron_darl.samples import Sample, SampleGroup
-from megatron_darl.transport import ChannelConfig, ControlPlaneConfig, StalenessGate, connect_store, serve_store
+from megatron_darl.transport import ControlPlaneConfig, StalenessBound, StalenessGate, connect_store, serve_store
 from megatron_darl.transport.control_store import LEDGER_KEY
 from megatron_darl.transport.ledger import LedgerClient
 from megatron_darl.transport.staleness import admit_fresh, groups_refused, mark_delivered, release_reservations
@@ -21,7 +21,7 @@ from tests.distributed.procs.launcher import free_port
 
 @pytest.fixture
 def stores():
-    control = ControlPlaneConfig(port=free_port(), num_workers=2, store_timeout_s=10, call_timeout_s=5,
+    control = ControlPlaneConfig(port=free_port(), store_timeout_s=10, call_timeout_s=5,
                                  secret="run-secret")
     server = serve_store(control)
     client = connect_store(control, who="rollout 0")
@@ -39,7 +39,7 @@ def _group(group_id: int, version: int, worker: int = 0) -> SampleGroup:
 
 def test_a_fenced_generation_is_refused_and_the_worker_goes_on_as_a_new_one(stores):
     _, server, client = stores
-    cfg = ChannelConfig(groups_per_step=2, max_staleness=0)
+    cfg = StalenessBound(max_staleness=0, groups_per_step=2)
     gate = StalenessGate(client, cfg, worker_id=0)
     held = gate.try_start_batch(2)
     assert [t.generation for t in held] == [1, 1] and gate.try_start() is None  # the bound: 2 at version 0
@@ -54,7 +54,7 @@ def test_a_fenced_generation_is_refused_and_the_worker_goes_on_as_a_new_one(stor
 
 def test_a_restarted_process_fences_its_predecessor(stores):
     _, server, client = stores
-    cfg = ChannelConfig(groups_per_step=4, max_staleness=0)
+    cfg = StalenessBound(max_staleness=0, groups_per_step=4)
     first = StalenessGate(client, cfg, worker_id=1)
     assert len(first.try_start_batch(3)) == 3
     second = StalenessGate(server, cfg, worker_id=1)
@@ -64,7 +64,7 @@ def test_a_restarted_process_fences_its_predecessor(stores):
 
 def test_the_trainer_trains_no_group_over_the_bound_and_gives_its_start_back(stores):
     _, server, _ = stores
-    gate = StalenessGate(server, ChannelConfig(groups_per_step=3, max_staleness=1))
+    gate = StalenessGate(server, StalenessBound(max_staleness=1, groups_per_step=3))
     assert len(gate.try_start_batch(3)) == 3
     groups = [_group(0, 4), _group(1, 3), _group(2, 2)]
     kept = admit_fresh(server, groups, version=4, max_staleness=1)

@@ -51,9 +51,9 @@ def _close(stop, threads, beats):
 
 
 def test_a_worker_at_its_safe_point_is_served_while_another_still_generates():
-    control, store, hb, whbs = _world(2)
-    sender = WeightSender(store, control, CFG, 0, hb)
-    receivers = [WeightReceiver(connect_store(control), control, CFG, w, lambda named: None) for w in range(2)]
+    control, store, hb, whbs, topo = _world(2)
+    sender = WeightSender(store, control, CFG, topo, 0, hb)
+    receivers = [WeightReceiver(connect_store(control), control, CFG, topo, w, lambda named: None) for w in range(2)]
     logs: list[list] = [[], []]
     stop = threading.Event()
     threads = [threading.Thread(target=_serve, args=(receivers[0], 1, stop, 0.0, logs[0]), daemon=True),
@@ -83,11 +83,11 @@ def test_a_worker_at_its_safe_point_is_served_while_another_still_generates():
 
 
 def test_a_round_sends_the_newest_staged_version_and_the_workers_ack_it():
-    control, store, hb, whbs = _world(2)
-    sender = WeightSender(store, control, CFG, 0, hb)
+    control, store, hb, whbs, topo = _world(2)
+    sender = WeightSender(store, control, CFG, topo, 0, hb)
     staged = {v: sender.stage_weights(v, _weights(v)) for v in (1, 2)}
     loaded = [{}, {}]
-    receivers = [WeightReceiver(connect_store(control), control, CFG, w, _loader(loaded[w])) for w in range(2)]
+    receivers = [WeightReceiver(connect_store(control), control, CFG, topo, w, _loader(loaded[w])) for w in range(2)]
     stop = threading.Event()
     threads = [threading.Thread(target=_serve, args=(r, 1, stop), daemon=True) for r in receivers]
     for t in threads:
@@ -104,11 +104,11 @@ def test_a_round_sends_the_newest_staged_version_and_the_workers_ack_it():
 
 
 def test_background_publish_returns_at_once_and_the_newest_version_wins():
-    control, store, hb, whbs = _world(1)
-    sender = WeightSender(connect_store(control), control, CFG, 0, hb)
+    control, store, hb, whbs, topo = _world(1)
+    sender = WeightSender(connect_store(control), control, CFG, topo, 0, hb)
     publisher = BackgroundPublisher(sender)
     loaded: dict = {}
-    receiver = WeightReceiver(connect_store(control), control, CFG, 0, _loader(loaded))
+    receiver = WeightReceiver(connect_store(control), control, CFG, topo, 0, _loader(loaded))
     stop = threading.Event()
     log: list = []
     thread = threading.Thread(target=_serve, args=(receiver, 3, stop, 0.8, log), daemon=True)
@@ -131,14 +131,14 @@ def test_background_publish_returns_at_once_and_the_newest_version_wins():
 
 
 def test_a_background_sync_that_failed_is_raised_by_the_next_call():
-    control, store, hb, whbs = _world(1)
-    sender = WeightSender(connect_store(control), control, CFG, 0, hb)
+    control, store, hb, whbs, topo = _world(1)
+    sender = WeightSender(connect_store(control), control, CFG, topo, 0, hb)
     publisher = BackgroundPublisher(sender)
 
     def broken(named):
         raise RuntimeError("CUDA out of memory")
 
-    receiver = WeightReceiver(connect_store(control), control, CFG, 0, broken)
+    receiver = WeightReceiver(connect_store(control), control, CFG, topo, 0, broken)
     errors: list = []
     stop = threading.Event()
     thread = threading.Thread(target=_serve_until_error, args=(receiver, errors, stop), daemon=True)

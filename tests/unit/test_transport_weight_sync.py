@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from megatron_darl.transport import (
-    TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, WeightLoadError,
+    TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, Topology, WeightLoadError,
     WeightReceiver, WeightSender, WeightSyncConfig, WeightSyncFailed, connect_store, published_version,
     serve_store,
 )
@@ -37,12 +37,12 @@ def _weights(version: int) -> list[tuple[str, torch.Tensor]]:
 
 
 def _world(workers: int):
-    control = ControlPlaneConfig(port=free_port(), num_workers=workers, store_timeout_s=20, poll_interval_s=0.002)
+    control = ControlPlaneConfig(port=free_port(), store_timeout_s=20, poll_interval_s=0.002)
     store = serve_store(control)
     hb = Heartbeat(control, HB, MemberInfo.here(TRAINER, 0)).start()
     worker_hbs = [Heartbeat(control, HB, MemberInfo.here(WORKER, w)).start() for w in range(workers)]
     time.sleep(0.2)  # let the trainer's monitor see the workers beat
-    return control, store, hb, worker_hbs
+    return control, store, hb, worker_hbs, Topology(workers=workers)
 
 
 def _serve(receiver: WeightReceiver, until: int, stop: threading.Event) -> None:
@@ -52,7 +52,7 @@ def _serve(receiver: WeightReceiver, until: int, stop: threading.Event) -> None:
 
 
 def test_sync_is_bitwise_bucketed_and_acked():
-    control, store, hb, whbs = _world(2)
+    control, store, hb, whbs, topo = _world(2)
     cfg = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=5, collective_timeout_s=20, ack_timeout_s=20)
     loaded = {0: {}, 1: {}}
     calls = {0: 0, 1: 0}
@@ -63,8 +63,8 @@ def test_sync_is_bitwise_bucketed_and_acked():
             loaded[w].update({n: t.clone() for n, t in named})
         return load
 
-    sender = WeightSender(store, control, cfg, 0, hb)
-    receivers = [WeightReceiver(connect_store(control), control, cfg, w, loader(w)) for w in range(2)]
+    sender = WeightSender(store, control, cfg, topo, 0, hb)
+    receivers = [WeightReceiver(connect_store(control), control, cfg, topo, w, loader(w)) for w in range(2)]
     stop = threading.Event()
     threads = [threading.Thread(target=_serve, args=(r, 2, stop), daemon=True) for r in receivers]
     for t in threads:
@@ -88,11 +88,11 @@ def test_sync_is_bitwise_bucketed_and_acked():
 
 
 def test_a_worker_that_never_reaches_a_safe_point_is_left_out_and_named():
-    control, store, hb, whbs = _world(2)
+    control, store, hb, whbs, topo = _world(2)
     cfg = WeightSyncConfig(backend="gloo", bucket_bytes=1 << 20, join_timeout_s=0.5, collective_timeout_s=20,
                            ack_timeout_s=20)
-    sender = WeightSender(store, control, cfg, 0, hb)
-    receiver = WeightReceiver(connect_store(control), control, cfg, 0, lambda named: None)
+    sender = WeightSender(store, control, cfg, topo, 0, hb)
+    receiver = WeightReceiver(connect_store(control), control, cfg, topo, 0, lambda named: None)
     stop = threading.Event()
     thread = threading.Thread(target=_serve, args=(receiver, 1, stop), daemon=True)
     thread.start()
@@ -111,9 +111,9 @@ def test_a_worker_that_never_reaches_a_safe_point_is_left_out_and_named():
 def test_publish_with_live_workers_that_never_join_goes_on_naming_them():
     """No worker reaches a safe point within join_timeout_s: the version is not published, the
     report names the worker, and publish returns (the loop's progress watch judges the worker)."""
-    control, store, hb, whbs = _world(1)
+    control, store, hb, whbs, topo = _world(1)
     cfg = WeightSyncConfig(backend="gloo", join_timeout_s=0.3, collective_timeout_s=5, ack_timeout_s=1)
-    sender = WeightSender(store, control, cfg, 0, hb)
+    sender = WeightSender(store, control, cfg, topo, 0, hb)
     start = time.monotonic()
     try:
         report = sender.publish(1, _weights(1))
@@ -139,16 +139,16 @@ def test_an_engine_that_cannot_load_is_named_and_the_others_go_on():
     """Worker 1's engine rejects the weights: it raises WeightLoadError, the sync still reaches
     worker 0, and the report names worker 1 with its engine's reason. Worker 1 keeps taking the
     remaining buckets' broadcasts, so nobody waits out the 20 s collective timeout on it."""
-    control, store, hb, whbs = _world(2)
+    control, store, hb, whbs, topo = _world(2)
     cfg = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=5, collective_timeout_s=20,
                            ack_timeout_s=20)
 
     def broken(named):
         raise ValueError("load_weights: 'model.scalar' has shape (), model has (3,)")
 
-    sender = WeightSender(store, control, cfg, 0, hb)
-    good = WeightReceiver(connect_store(control), control, cfg, 0, lambda named: None)
-    bad = WeightReceiver(connect_store(control), control, cfg, 1, broken)
+    sender = WeightSender(store, control, cfg, topo, 0, hb)
+    good = WeightReceiver(connect_store(control), control, cfg, topo, 0, lambda named: None)
+    bad = WeightReceiver(connect_store(control), control, cfg, topo, 1, broken)
     errors: list = []
     stop = threading.Event()
     threads = [threading.Thread(target=_serve, args=(good, 1, stop), daemon=True),
@@ -174,14 +174,14 @@ def test_an_engine_that_cannot_load_is_named_and_the_others_go_on():
 def test_a_sync_no_worker_can_take_fails_loudly_naming_each_worker():
     """Every worker's engine rejects the weights: publish raises WeightSyncFailed (the trainer
     stops) with each worker named, instead of training on while no worker can generate."""
-    control, store, hb, whbs = _world(2)
+    control, store, hb, whbs, topo = _world(2)
     cfg = WeightSyncConfig(backend="gloo", join_timeout_s=5, collective_timeout_s=20, ack_timeout_s=20)
 
     def broken(named):
         raise RuntimeError("CUDA out of memory")
 
-    sender = WeightSender(store, control, cfg, 0, hb)
-    receivers = [WeightReceiver(connect_store(control), control, cfg, w, broken) for w in range(2)]
+    sender = WeightSender(store, control, cfg, topo, 0, hb)
+    receivers = [WeightReceiver(connect_store(control), control, cfg, topo, w, broken) for w in range(2)]
     errors: list = []
     stop = threading.Event()
     threads = [threading.Thread(target=_serve_until_error, args=(r, errors, stop), daemon=True) for r in receivers]
@@ -207,8 +207,8 @@ def test_a_sync_no_worker_can_take_fails_loudly_naming_each_worker():
 def test_backend_auto_is_nccl_only_when_every_member_holds_its_own_gpu():
     """NCCL refuses two ranks on one device: shared or missing GPUs fall back to gloo, and a
     worker on the leader's own GPU is served by CUDA IPC, not the group."""
-    control, store, hb, whbs = _world(3)
-    sender = WeightSender(store, control, WeightSyncConfig(), 0, hb)
+    control, store, hb, whbs, topo = _world(3)
+    sender = WeightSender(store, control, WeightSyncConfig(), topo, 0, hb)
     sender._gpu, sender._host = "GPU-A", "node1"  # a leader on GPU A (no CUDA on this machine)
     ready = {0: {"gpu": "GPU-A", "host": "node1"}, 1: {"gpu": "GPU-B", "host": "node1"},
              2: {"gpu": "GPU-B", "host": "node1"}}

@@ -58,10 +58,10 @@ def test_a_member_that_dies_in_its_round_is_named_and_the_publish_does_not_fail(
     fails the round for worker 1 too, and a newer version is staged: the publish ends naming
     worker 0 as lost, without WeightSyncFailed (it used to fail 'for every rollout worker'), and
     the next publish reaches worker 1."""
-    control, store, hb, whbs = _world(2)
+    control, store, hb, whbs, topo = _world(2)
     cfg = WeightSyncConfig(backend="gloo", join_timeout_s=10, collective_timeout_s=3, ack_timeout_s=5, gather_s=1.0)
-    sender = WeightSender(store, control, cfg, 0, hb)
-    receivers = [WeightReceiver(connect_store(control), control, cfg, w, lambda named: None) for w in range(2)]
+    sender = WeightSender(store, control, cfg, topo, 0, hb)
+    receivers = [WeightReceiver(connect_store(control), control, cfg, topo, w, lambda named: None) for w in range(2)]
     stop = threading.Event()
 
     def die(*args, **kwargs):  # in the round, its group built: no more beats, no answer
@@ -91,13 +91,13 @@ def test_a_worker_too_late_for_a_publish_is_offered_the_version_again():
     """Worker 1 reaches its safe point after the publish of v1 left it out: the background
     publisher offers v1 again (a new offer), worker 1 takes it, and worker 0, which holds v1,
     is not asked again."""
-    control, store, hb, whbs = _world(2)
+    control, store, hb, whbs, topo = _world(2)
     cfg = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=1.0, collective_timeout_s=20,
                            ack_timeout_s=20, gather_s=0.05)
-    sender = WeightSender(connect_store(control), control, cfg, 0, hb)
+    sender = WeightSender(connect_store(control), control, cfg, topo, 0, hb)
     publisher = BackgroundPublisher(sender, linger_s=0.05)
     loaded: list[dict] = [{}, {}]
-    receivers = [WeightReceiver(connect_store(control), control, cfg, w, _loader(loaded[w])) for w in range(2)]
+    receivers = [WeightReceiver(connect_store(control), control, cfg, topo, w, _loader(loaded[w])) for w in range(2)]
     logs: list[list] = [[], []]
     stop = threading.Event()
     threads = [threading.Thread(target=_serve, args=(receivers[0], 1, stop, 0.0, logs[0]), daemon=True),

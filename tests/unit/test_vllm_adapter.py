@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers
 
-from megatron_darl.rollout.engines import EngineConfig, SamplingConfig
+from megatron_darl.rollout.config import EngineConfig, SamplingConfig
 from megatron_darl.rollout.engines import vllm_compat as compat
 from tests.distributed.procs.sources import save_tiny_model, tiny_config
 from tests.unit import fake_vllm

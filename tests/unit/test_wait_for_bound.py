@@ -15,7 +15,7 @@ import torch
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.endpoints import Backlog, ProgressWatch, TrainerEndpoints, receive_groups
 from megatron_darl.samples import Sample, SampleGroup
-from megatron_darl.transport import ChannelConfig, StalenessGate
+from megatron_darl.transport import StalenessBound, StalenessGate
 from megatron_darl.transport.staleness import bound_filled, give_back_degenerate, mark_delivered
 
 
@@ -40,22 +40,23 @@ def test_the_need_fills_the_bound_then_b_a_step():
 
 def test_the_ledger_is_filled_when_no_whole_batch_fits_and_none_is_in_flight(stores):
     server, client = stores
-    assert not bound_filled(server, 1, 4)  # no worker yet: never filled
-    gate = StalenessGate(client, ChannelConfig(groups_per_step=4, max_staleness=1), worker_id=0)
-    assert not bound_filled(server, 1, 4)  # joined, nothing reserved: room 8
+    bound = StalenessBound(max_staleness=1, groups_per_step=4)
+    assert not bound_filled(server, bound)  # no worker yet: never filled
+    gate = StalenessGate(client, bound, worker_id=0)
+    assert not bound_filled(server, bound)  # joined, nothing reserved: room 8
     assert len(gate.try_start_batch(3)) == 3 and len(gate.try_start_batch(3)) == 3
     assert gate.try_start_batch(3) == []  # room 2 of cap 8: a batch of 3 never fits at version 0
-    assert not bound_filled(server, 1, 4)  # 6 in flight
-    assert mark_delivered(server, 0, 5, generation=gate.generation) and not bound_filled(server, 1, 4)
-    assert mark_delivered(server, 0, 1, generation=gate.generation) and bound_filled(server, 1, 4)
+    assert not bound_filled(server, bound)  # 6 in flight
+    assert mark_delivered(server, 0, 5, generation=gate.generation) and not bound_filled(server, bound)
+    assert mark_delivered(server, 0, 1, generation=gate.generation) and bound_filled(server, bound)
     give_back_degenerate(server, [SimpleNamespace()])  # room 3: a replacement batch fits again
-    assert not bound_filled(server, 1, 4)
+    assert not bound_filled(server, bound)
     assert len(gate.try_start_batch(3)) == 3 and mark_delivered(server, 0, 3, generation=gate.generation)
-    assert bound_filled(server, 1, 4)  # started 8 = the cap
+    assert bound_filled(server, bound)  # started 8 = the cap
     server.ledger.call("publish", version=1)
-    assert not bound_filled(server, 1, 4)  # cap 12
+    assert not bound_filled(server, bound)  # cap 12
     assert gate.try_start() is not None  # single starts: filled only at the cap itself
-    assert mark_delivered(server, 0, 1, generation=gate.generation) and not bound_filled(server, 1, 4)
+    assert mark_delivered(server, 0, 1, generation=gate.generation) and not bound_filled(server, bound)
 
 
 def _group(group_id: int) -> SampleGroup:
@@ -67,7 +68,7 @@ def _group(group_id: int) -> SampleGroup:
 
 class _Hub:
     def __init__(self, batches):
-        self.batches, self.hub, self.cfg = list(batches), 0, SimpleNamespace(max_staleness=4)
+        self.batches, self.hub = list(batches), 0
 
     def poll(self):
         return [SimpleNamespace(group=g) for g in (self.batches.pop(0) if self.batches else [])]
@@ -75,7 +76,8 @@ class _Hub:
 
 def _receive(store, batches, need, floor, filled):
     hb = SimpleNamespace(is_lost=lambda *a: False, is_alive=lambda *a: True, incarnations=lambda *a: 1)
-    ep = TrainerEndpoints(store=store, heartbeat=hb, hub=_Hub(batches), sender=None, me=None)
+    ep = TrainerEndpoints(store=store, heartbeat=hb, hub=_Hub(batches), sender=None, me=None,
+                          bound=StalenessBound(max_staleness=4, groups_per_step=1))
     return receive_groups(ep, SimpleNamespace(rank=0, dp_sum=lambda t: t), need, timeout_s=5.0, step=0, poll_s=0.0,
                           num_workers=1, filled=filled, floor=floor)
 
@@ -95,7 +97,8 @@ def test_a_filled_ledger_ends_the_wait_once_the_step_has_its_b(stores):
 def test_the_timeout_names_the_bound(stores):
     server, _ = stores
     hb = SimpleNamespace(is_lost=lambda *a: False, is_alive=lambda *a: True, incarnations=lambda *a: 1)
-    ep = TrainerEndpoints(store=server, heartbeat=hb, hub=None, sender=None, me=None)
+    ep = TrainerEndpoints(store=server, heartbeat=hb, hub=None, sender=None, me=None,
+                          bound=StalenessBound(max_staleness=4, groups_per_step=1))
     watch = ProgressWatch(ep, num_workers=1, timeout_s=0.01, step=3, need=32, bound=True)
     watch.states = lambda: "rollout 0: alive"
     assert watch.check(20) == ""  # groups arrived: the rollout side is alive

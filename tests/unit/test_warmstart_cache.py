@@ -17,7 +17,8 @@ from pathlib import Path
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from launch.warmstart import WarmStartConfig, cached_fit
+from launch.warmstart import cached_fit
+from megatron_darl.models.config import WarmStartConfig
 
 cache, go, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 while not go.exists():  # both processes start their call together
@@ -53,7 +54,8 @@ def test_two_first_runs_at_once_both_get_the_one_fitted_policy(tmp_path: Path):
 
 
 def test_a_dead_fit_leaves_nothing_a_later_run_trips_on(tmp_path: Path):
-    from launch.warmstart import WarmStartConfig, cached_fit
+    from launch.warmstart import cached_fit
+    from megatron_darl.models.config import WarmStartConfig
 
     cache = tmp_path / "cache"
     cfg = WarmStartConfig(cache_dir=str(cache))

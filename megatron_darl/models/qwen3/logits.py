@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from megatron_darl.models.qwen3.model import unwrap_qwen3
 
 
 def causal_mask(seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -48,8 +49,6 @@ def forward_logits(model_chunks, input_ids: torch.Tensor, parallel_state):
     pipeline stage gets the logits (gathered over TP, padding stripped), other stages None.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    from megatron_darl.models.qwen3.model import unwrap_qwen3
 
     ps = parallel_state
     model = unwrap_qwen3(model_chunks[0])

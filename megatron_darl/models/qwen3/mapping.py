@@ -19,7 +19,8 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from megatron_darl.models.qwen3.config import Qwen3Spec, padded_vocab_size
+from megatron_darl.models.qwen3.config import padded_vocab_size, Qwen3Spec, spec_from_hf
+from megatron_darl.models.qwen3.model import unwrap_qwen3
 
 TensorGetter = Callable[[str], torch.Tensor]
 
@@ -188,8 +189,6 @@ def hf_to_megatron_shard(
         hf: a full HF state dict or a getter ``name -> tensor`` (e.g. lazy safetensors).
         hf_config: HF config / dict / ``Qwen3Spec``.
     """
-    from megatron_darl.models.qwen3.config import spec_from_hf
-
     spec = hf_config if isinstance(hf_config, Qwen3Spec) else spec_from_hf(hf_config)
     get = hf.__getitem__ if isinstance(hf, dict) else hf
     return dict(iter_megatron_shard(get, spec, tp_rank, tp_size, pp_rank, pp_size, padded_vocab))
@@ -221,8 +220,6 @@ def megatron_to_hf_stage(model_chunks, parallel_state) -> Iterator[tuple[str, to
     checkpoints). Replicated tensors (norms) are views of the live parameters: clone anything
     you keep past the next optimizer step.
     """
-    from megatron_darl.models.qwen3.model import unwrap_qwen3
-
     ps = parallel_state
     for model in map(unwrap_qwen3, model_chunks):
         spec: Qwen3Spec = model.qwen3_spec

@@ -21,6 +21,7 @@ from megatron_darl.models.qwen3.config import (
     spec_from_hf,
     transformer_config_from_hf,
 )
+from megatron_darl.models.qwen3.norm import Qwen3RMSNorm
 
 ATTENTION_BACKENDS = ("auto", "te", "sdpa", "local")
 
@@ -52,8 +53,8 @@ def qwen3_layer_spec(backend: str):
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=True)
     spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     if backend == "sdpa":
+        # defers Megatron (seconds to import): attention.py subclasses its core attention
         from megatron_darl.models.qwen3.attention import SDPACoreAttention
-        from megatron_darl.models.qwen3.norm import Qwen3RMSNorm
 
         spec = copy.deepcopy(spec)
         attn = spec.submodules.self_attention.submodules
@@ -72,7 +73,7 @@ def qwen3_block_spec(layer_spec, num_local_layers: int):
         # TE fuses the input norm into linear_qkv; the final norm is TE's RMSNorm.
         from megatron.core.extensions.transformer_engine import TENorm as norm
     elif getattr(fused_norm, "__name__", "") == "Qwen3RMSNorm":
-        from megatron_darl.models.qwen3.norm import Qwen3RMSNorm as norm
+        norm = Qwen3RMSNorm
     else:
         # torch.nn.RMSNorm behind Megatron's wrapper (stable across megatron-core versions).
         from megatron.core.transformer.torch_norm import WrappedTorchNorm as norm

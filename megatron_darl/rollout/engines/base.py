@@ -21,57 +21,12 @@ load (``pause(interrupt=True)``) continues on the new weights with its later tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Protocol
+from dataclasses import dataclass
+from typing import Hashable, Iterable, Protocol
 
 import torch
 
-WEIGHT_TRANSFERS = ("ipc", "copy")
-
-
-@dataclass
-class SamplingConfig:
-    """How responses are sampled."""
-
-    n: int = 1  # responses per prompt (the GRPO group size G)
-    max_new_tokens: int = 512  # length limit of one response
-    temperature: float = 1.0  # softmax temperature; 0 means greedy
-    top_p: float = 1.0  # nucleus sampling mass
-    top_k: int = -1  # -1 disables top-k
-    seed: int = 0  # base seed; engines derive per-request seeds from it
-    stop_token_ids: list[int] = field(default_factory=list)  # extra stop tokens besides EOS
-    ignore_eos: bool = False  # benchmarks: EOS does not stop a response (fixed-length generations)
-
-
-@dataclass
-class EngineConfig:
-    """Which backend runs generation, on what."""
-
-    backend: str = "hf"  # "hf" (transformers generate) or "vllm"
-    model_path: str = ""  # Hugging Face checkpoint directory
-    dtype: str = "auto"  # "auto" (hf: bf16 on GPU, fp32 on CPU; vllm: the checkpoint's), "bf16", "fp16", "fp32"
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N" (vllm: the visible GPUs, set by launch)
-    max_batch_size: int = 64  # sequences generated together (vllm: max_num_seqs)
-    compile: bool = True  # hf: static cache + torch.compile on GPU; vllm: False = enforce_eager
-    tensor_parallel_size: int = 1  # vllm: engine TP size
-    gpu_memory_utilization: float = 0.85  # vllm: fraction of GPU memory for weights + KV cache
-    max_model_len: int = 0  # vllm: longest prompt + response; 0 = the checkpoint's limit
-    weight_transfer: str = "ipc"  # vllm: weights into the engine process by "ipc" (CUDA IPC) or "copy"
-    timeout_s: float = 600.0  # vllm: longest wait on one engine operation (start, pause, weight load)
-    vllm_args: dict[str, Any] = field(default_factory=dict)  # vllm: extra AsyncEngineArgs fields
-
-    def __post_init__(self) -> None:
-        if self.weight_transfer not in WEIGHT_TRANSFERS:
-            raise ValueError(f"EngineConfig.weight_transfer must be one of {WEIGHT_TRANSFERS}, "
-                             f"got {self.weight_transfer!r}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got "
-                             f"{self.gpu_memory_utilization}")
-        if self.max_batch_size < 1 or self.tensor_parallel_size < 1 or self.max_model_len < 0:
-            raise ValueError("EngineConfig.max_batch_size and tensor_parallel_size must be >= 1, "
-                             "max_model_len >= 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"EngineConfig.timeout_s must be > 0, got {self.timeout_s}")
+from megatron_darl.rollout.config import SamplingConfig
 
 
 @dataclass

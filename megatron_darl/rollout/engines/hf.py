@@ -22,7 +22,8 @@ from typing import Iterable
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from megatron_darl.rollout.engines.base import EngineConfig, Generation, SamplingConfig
+from megatron_darl.rollout.config import EngineConfig, SamplingConfig
+from megatron_darl.rollout.engines.base import Generation
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -26,7 +26,8 @@ from typing import Hashable, Iterable
 
 import torch
 
-from megatron_darl.rollout.engines.base import Engine, FinishedGroup, Generation, SamplingConfig
+from megatron_darl.rollout.config import SamplingConfig
+from megatron_darl.rollout.engines.base import Engine, FinishedGroup, Generation
 
 
 @dataclass

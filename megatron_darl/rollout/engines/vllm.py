@@ -43,8 +43,9 @@ from typing import Any, Hashable, Iterable
 
 import torch
 
+from megatron_darl.rollout.config import EngineConfig, SamplingConfig
 from megatron_darl.rollout.engines import vllm_compat as compat
-from megatron_darl.rollout.engines.base import EngineConfig, FinishedGroup, Generation, SamplingConfig
+from megatron_darl.rollout.engines.base import FinishedGroup, Generation
 from megatron_darl.rollout.engines.stream import Partial, PendingGroup
 from megatron_darl.rollout.engines.vllm_worker import StagingBuffer, pack_bytes
 from megatron_darl.transport.buckets import buckets

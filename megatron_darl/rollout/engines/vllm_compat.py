@@ -24,7 +24,7 @@ import inspect
 import logging
 from typing import Any
 
-from megatron_darl.rollout.engines.base import EngineConfig, SamplingConfig
+from megatron_darl.rollout.config import EngineConfig, SamplingConfig
 
 log = logging.getLogger(__name__)
 SUPPORTED = ((0, 20), (0, 27))  # [lower, upper) of the supported release range

@@ -34,10 +34,12 @@ import torch.distributed as dist
 from megatron_darl.loop.endpoints import open_endpoints, wait_for_workers
 from megatron_darl.models.qwen3 import build_qwen3_model, load_hf_checkpoint
 from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
-from megatron_darl.trainer.parallel import ParallelConfig, destroy_parallel, init_parallel
+from megatron_darl.trainer.config import ParallelConfig
+from megatron_darl.trainer.parallel import destroy_parallel, init_parallel
 from megatron_darl.trainer.policy_trainer import PolicyTrainer
 from megatron_darl.transport import (
-    WORKER, ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
+    WORKER, ChannelConfig, ControlPlaneConfig, HeartbeatConfig, StalenessBound, Topology, TransportConfig,
+    WeightSyncConfig,
     published_version, request_stop, wait_for_exits,
 )
 from megatron_darl.transport.store import get_int
@@ -65,10 +67,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def transport_config(a: argparse.Namespace) -> TransportConfig:
     """The same transport the workers are started with (one hub: DP 1)."""
     return TransportConfig(
-        control=ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=1,
-                                   num_stages=a.pp, store_timeout_s=a.timeout, poll_interval_s=0.005),
+        control=ControlPlaneConfig(host="127.0.0.1", port=a.port, store_timeout_s=a.timeout, poll_interval_s=0.005),
         heartbeat=HeartbeatConfig(a.hb_interval, a.hb_timeout),
-        channel=ChannelConfig(groups_per_step=1, max_staleness=0, send_timeout_s=a.timeout),
+        channel=ChannelConfig(send_timeout_s=a.timeout),
         weight_sync=WeightSyncConfig(backend="gloo", bucket_bytes=a.bucket_bytes, join_timeout_s=a.join_timeout,
                                      collective_timeout_s=a.timeout, ack_timeout_s=a.timeout),
     )
@@ -120,7 +121,8 @@ def run_rank(rank: int, a: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     ps = init_parallel(ParallelConfig(tp=a.tp, pp=a.pp, backend="gloo", timeout_s=a.timeout), rank=rank,
                        world_size=a.tp * a.pp, init_method=f"tcp://127.0.0.1:{a.dist_port}")
-    ep = open_endpoints(transport_config(a), ps)  # early: the workers connect meanwhile
+    ep = open_endpoints(transport_config(a), StalenessBound(max_staleness=0, groups_per_step=1),  # early: the
+                        Topology(workers=a.workers, hubs=1, stages=a.pp), ps)  # workers connect meanwhile
     log.info("parallel state and endpoints up (tp %d, pp %d)", ps.tp_rank, ps.pp_rank)
     try:
         trainer = build_trainer(a, ps)

@@ -41,7 +41,8 @@ def _layout(work: Path, tp: int, pp: int, ids, refs, records: list) -> None:
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
     from megatron_darl.checkpoint import model_io as ckio
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
 
     ps = init_parallel(ParallelConfig(tp=tp, pp=pp, timeout_s=240))
 

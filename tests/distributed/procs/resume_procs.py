@@ -36,7 +36,8 @@ def tiny_trainer(hf_dir: str, tp: int = 1, pp: int = 1):
     from megatron_darl.models.qwen3.model import build_qwen3_model
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
     from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
     from megatron_darl.trainer.policy_trainer import PolicyTrainer
     from trainer_procs import tiny_hf_config_dict
 
@@ -52,8 +53,8 @@ def tiny_trainer(hf_dir: str, tp: int = 1, pp: int = 1):
 def generate(trainer, step: int, logprobs=None) -> list:
     """GROUPS groups of version ``step``: random tokens, behavior rows = trainer rows + noise
     (``logprobs``: the pass to take them from; default the trainer's own)."""
-    from megatron_darl.step.sequences import response_lengths, sequence_batch
     from megatron_darl.samples import Sample, SampleGroup
+    from megatron_darl.step.sequences import response_lengths, sequence_batch
 
     g = torch.Generator().manual_seed(1000 + step)
     groups = []
@@ -91,9 +92,9 @@ def _recording(trainer, rows: list):
 
 def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str, groups_path: str,
                   out_path: str) -> None:
+    from megatron_darl.samples import shard_of
     from megatron_darl.step.planner import ShardPlanner
     from megatron_darl.step.runner import StepRunner
-    from megatron_darl.samples import shard_of
     from megatron_darl.checkpoint.training import load_checkpoint, save_checkpoint
     from trainer_procs import gather_hf_params
 

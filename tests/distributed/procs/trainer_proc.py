@@ -20,12 +20,12 @@ import time
 import torch.distributed as dist
 
 from megatron_darl.transport import (
-    TRAINER, WORKER, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, PeerLoss, SampleHub,
+    TRAINER, WORKER, ChannelConfig, ControlPlaneConfig, Heartbeat, HeartbeatConfig, MemberInfo, PeerLoss, SampleHub,
+    StalenessBound, Topology,
     TransportTimeout, WeightSender, WeightSyncConfig, connect_store, register, request_stop, serve_store,
     release_reservations, wait_for_exits,
 )
 from megatron_darl.transport.staleness import StalenessGate, admit_fresh, groups_refused
-from megatron_darl.transport.config import ChannelConfig
 from tests.distributed.procs.sources import load_source
 
 
@@ -51,9 +51,10 @@ def emit(out: str, name: str, record: dict) -> None:
 def main() -> int:
     a = parse()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [trainer {a.rank}] %(message)s")
-    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
-                                 num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005,
+    control = ControlPlaneConfig(host="127.0.0.1", port=a.port, store_timeout_s=a.timeout, poll_interval_s=0.005,
                                  secret=a.secret)
+    topology = Topology(workers=a.workers, hubs=a.hubs, stages=a.stages)
+    bound = StalenessBound(max_staleness=a.eta, groups_per_step=a.gps)
     store = serve_store(control) if a.rank == 0 else connect_store(control, who=f"trainer {a.rank}")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.default_port}", rank=a.rank,
                             world_size=a.world, timeout=dt.timedelta(seconds=a.timeout))
@@ -70,10 +71,10 @@ def main() -> int:
                    store_is_peer=None if a.rank == 0 else (TRAINER, 0)).start()
     sync_cfg = WeightSyncConfig(backend="gloo", bucket_bytes=64 * 1024, join_timeout_s=a.join_timeout,
                                 collective_timeout_s=a.timeout, ack_timeout_s=a.timeout)
-    sender = WeightSender(store, control, sync_cfg, a.rank, hb) if a.rank < a.stages else None
-    channel = ChannelConfig(a.gps, a.eta, transport=a.channel, connect_timeout_s=a.timeout,
+    sender = WeightSender(store, control, sync_cfg, topology, a.rank, hb) if a.rank < a.stages else None
+    channel = ChannelConfig(transport=a.channel, connect_timeout_s=a.timeout,
                             transfer_timeout_s=a.timeout)
-    hub = SampleHub(store, control, channel, a.rank) if a.rank < a.hubs else None
+    hub = SampleHub(store, control, channel, topology, a.rank) if a.rank < a.hubs else None
     source = load_source(a.source)
     per_hub = a.gps // a.hubs
     for step in range(1, a.steps + 1):
@@ -88,9 +89,9 @@ def main() -> int:
     if a.rank == 0:
         request_stop(store)
         if hub is not None:
-            _drain(a, hub, store, ChannelConfig(a.gps, a.eta))
+            _drain(a, hub, store, bound)
         emit(a.out, "done.jsonl", {"steps": a.steps, "duplicates": hub.duplicates_dropped if hub else 0,
-                                   "started": StalenessGate(store, ChannelConfig(a.gps, a.eta)).started(),
+                                   "started": StalenessGate(store, bound).started(),
                                    "fenced": hub.fenced if hub else 0, **groups_refused(store)})
         live = [w for w in range(a.workers) if hb.is_alive(WORKER, w)]
         wait_for_exits(store, WORKER, live, a.timeout)
@@ -131,9 +132,9 @@ def _record(a: argparse.Namespace, hub: SampleHub, got, step: int) -> None:
     })
 
 
-def _drain(a: argparse.Namespace, hub: SampleHub, store, channel: ChannelConfig) -> None:
+def _drain(a: argparse.Namespace, hub: SampleHub, store, bound: StalenessBound) -> None:
     """After the stop flag: take every group still in flight (workers finish what they started)."""
-    started = StalenessGate(store, channel).started()
+    started = StalenessGate(store, bound).started()
     deadline = time.monotonic() + a.drain_timeout
     seen = sum(1 for _ in open(os.path.join(a.out, f"hub{hub.hub}.jsonl")))
     while seen < started and time.monotonic() < deadline:
@@ -141,7 +142,7 @@ def _drain(a: argparse.Namespace, hub: SampleHub, store, channel: ChannelConfig)
             _record(a, hub, got, a.steps + 1)
             seen += 1
         time.sleep(0.01)
-        started = StalenessGate(store, channel).started()
+        started = StalenessGate(store, bound).started()
 
 
 if __name__ == "__main__":

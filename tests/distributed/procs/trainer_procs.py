@@ -78,7 +78,8 @@ def toy_loss(logp: torch.Tensor, batch_slice):
 def _trainer(tp: int, pp: int, hf_dir: str, token_budget: int):
     from megatron_darl.models.qwen3.weights import load_hf_checkpoint
     from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
-    from megatron_darl.trainer.parallel import ParallelConfig, init_parallel
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
     from megatron_darl.trainer.policy_trainer import PolicyTrainer
 
     ps = init_parallel(ParallelConfig(tp=tp, pp=pp, timeout_s=300))

@@ -18,11 +18,13 @@ import time
 
 import torch
 
-from megatron_darl.rollout.engines import EngineConfig, SamplingConfig, build_engine
+from megatron_darl.rollout.config import EngineConfig, SamplingConfig
+from megatron_darl.rollout.config import RolloutWorkerConfig
+from megatron_darl.rollout.engines import build_engine
 from megatron_darl.rollout.prompts import PromptRecord, PromptSource
-from megatron_darl.rollout.worker import RolloutWorker, RolloutWorkerConfig
+from megatron_darl.rollout.worker import RolloutWorker
 from megatron_darl.transport import (
-    ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
+    ChannelConfig, ControlPlaneConfig, HeartbeatConfig, StalenessBound, Topology, TransportConfig, WeightSyncConfig,
 )
 
 
@@ -75,11 +77,10 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rollout {a.worker}] %(message)s")
     torch.set_num_threads(1)
     transport = TransportConfig(
-        control=ControlPlaneConfig(host="127.0.0.1", port=a.port, num_workers=a.workers, num_hubs=a.hubs,
-                                   num_stages=a.stages, store_timeout_s=a.timeout, poll_interval_s=0.005,
+        control=ControlPlaneConfig(host="127.0.0.1", port=a.port, store_timeout_s=a.timeout, poll_interval_s=0.005,
                                    secret=a.secret),
         heartbeat=HeartbeatConfig(a.hb_interval, a.hb_timeout),
-        channel=ChannelConfig(groups_per_step=a.gps, max_staleness=a.eta, max_unacked_per_hub=4,
+        channel=ChannelConfig(max_unacked_per_hub=4,
                               send_timeout_s=a.timeout, transport=a.channel),
         weight_sync=WeightSyncConfig(backend="gloo", join_timeout_s=a.join_timeout,
                                      collective_timeout_s=a.timeout, ack_timeout_s=a.timeout),
@@ -91,7 +92,8 @@ def main() -> int:
     worker = RolloutWorker(
         RolloutWorkerConfig(worker_id=a.worker, groups_per_batch=a.batch, reward_threads=2,
                             chunk_tokens=a.chunk_tokens, max_inflight=a.max_inflight, update_mode=a.update_mode),
-        transport, engine, PromptSource(records, a.worker, a.workers, seed=0),
+        transport, StalenessBound(max_staleness=a.eta, groups_per_step=a.gps),
+        Topology(workers=a.workers, hubs=a.hubs, stages=a.stages), engine, PromptSource(records, a.worker, a.workers, seed=0),
         SamplingConfig(n=a.n, max_new_tokens=a.max_new, temperature=1.0, seed=a.worker),
         reward_fn=lambda record, text: float(len(text) % 3), decode=lambda ids: " ".join(map(str, ids)),
     )
