@@ -30,18 +30,32 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from megatron_darl.algorithms import MixtureForm, VariantSpec, WeightRule
-from megatron_darl.step.prefetch import entry_pieces, take
+from megatron_darl.replay import LogProbCache
+from megatron_darl.step.config import AlgorithmConfig
+from megatron_darl.step.prefetch import LogProbFn, RowCounts, Work, entry_pieces, take
+from megatron_darl.step.selection import Selection
 from megatron_darl.step.stats import StepStats
 
-if TYPE_CHECKING:
-    from megatron_darl.step.planner import LogProbFn, Selection, ShardPlanner
-
 log = logging.getLogger(__name__)
+
+
+class BackfillShard(Protocol):
+    """What ``backfill`` reads of a shard's planner (``planner.ShardPlanner``), and the one flag
+    it sets: ``logged_nearest_own``, so the own-version copies of ``nearest`` are logged once."""
+
+    spec: VariantSpec
+    algorithm: AlgorithmConfig
+    cache: LogProbCache
+    counts: RowCounts  # the step's rows by where they came from
+    own_trainer_rows: bool  # the posterior reads the trainer's row of a sample's own version
+    logged_nearest_own: bool
+
+    def compute_rows(self, work: Work, logprobs: LogProbFn, stats: StepStats) -> None: ...
 
 
 def posterior_reads_trainer(spec: VariantSpec, form: str) -> bool:
@@ -50,13 +64,13 @@ def posterior_reads_trainer(spec: VariantSpec, form: str) -> bool:
     return spec.weight_rule is WeightRule.MIXTURE and MixtureForm(form) is MixtureForm.PREFIX
 
 
-def mixture_versions(sel: "Selection", global_tokens: torch.Tensor) -> list[int]:
+def mixture_versions(sel: Selection, global_tokens: torch.Tensor) -> list[int]:
     """V(S): the window versions with tokens in the selection over every DP shard."""
     return [v for v, n in zip(sel.versions, global_tokens.tolist()) if n > 0]
 
 
-def backfill(planner: "ShardPlanner", sel: "Selection", global_tokens: torch.Tensor, step: int,
-             logprobs: "LogProbFn", exact: set[int], stats: StepStats) -> None:
+def backfill(planner: BackfillShard, sel: Selection, global_tokens: torch.Tensor, step: int,
+             logprobs: LogProbFn, exact: set[int], stats: StepStats) -> None:
     """Rows of V(S) the selected samples lack (module docstring): exact where ``logprobs`` can
     score the version (one pass per version), else copied from the nearest trainer row. Rows
     already there (the engine's, earlier passes', the wait's) count as reused."""

@@ -60,7 +60,10 @@ from megatron_darl.algorithms import (
 from megatron_darl.step.backfill import backfill, mixture_versions, posterior_reads_trainer
 from megatron_darl.step.candidates import audit_rule, extrapolate, rescore
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
-from megatron_darl.step.prefetch import CurrentRows, RowCounts, Work, entry_pieces, next_work, store_rows, take
+from megatron_darl.step.prefetch import (
+    CurrentRows, LogProbFn, RowCounts, Work, entry_pieces, next_work, store_rows, take,
+)
+from megatron_darl.step.selection import Candidates, Selection
 from megatron_darl.step.sequences import (
     pack, packed_batch, response_lengths, sample_index, sequence_batch,
 )
@@ -69,34 +72,7 @@ from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSou
 from megatron_darl.samples import PackedSamples, Sample, SampleGroup, shard_of, shard_quota
 from megatron_darl.trainer.batch import TrainBatch
 
-LogProbFn = Callable[[TrainBatch, int], torch.Tensor]  # (batch, version) -> (n,) packed log-probs
 AllReduce = Callable[[torch.Tensor], torch.Tensor]  # the DP sum (identity with one shard)
-
-
-@dataclass
-class Candidates:
-    """The groups the log-prob pass scores, and where their samples sit in the packed layout."""
-
-    entries: list[BufferEntry]  # selectable groups, in buffer order
-    samples: list[Sample]  # their samples, flattened
-    lengths: torch.Tensor  # (N,) int64 response tokens per sample
-    group_index: torch.Tensor  # (N,) int64 position of each sample's group in ``entries``
-    behavior: torch.Tensor  # (n,) float32 engine log-probs (the packed groups' rows end to end)
-    logp_t: torch.Tensor | None = None  # (n,) log pi_t from the pass over them (None: no pass)
-
-
-@dataclass
-class Selection:
-    """What this shard selected, and the per-version token counts to sum over DP."""
-
-    entries: list[BufferEntry]  # chosen groups, best first
-    versions: list[int]  # the window at t (same on every shard), ascending
-    version_tokens: torch.Tensor  # (K,) float64 selected response tokens per window version
-    scores: list[float]  # score of each chosen group (0.0 during warmup)
-
-    @property
-    def samples(self) -> list[Sample]:
-        return [s for e in self.entries for s in e.group.samples]
 
 
 @dataclass

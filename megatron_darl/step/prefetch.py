@@ -28,17 +28,19 @@ trainer-bound there (no wait to use).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 
-from megatron_darl.algorithms import RATIO_SCORES, WeightRule
-from megatron_darl.replay import BufferEntry, LogProbCache, RowSource
+from megatron_darl.algorithms import RATIO_SCORES, VariantSpec, WeightRule
+from megatron_darl.replay import BufferEntry, LogProbCache, ReplayBuffer, RowSource, VersionWindow
 from megatron_darl.samples import PackedSamples, Sample, SampleGroup, pack_samples
+from megatron_darl.step.config import ReplayConfig
+from megatron_darl.step.selection import Candidates
 from megatron_darl.step.sequences import pack
+from megatron_darl.trainer.batch import TrainBatch
 
-if TYPE_CHECKING:
-    from megatron_darl.step.planner import ShardPlanner
+LogProbFn = Callable[[TrainBatch, int], torch.Tensor]  # (batch, version) -> (n,) packed log-probs
 
 
 class CurrentRows:
@@ -174,7 +176,27 @@ def store_rows(samples: Sequence[Sample], logp: torch.Tensor, version: int, curr
     return rows, duplicates
 
 
-def next_work(planner: "ShardPlanner", received: Sequence[SampleGroup], step: int, version: int,
+class WaitingShard(Protocol):
+    """What the wait reads of a shard's planner (``planner.ShardPlanner``), and the one thing it
+    writes: ``predicted``, its last predicted selection, kept until another row is known."""
+
+    spec: VariantSpec
+    replay: ReplayConfig
+    window: VersionWindow
+    buffer: ReplayBuffer
+    cache: LogProbCache
+    current: CurrentRows
+    shard: int
+    quota: int  # the groups this shard selects per step
+    own_trainer_rows: bool  # the posterior reads the trainer's row of a sample's own version
+    predicted: tuple[tuple[int, int, int], list[BufferEntry]] | None  # (step, version, rows at t)
+
+    def candidates_of(self, entries: list[BufferEntry]) -> Candidates: ...
+
+    def score(self, cand: Candidates, step: int) -> dict[int, float]: ...
+
+
+def next_work(planner: WaitingShard, received: Sequence[SampleGroup], step: int, version: int,
               exact: set[int], max_tokens: int) -> Work | None:
     """The wait's next pass for ``planner``'s shard, most certain first: the received groups at
     t, the candidates the step will score at t, then the older versions (snapshots) the predicted
@@ -193,7 +215,7 @@ def next_work(planner: "ShardPlanner", received: Sequence[SampleGroup], step: in
                            own=planner.own_trainer_rows)
 
 
-def likely_scored(planner: "ShardPlanner", step: int, version: int) -> list[BufferEntry]:
+def likely_scored(planner: WaitingShard, step: int, version: int) -> list[BufferEntry]:
     """Buffered groups the step will pass at t: every candidate a ratio score scores
     (``replay.rescore``), else those the variant will likely select."""
     entries = planner.buffer.candidates(planner.shard)
@@ -204,7 +226,7 @@ def likely_scored(planner: "ShardPlanner", step: int, version: int) -> list[Buff
     return predicted_selection(planner, step, version)
 
 
-def predicted_selection(planner: "ShardPlanner", step: int, version: int) -> list[BufferEntry]:
+def predicted_selection(planner: WaitingShard, step: int, version: int) -> list[BufferEntry]:
     """The selection the shard would make from what is known now (a ratio score: the candidates
     with every row at t), best first; remembered by the planner until another row is known."""
     key = (step, version, len(planner.current))
