@@ -49,6 +49,22 @@ def test_sampled_logprobs_equal_teacher_forced_recomputation(model_dir, temperat
             assert torch.isfinite(gen.logprobs).all()
 
 
+def test_another_sampling_configs_generations_leave_the_seed_stream_where_it_was(model_dir):
+    """Held-out evaluation runs on the training engine between its batches (eval/periodic.py):
+    its generations must not shift the seeds of the training stream, or evaluating changes what
+    is trained."""
+    engine = build_engine(EngineConfig(backend="hf", model_path=model_dir, device="cpu", max_batch_size=4))
+    train = SamplingConfig(n=2, max_new_tokens=6, temperature=1.0, seed=3)
+    alone = [engine.generate(PROMPTS, train) for _ in range(2)]
+    engine = build_engine(EngineConfig(backend="hf", model_path=model_dir, device="cpu", max_batch_size=4))
+    first = engine.generate(PROMPTS, train)
+    engine.generate(PROMPTS[:1], SamplingConfig(n=1, max_new_tokens=6, temperature=1.0, seed=3))  # an evaluation
+    second = engine.generate(PROMPTS, train)
+    ids = lambda out: [g.token_ids.tolist() for gens in out for g in gens]  # noqa: E731
+    assert ids(first) == ids(alone[0]) and ids(second) == ids(alone[1])
+    assert ids(alone[0]) != ids(alone[1])  # the stream moves on from batch to batch
+
+
 def test_stop_token_ends_a_response_with_finish_reason_stop(model_dir):
     engine = build_engine(EngineConfig(backend="hf", model_path=model_dir, device="cpu"))
     greedy = engine.generate([[1, 2, 3]], SamplingConfig(n=1, max_new_tokens=8, temperature=0.0))[0][0]

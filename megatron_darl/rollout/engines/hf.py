@@ -96,7 +96,7 @@ class HFEngine:
             model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=dtype)
         self.model = model.to(device=self.device, dtype=dtype).eval()
         self._tensors = self.model.state_dict()
-        self._calls = 0
+        self._calls: dict[str, int] = {}  # generate batches so far, by sampling config (its seed stream)
         cfg_eos = self.model.config.eos_token_id
         self.eos_ids = [cfg_eos] if isinstance(cfg_eos, int) else list(cfg_eos or [])
         self.pad_id = self.model.config.pad_token_id
@@ -132,8 +132,12 @@ class HFEngine:
         )
         if self.device.type == "cuda" and self.cfg.compile:
             gen_cfg.cache_implementation = "static"
-        torch.manual_seed(sampling.seed + self._calls)
-        self._calls += 1
+        # each sampling config keeps its own seed sequence: an evaluation's generations (another
+        # config, eval/periodic.py) leave the training stream's next seed where it was
+        key = repr(sampling)
+        calls = self._calls.get(key, 0)
+        torch.manual_seed(sampling.seed + calls)
+        self._calls[key] = calls + 1
         out = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=gen_cfg,
             logits_processor=LogitsProcessorList([recorder]),
