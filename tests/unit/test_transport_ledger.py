@@ -11,23 +11,11 @@ import pytest
 import torch
 
 from megatron_darl.samples import Sample, SampleGroup
-from megatron_darl.transport import ControlPlaneConfig, StalenessBound, StalenessGate, connect_store, serve_store
+from megatron_darl.transport import StalenessBound, StalenessGate
 from megatron_darl.transport.control_store import LEDGER_KEY
 from megatron_darl.transport.ledger import LedgerClient
 from megatron_darl.transport.staleness import admit_fresh, groups_refused, mark_delivered, release_reservations
 from megatron_darl.transport.store import Keys, TransportTimeout, publish_version, published_version
-from tests.distributed.procs.launcher import free_port
-
-
-@pytest.fixture
-def stores():
-    control = ControlPlaneConfig(port=free_port(), store_timeout_s=10, call_timeout_s=5,
-                                 secret="run-secret")
-    server = serve_store(control)
-    client = connect_store(control, who="rollout 0")
-    yield control, server, client
-    client.close()
-    server.close()
 
 
 def _group(group_id: int, version: int, worker: int = 0) -> SampleGroup:
@@ -38,7 +26,7 @@ def _group(group_id: int, version: int, worker: int = 0) -> SampleGroup:
 
 
 def test_a_fenced_generation_is_refused_and_the_worker_goes_on_as_a_new_one(stores):
-    _, server, client = stores
+    server, client = stores
     cfg = StalenessBound(max_staleness=0, groups_per_step=2)
     gate = StalenessGate(client, cfg, worker_id=0)
     held = gate.try_start_batch(2)
@@ -53,7 +41,7 @@ def test_a_fenced_generation_is_refused_and_the_worker_goes_on_as_a_new_one(stor
 
 
 def test_a_restarted_process_fences_its_predecessor(stores):
-    _, server, client = stores
+    server, client = stores
     cfg = StalenessBound(max_staleness=0, groups_per_step=4)
     first = StalenessGate(client, cfg, worker_id=1)
     assert len(first.try_start_batch(3)) == 3
@@ -63,7 +51,7 @@ def test_a_restarted_process_fences_its_predecessor(stores):
 
 
 def test_the_trainer_trains_no_group_over_the_bound_and_gives_its_start_back(stores):
-    _, server, _ = stores
+    server, _ = stores
     gate = StalenessGate(server, StalenessBound(max_staleness=1, groups_per_step=3))
     assert len(gate.try_start_batch(3)) == 3
     groups = [_group(0, 4), _group(1, 3), _group(2, 2)]
@@ -73,12 +61,12 @@ def test_the_trainer_trains_no_group_over_the_bound_and_gives_its_start_back(sto
 
 
 def test_the_published_version_never_moves_back(stores):
-    _, server, client = stores
+    server, client = stores
     assert publish_version(client, 3) == 3 and publish_version(server, 2) == 3 and published_version(client) == 3
 
 
-def test_only_the_run_secret_changes_the_ledger(stores, caplog):
-    control, server, client = stores
+def test_only_the_run_secret_changes_the_ledger(control, stores, caplog):
+    server, client = stores
     port = int(client.get(LEDGER_KEY))
     client.add(Keys.STARTED, 5)
     with pytest.raises(TransportTimeout, match="did not answer add"):
