@@ -5,8 +5,8 @@ each module owns one part, which the launcher, eval, the converters and the trai
 weights use directly. Nothing is imported here, so the launcher's cheap checks stay cheap:
 
   manager.CheckpointManager(loop_cfg, trainer, ps, with_snapshots, extra_state)
-      .save(next_step) / .save_between(step) / .load() / .verify(path) / .retain(newest)
-      .complete() / .latest() / .newest() / .due(step, start_step)
+      .save(next_step) / .save_between(step) / .load() (verified) / .retain(newest)
+      .complete() / .newest() / .due(step, start_step)
   manager.newest_checkpoint(run_dir)      the clause a failure message names for the resume
   resume_points.complete_checkpoints(run_dir), latest_checkpoint, partial_checkpoints
   training.save_checkpoint / load_checkpoint / load_model_weights   a trainer's full state

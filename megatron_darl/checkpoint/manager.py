@@ -1,5 +1,6 @@
-"""The run's checkpoints behind one object, ``CheckpointManager``: save, load, verify, retain,
-the resume points, when a checkpoint is due between steps, and which checkpoint a failure names.
+"""The run's checkpoints behind one object, ``CheckpointManager``: save, load (verified against
+its checksums first), retain, the resume points, when a checkpoint is due between steps, and which
+checkpoint a failure names.
 
 The trainer loop holds one manager and says only what its own state is (``extra_state``: the
 shard's replay buffer and cache, the group counts), which it puts back after a resume. The
@@ -53,7 +54,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from megatron_darl.checkpoint.checksums import verify_checkpoint
 from megatron_darl.checkpoint.disk import (
     CheckpointFailed, agreed_room, checkpoint_bytes, existing_ancestor, free_bytes, gib,
 )
@@ -136,14 +136,6 @@ class CheckpointManager:
     def complete(self) -> list[Path]:
         """The run's resume points, oldest first (the launcher's answer too: ``resume_points``)."""
         return complete_checkpoints(self.run_dir)
-
-    def latest(self) -> Path | None:
-        """The newest resume point, None when there is none."""
-        return latest_checkpoint(self.run_dir)
-
-    def verify(self, path: Path) -> str:
-        """Collective: the first problem of ``path``'s files against its ``checksums.json``, or ""."""
-        return verify_checkpoint(path)
 
     def newest(self) -> str:
         """The clause a failure message ends with: the checkpoint to resume from, or none."""
