@@ -365,6 +365,7 @@ class TrainerLoop:
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
+        self.ep.heartbeat.refresh(self.ep.store)  # the counters posted before the groups just trained
         trainer = {
             "loss": result.loss, "grad_norm": result.grad_norm, "weight_norm": result.weight_norm, "lr": result.lr,
             "trainer_tokens_per_s": result.tokens_per_s, "mfu": result.mfu,

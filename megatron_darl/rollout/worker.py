@@ -226,13 +226,16 @@ class RolloutWorker:
             self._collect(stream, pool, 0.0)
             self._sync_if_offered(stream, receiver, hb)
 
+        def post_counters() -> None:
+            hb.post_counters(store)
+
         # A batch engine blocks for a whole batch in the next poll: a group whose rewards are not
         # done yet would reach the trainer a batch late, so its rewards are awaited first.
         whole_batches = getattr(stream, "whole_batches", False)
         while not stop_requested(store):
             start = time.monotonic()
             pending = self._flush(sender, pending + self._take_ready(), safe_point,
-                                  lambda: stop_requested(store), wait=whole_batches)
+                                  lambda: stop_requested(store), whole_batches, post_counters)
             self.host_seconds["flush"] += time.monotonic() - start
             safe_point()
             start = time.monotonic()
@@ -254,7 +257,7 @@ class RolloutWorker:
         deadline = time.monotonic() + self.transport.heartbeat.timeout_s / 2
         before = self.groups_sent
         left = self._flush(sender, pending + self._take_ready(), safe_point,
-                           lambda: time.monotonic() > deadline, wait=True)
+                           lambda: time.monotonic() > deadline, True, post_counters)
         unacked = sender.flush(max(0.0, deadline - time.monotonic()))
         sender.close()
         log.info("%s: stop flag seen; drained %d groups (%d sent in all, %d not acked), %d left unsent, "
@@ -361,9 +364,11 @@ class RolloutWorker:
                            worker_id=self.cfg.worker_id, worker_index=index)
 
     def _flush(self, sender: SampleSender, pending: list[_Pending], safe_point: Callable[[], None],
-               stopped: Callable[[], bool], wait: bool) -> list[_Pending]:
+               stopped: Callable[[], bool], wait: bool, post_counters: Callable[[], None]) -> list[_Pending]:
         """Hand finished groups to the channel (the one that reaches the hub ends its staleness
-        reservation: ``SampleSender``); returns those not handed over."""
+        reservation: ``SampleSender``); returns those not handed over. The reward errors counted
+        while scoring them are posted first, so the trainer's metrics of the step that trains on
+        them include them (``Heartbeat.post_counters``)."""
         left = []
         for i, p in enumerate(pending):
             if not wait and not p.rewards.done():
@@ -371,6 +376,7 @@ class RolloutWorker:
                 continue
             for sample, reward in zip(p.group.samples, p.rewards.result()):
                 sample.reward = reward
+            post_counters()
             if sender.send(p.group, p.ticket, while_waiting=safe_point, stopped=stopped) is None:
                 return left + pending[i:]  # stop flag raised while blocked: leave unsent
             self.groups_sent += 1

@@ -81,7 +81,10 @@ class Heartbeat:
         self._incarnations: dict[tuple[str, int], int] = {}  # processes seen beating per peer
         self._losses: dict[str, int] = {}  # per role: peer processes reported lost (silent, or replaced)
         self._lost: dict[tuple[str, int], PeerLoss] = {}
-        self._counters: dict[tuple[str, int], dict[str, int]] = {}  # latest counters per peer
+        self._counters: dict[tuple[str, int], dict[str, int]] = {}  # highest counters of each peer's process
+        self._retired: dict[str, float] = {}  # the last counters of peer processes replaced by a restart
+        self._n = 0  # this process's last beat number
+        self._posted: dict[str, int] = {}  # the counters of this process's last beat
         self._stats_fn = stats
         self._stats: dict[tuple[str, int], dict[str, float]] = {}  # latest stats per peer
         self._stop = threading.Event()
@@ -91,7 +94,7 @@ class Heartbeat:
 
     def start(self) -> "Heartbeat":
         self._store = connect_store(self._control, who=self.me.describe())
-        self._beat(0)
+        self._beat(self._store, 0)
         self._thread.start()
         return self
 
@@ -118,15 +121,23 @@ class Heartbeat:
         with self._lock:
             return (role, rank) in self._lost
 
+    def post_counters(self, store: ControlStore) -> None:
+        """Beat now, from the caller's thread and store connection, if this process's counters
+        changed since its last beat. A worker calls it before sending the groups the counts are
+        about: the beat is a round trip, so the counts are in the store before the groups reach
+        the trainer, whose ``refresh`` before its metrics then reads them (not a beat later)."""
+        if counters.snapshot() != self._posted:
+            self._beat(store, self._n, time.monotonic() + self.cfg.timeout_s)
+
     def refresh(self, store: ControlStore) -> None:
         """Look at every watched peer now, from the caller's thread and store connection."""
         self._check_peers(store)
 
     def peer_counters(self) -> dict[str, float]:
-        """Sum over watched peers of their latest event counters (lost peers' last ones included);
-        the known counters are always present."""
+        """Sum over watched peers of their event counters (those of lost processes and of processes a
+        restart replaced included); the known counters are always present."""
         with self._lock:
-            latest = list(self._counters.values())
+            latest = list(self._counters.values()) + [dict(self._retired)]
         total = {counters.REWARD_ERRORS: 0.0, counters.REWARD_TIMEOUTS: 0.0}
         for peer in latest:
             for name, value in peer.items():
@@ -164,26 +175,27 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout=5 * self.cfg.interval_s + 1)
 
-    def _beat(self, n: int, deadline: float | None = None) -> None:
+    def _beat(self, store: ControlStore, n: int, deadline: float | None = None) -> None:
         stats = self._stats_fn() if self._stats_fn is not None else {}
-        payload = json.dumps({"beat": n, "member": self.me.to_json(), "counters": counters.snapshot(),
-                              "stats": stats})
+        snapshot = counters.snapshot()
+        payload = json.dumps({"beat": n, "member": self.me.to_json(), "counters": snapshot, "stats": stats})
         key = Keys.heartbeat(self.me.role, self.me.rank)
-        self._store.set(key, payload, timeout_s=_left(deadline))
+        store.set(key, payload, timeout_s=_left(deadline))
         # A set is not answered (it returns even with the host frozen); one round trip per beat
         # is what proves the store host alive, also for a process that watches no peer.
-        self._store.check([key], timeout_s=_left(deadline))
+        store.check([key], timeout_s=_left(deadline))
+        self._n, self._posted = n, snapshot
 
     def _run(self) -> None:
-        n, store_ok_at = 0, time.monotonic()
+        store_ok_at = time.monotonic()
         while not self._stop.wait(self.cfg.interval_s):
-            n += 1
+            n = self._n + 1
             # every call below ends by the timeout after the last answer, but gets two intervals at
             # least: a thread that woke late (its own process busy, or holding the GIL) has not
             # asked, and the store host's silence is only what it leaves unanswered when asked
             deadline = max(store_ok_at + self.cfg.timeout_s, time.monotonic() + 2 * self.cfg.interval_s)
             try:
-                self._beat(n, deadline)
+                self._beat(self._store, n, deadline)
                 self._check_peers(self._store, deadline)
                 store_ok_at = time.monotonic()
             except (RuntimeError, dist.DistError, OSError) as exc:  # TransportTimeout included
@@ -217,7 +229,14 @@ class Heartbeat:
                     if prev is None or replaced:
                         self._incarnations[(role, rank)] = self._incarnations.get((role, rank), 0) + 1
                     self._seen[(role, rank)] = (raw, now, member)
-                    self._counters[(role, rank)] = dict(beat.get("counters", {}))
+                    if replaced:  # the old process's counts stay in the sums
+                        for name, value in self._counters.pop((role, rank), {}).items():
+                            self._retired[name] = self._retired.get(name, 0.0) + float(value)
+                    # counts only grow within a process; beats posted from two threads may land
+                    # out of order (post_counters), so keep each count's highest
+                    mine = self._counters.setdefault((role, rank), {})
+                    for name, value in beat.get("counters", {}).items():
+                        mine[name] = max(mine.get(name, 0), value)
                     self._stats[(role, rank)] = dict(beat.get("stats", {}))
                     back = self._lost.pop((role, rank), None)
                 if replaced and back is None:  # a new process beats in the place of a live one

@@ -47,3 +47,35 @@ def test_data_plane_group_is_independent_of_the_default_group():
     t = torch.arange(4.0)
     group.broadcast(t, 0, "solo tensor")
     assert torch.equal(t, torch.arange(4.0)) and group.size == 1
+
+
+def test_counters_posted_before_a_send_are_read_at_once_and_a_restart_keeps_the_old_counts():
+    """The trainer's metrics count a worker's reward errors as soon as it trains the groups they
+    came with (the worker posts, the trainer refreshes), not a beat later; a restarted worker's new
+    process starts counting from zero without taking its predecessor's counts out of the sums."""
+    from megatron_darl import counters
+    from megatron_darl.transport import connect_store
+
+    control = ControlPlaneConfig(port=free_port(), store_timeout_s=10)
+    store = serve_store(control)
+    slow = HeartbeatConfig(interval_s=30.0, timeout_s=90.0)  # no beat of the threads during the test
+    trainer = Heartbeat(control, slow, MemberInfo.here(TRAINER, 0), watch=[(WORKER, 0)]).start()
+    first = Heartbeat(control, slow, MemberInfo(WORKER, 0, "node1", 101)).start()
+    worker_store = connect_store(control, who="rollout 0")
+    try:
+        trainer.refresh(store)
+        base = trainer.peer_counters()[counters.REWARD_ERRORS]
+        counters.count(counters.REWARD_ERRORS, 3)
+        trainer.refresh(store)
+        assert trainer.peer_counters()[counters.REWARD_ERRORS] == base  # not posted yet
+        first.post_counters(worker_store)
+        trainer.refresh(store)
+        assert trainer.peer_counters()[counters.REWARD_ERRORS] == base + 3
+        second = Heartbeat(control, slow, MemberInfo(WORKER, 0, "node1", 202)).start()  # the restart
+        trainer.refresh(store)
+        assert trainer.incarnations(WORKER, 0) == 2
+        # this process's counts are posted again by the new member: old + new in the sum
+        assert trainer.peer_counters()[counters.REWARD_ERRORS] == 2 * (base + 3)
+        second.close()
+    finally:
+        first.close(), trainer.close(), store.close()
