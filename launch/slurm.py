@@ -35,7 +35,9 @@ from megatron_darl.exit_codes import ExitCode
 RESERVED = {
     "cluster.trainer_ranks": "TRAINER_NODES / GPUS_PER_NODE", "cluster.rollout_workers": "ROLLOUT_NODES",
     "cluster.master_addr": "(the first trainer node)", "transport.control.host": "(the first trainer node)",
-    "loop.run_dir": "OUTPUT_DIR", "parallel.tp": "TP", "parallel.pp": "PP",
+    "cluster.master_port": "TRAINER_PORT", "transport.control.port": "STORE_PORT",
+    "cluster.threads_per_process": "THREADS", "loop.run_dir": "OUTPUT_DIR", "loop.resume": "RESUME",
+    "parallel.tp": "TP", "parallel.pp": "PP",
 }
 REPO = Path(__file__).resolve().parents[1]
 JOB_PORT_BASE, JOB_PORT_SLOTS = 20000, 5000  # derived ports: 20000..29999, below the ephemeral range

@@ -117,7 +117,9 @@ def test_cluster_overrides_are_the_reserved_keys(monkeypatch):
     knobs = _knobs(GPUS_PER_NODE="8", ROLLOUT_NODES="0", TRAINER_GPUS_PER_NODE="6", PP="2")
     lay = plan_layout(knobs, ["a", "b"], batch_host="a", cpus_on_node=64)
     over = dict(o.split("=", 1) for o in ls.cluster_overrides(knobs, lay, "1234"))
-    assert set(ls.RESERVED) <= set(over)
+    assert set(ls.RESERVED) == set(over)  # every key the launcher sets is refused from the user
+    with pytest.raises(ValueError, match="loop.resume is set by the Slurm launcher; use RESUME"):
+        ls.check_user_overrides(["experiment=smoke", "loop.resume=false"])
     assert (over["cluster.trainer_ranks"], over["cluster.rollout_workers"], over["parallel.pp"]) == ("12", "4", "2")
     assert over["cluster.master_addr"] == over["transport.control.host"] == "'addr-a'"
 
