@@ -24,9 +24,9 @@ from pathlib import Path
 
 from megatron_darl.data.loaders import load_records
 from megatron_darl.data.locations import benchmark_home
-from megatron_darl.eval import (
-    evaluate_benchmark, load_benchmark_table, markdown_table, resolve_benchmark, resolve_hf_dir, write_results,
-)
+from megatron_darl.checkpoint.hf_dir import resolve_hf_dir
+from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
+from megatron_darl.eval.harness import evaluate_benchmark, markdown_table, write_results
 from megatron_darl.eval.config import EvalConfig, check_limit
 from megatron_darl.rewards import CodeRewardConfig, MathRewardConfig, RewardConfig, reference_check
 from megatron_darl.rollout.config import EngineConfig

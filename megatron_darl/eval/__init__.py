@@ -1,21 +1,7 @@
-"""Benchmark evaluation: avg@n and unbiased pass@k over the rollout engine backends."""
+"""Benchmark evaluation: avg@n and unbiased pass@k over the rollout engine backends.
 
-from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
-from megatron_darl.checkpoint.hf_dir import is_megatron_checkpoint, resolve_hf_dir
-from megatron_darl.eval.harness import BenchmarkResult, evaluate_benchmark, markdown_table, write_results
-from megatron_darl.eval.metrics import avg_at_n, default_ks, mean_pass_at_k, pass_at_k
-
-__all__ = [
-    "BenchmarkResult",
-    "avg_at_n",
-    "default_ks",
-    "evaluate_benchmark",
-    "is_megatron_checkpoint",
-    "load_benchmark_table",
-    "markdown_table",
-    "mean_pass_at_k",
-    "pass_at_k",
-    "resolve_benchmark",
-    "resolve_hf_dir",
-    "write_results",
-]
+Nothing is imported here: ``megatron_darl.eval.config`` is read by ``RunConfig`` at every launch,
+and the harness pulls in math-verify, sympy and torch. Import from the modules:
+``benchmarks`` (files and tables), ``harness`` (``evaluate_benchmark``), ``metrics`` (pass@k),
+``heldout`` (scoring checkpoints on a task's test split).
+"""

@@ -13,10 +13,10 @@ import torch
 
 from megatron_darl.data import build_builtin_tokenizer, builtin_prompts, reference_solution
 from megatron_darl.data.records import PromptRecord
-from megatron_darl.eval import (
-    avg_at_n, default_ks, evaluate_benchmark, is_megatron_checkpoint, load_benchmark_table, mean_pass_at_k,
-    pass_at_k, resolve_benchmark, resolve_hf_dir, write_results,
-)
+from megatron_darl.checkpoint.hf_dir import is_megatron_checkpoint, resolve_hf_dir
+from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
+from megatron_darl.eval.harness import evaluate_benchmark, write_results
+from megatron_darl.eval.metrics import avg_at_n, default_ks, mean_pass_at_k, pass_at_k
 from megatron_darl.eval.config import BenchmarkConfig, EvalConfig
 from megatron_darl.rollout.config import SamplingConfig
 from megatron_darl.rollout.engines.base import Generation
