@@ -19,7 +19,8 @@ store's), so a client finds it as it finds everything else and a forged port is 
 operations are the few the staleness bound needs, each atomic under one lock (``staleness.py``
 holds the policy): ``add`` a counter, ``publish``/``published`` the version workers acked,
 ``join`` (a worker's next generation; the previous one is fenced), ``reserve`` group starts
-against the bound (only by a worker's live generation), ``arrive`` (groups at their hub: a
+against the bound (only by a worker's live generation; with too little room for them, the
+starts given back, as many as fit), ``arrive`` (groups at their hub: a
 fenced generation's are refused), ``fence`` (a lost worker: its outstanding starts are given
 back), ``refuse`` (groups the trainer will not train: their starts are given back, counted by
 why: over the bound, or degenerate under ``replay.fill_batch``) and ``filled`` (no live worker can
@@ -94,6 +95,7 @@ class Ledger:
         self._last: dict[int, int] = {}  # worker -> last generation issued
         self._live: dict[int, int] = {}  # worker -> its live generation (absent: fenced or none)
         self._wants: dict[int, int] = {}  # worker -> the size of its last reservation (a batch engine's batch)
+        self._given_back = 0  # starts given back (refused, released) that no reservation has taken again
         self._published = 0
 
     def apply(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +129,7 @@ class Ledger:
         n = max(0, self._counters.pop(outstanding_key(worker), 0))
         self._add(STARTED, -n)
         self._add(DROPPED, n)
+        self._given_back += n
         return n
 
     def _op_fence(self, worker: int) -> dict[str, Any]:
@@ -139,28 +142,36 @@ class Ledger:
 
     def _op_reserve(self, worker: int, generation: int, count: int, max_staleness: int,
                     groups_per_step: int) -> dict[str, Any]:
+        """``count`` starts when the bound has room for them. With less room, the starts given
+        back since the last reservation (as many as fit): a batch engine that waits for room for
+        its whole batch would otherwise wait forever for the replacements of dropped groups, which
+        the trainer waits for (``replay.fill_batch``) and which no publish brings."""
         if worker >= 0 and self._live.get(worker) != generation:
             return {"fenced": True}
         if worker >= 0:
             self._wants[worker] = int(count)
-        cap = StalenessBound(max_staleness, groups_per_step).capacity(self._published)
-        started = self._counters.get(STARTED, 0)
-        if started + count > cap:
+        room = StalenessBound(max_staleness, groups_per_step).capacity(self._published) - self._counters.get(STARTED, 0)
+        if count > room:
+            count = min(room, self._given_back)
+        if count < 1:
             return {"full": True, "version": self._published}
+        self._given_back = max(0, self._given_back - count)
         if worker >= 0:
             self._add(outstanding_key(worker), count)
-        return {"version": self._published, "last": self._add(STARTED, count)}
+        return {"version": self._published, "last": self._add(STARTED, count), "count": count}
 
     def _op_filled(self, max_staleness: int, groups_per_step: int) -> dict[str, Any]:
-        """Whether every start the bound allows now has reached a hub: the room left under it is
-        smaller than each live worker's reservation (its last one's size; 1 before its first: a
-        batch engine reserves whole batches, so the bound may be out of its reach) and no live
-        worker has a start outstanding. False while no worker is live."""
+        """Whether every start the bound allows now has reached a hub: no live worker can reserve
+        (the room left is smaller than each one's reservation, its last one's size, 1 before its
+        first: a batch engine reserves whole batches, so the bound may be out of its reach; and no
+        start given back waits to be taken again) and none has a start outstanding. False while no
+        worker is live."""
         cap = StalenessBound(max_staleness, groups_per_step).capacity(self._published)
         room = cap - self._counters.get(STARTED, 0)
         live = list(self._live)
-        filled = bool(live) and room < min(self._wants.get(w, 1) for w in live) and all(
-            self._counters.get(outstanding_key(w), 0) <= 0 for w in live)
+        reachable = room >= min((self._wants.get(w, 1) for w in live), default=1) or (
+            room > 0 and self._given_back > 0)
+        filled = bool(live) and not reachable and all(self._counters.get(outstanding_key(w), 0) <= 0 for w in live)
         return {"filled": filled}
 
     def _op_arrive(self, worker: int, generation: int, count: int) -> dict[str, Any]:
@@ -183,6 +194,7 @@ class Ledger:
         if int(count) < 0:
             raise ValueError(f"refuse: count {count} < 0")
         self._add(STARTED, -int(count))
+        self._given_back += int(count)
         return {"refused": self._add(GIVE_BACK[why], int(count))}
 
 

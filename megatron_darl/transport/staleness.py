@@ -7,7 +7,10 @@ rank 0 (``ledger.py``), which takes only requests signed with the run's secret, 
 outside the run can move it. A reservation is one atomic ledger request: granted whole, or not
 at all. A batch engine reserves its whole batch at once or nothing (``try_start_batch``): a batch
 cut short by the bound would generate at another batch size, which a compiled engine pays for
-with a recompilation.
+with a recompilation. The one exception is starts given back (below): a batch of as many of
+those as the bound has room for is granted, or the replacements the trainer waits for under
+``replay.fill_batch`` would wait for room that no publish brings (the trainer publishes only
+once it has them).
 
 Generations: every worker process joins under a new generation number, and every start it
 reserves and every group it sends carries it. A worker declared lost (heartbeat timeout) has its
@@ -155,8 +158,9 @@ class StalenessGate:
         return tickets[0] if tickets else None
 
     def try_start_batch(self, count: int) -> list[StartTicket]:
-        """``count`` tickets when the bound allows that many more groups now, else none (never
-        waits for room). A gate whose generation was fenced joins again first (logged)."""
+        """``count`` tickets when the bound allows that many more groups now, else as many as it
+        has room for among the starts given back, else none (never waits for room). A gate whose
+        generation was fenced joins again first (logged)."""
         if count < 1:
             return []
         got = self._reserve(count)
@@ -169,7 +173,7 @@ class StalenessGate:
             got = self._reserve(count)
         if "last" not in got:
             return []
-        n, t = int(got["last"]), int(got["version"])
+        n, t, count = int(got["last"]), int(got["version"]), int(got["count"])
         return [StartTicket(version=t, index=i, generation=self.generation) for i in range(n - count + 1, n + 1)]
 
     def _reserve(self, count: int) -> dict:

@@ -59,6 +59,28 @@ def test_the_ledger_is_filled_when_no_whole_batch_fits_and_none_is_in_flight(sto
     assert mark_delivered(server, 0, 1, generation=gate.generation) and not bound_filled(server, bound)
 
 
+def test_a_batch_engine_takes_the_given_back_starts_the_trainer_waits_for(stores):
+    """Sync (eta 0) with a whole-batch engine of B and degenerate groups dropped: the replacements
+    come as a smaller batch, since no publish makes room before the trainer has its B groups (the
+    run deadlocked: 9 of 16 trained, the worker waiting for room for 16)."""
+    server, client = stores
+    bound = StalenessBound(max_staleness=0, groups_per_step=4)
+    gate = StalenessGate(client, bound, worker_id=0)
+    first = gate.try_start_batch(4)
+    assert [t.index for t in first] == [1, 2, 3, 4] and mark_delivered(server, 0, 4, generation=gate.generation)
+    give_back_degenerate(server, [SimpleNamespace()] * 3)
+    assert not bound_filled(server, bound)  # room 3, all of it given back: a worker can take it
+    again = gate.try_start_batch(4)
+    assert [t.index for t in again] == [2, 3, 4]  # the three starts, not a batch of four
+    assert gate.try_start_batch(4) == [] and mark_delivered(server, 0, 3, generation=gate.generation)
+    assert bound_filled(server, bound)  # the cap reached, nothing given back
+    give_back_degenerate(server, [SimpleNamespace()])
+    server.ledger.call("publish", version=1)  # cap 8, started 3: room for a whole batch again
+    assert len(gate.try_start_batch(4)) == 4  # a whole batch takes the given-back start with it
+    assert gate.try_start_batch(4) == []  # room 1, nothing given back left: wait for a publish
+    assert mark_delivered(server, 0, 4, generation=gate.generation) and bound_filled(server, bound)
+
+
 def _group(group_id: int) -> SampleGroup:
     samples = [Sample(sample_id=group_id * 10 + i, prompt_ids=torch.tensor([1]), response_ids=torch.tensor([5, 6]),
                       behavior_logprobs=torch.zeros(2), token_versions=torch.zeros(2, dtype=torch.long), reward=r)
