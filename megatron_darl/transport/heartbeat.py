@@ -15,8 +15,9 @@ the store client itself would wait forever. Beats and rendezvous records are sig
 process cannot keep a dead peer "alive" or pose as a member. Each beat also carries the
 process's event counters (``megatron_darl.counters``), which the trainer sums into its metrics
 (a worker also posts them before sending groups, ``post_counters``, so a step's metrics count the
-errors of the groups it trained, not a beat later), and the owner's own cumulative statistics (``stats``: a rollout worker's engine, sync and batch
-seconds and counts), which the trainer reads per peer (``peer_stats``) for per-worker metrics.
+errors of the groups it trained, not a beat later), and the owner's own cumulative statistics
+(``stats``: a rollout worker's engine, sync and batch seconds and counts), which the trainer reads
+per peer (``peer_stats``) for per-worker metrics.
 """
 
 from __future__ import annotations
