@@ -336,8 +336,8 @@ class TrainerLoop:
 
     def _bound_filled(self) -> Callable[[], bool]:
         """Rank 0's check that no more starts can reach the hubs under the bound now."""
-        bound = self.cfg.bound
-        return lambda: bound_filled(self.ep.store, bound)
+        bound, version = self.cfg.bound, self.trainer.version
+        return lambda: bound_filled(self.ep.store, bound, version)
 
     def _follow_wait(self, step: int) -> Received:
         """Peer: serve the hub's passes until the wait is over; whether the step goes on."""

@@ -160,13 +160,14 @@ class Ledger:
             self._add(outstanding_key(worker), count)
         return {"version": self._published, "last": self._add(STARTED, count), "count": count}
 
-    def _op_filled(self, max_staleness: int, groups_per_step: int) -> dict[str, Any]:
+    def _op_filled(self, max_staleness: int, groups_per_step: int, version: int = 0) -> dict[str, Any]:
         """Whether every start the bound allows now has reached a hub: no live worker can reserve
         (the room left is smaller than each one's reservation, its last one's size, 1 before its
         first: a batch engine reserves whole batches, so the bound may be out of its reach; and no
         start given back waits to be taken again) and none has a start outstanding. False while no
-        worker is live."""
-        cap = StalenessBound(max_staleness, groups_per_step).capacity(self._published)
+        worker is live. The cap is that of ``version``, the trainer's, when the workers have not
+        acked it yet: the starts its publish allows are still to come, whenever the ack lands."""
+        cap = StalenessBound(max_staleness, groups_per_step).capacity(max(self._published, int(version)))
         room = cap - self._counters.get(STARTED, 0)
         live = list(self._live)
         reachable = room >= min((self._wants.get(w, 1) for w in live), default=1) or (

@@ -71,12 +71,14 @@ def release_reservations(store: ControlStore, worker_id: int) -> int:
     return int(store.ledger.call("fence", worker=int(worker_id))["released"])
 
 
-def bound_filled(store: ControlStore, bound: StalenessBound) -> bool:
-    """True when no live worker can start a group under the published version and none has one in
-    flight: every start the bound allows now has reached a hub, as near its cap as the workers'
-    reservation sizes reach (``loop.wait_for_bound`` stops waiting then)."""
+def bound_filled(store: ControlStore, bound: StalenessBound, version: int = 0) -> bool:
+    """True when no live worker can start a group under the trainer's ``version`` and none has one
+    in flight: every start the bound allows then has reached a hub, as near its cap as the workers'
+    reservation sizes reach (``loop.wait_for_bound`` stops waiting then). Counting from the
+    trainer's version, not the one the workers acked, keeps a step from ending before the ack of
+    its publish lands: what a step waits for does not depend on that race."""
     return bool(store.ledger.call("filled", max_staleness=bound.max_staleness,
-                                  groups_per_step=bound.groups_per_step)["filled"])
+                                  groups_per_step=bound.groups_per_step, version=int(version))["filled"])
 
 
 def groups_dropped(store: ControlStore) -> int:

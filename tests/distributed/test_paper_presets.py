@@ -5,7 +5,8 @@ policy and prompts). From step 1 on the batches mix behavior versions, so the ob
 naive async takes the PPO ratio against the engine's log-probs with no weight, decoupled PPO
 weights each token by its own behavior ratio, D-ARL by the sequence mixture's. Their losses must
 differ at every step from step 1 on. The control that makes "differ" mean something: the run is
-deterministic (one worker, one-step-off, whole batches), so ``async_is_paper``, verl's name for
+deterministic (one worker, whole batches, each step waiting for every start the bound allows
+under its version: ``loop.wait_for_bound``), so ``async_is_paper``, verl's name for
 decoupled PPO, logs exactly what ``decoupled_paper`` logs. Before the fix ``async_paper`` was that
 same objective and logged bit-identical metrics to ``decoupled_paper``.
 """
@@ -30,7 +31,10 @@ def losses(tmp_path_factory) -> dict[str, list[float]]:
         run_dir = tmp_path_factory.mktemp(preset)
         # no checkpoint between steps: a save's seconds would move when the worker's next batch
         # lands against the trainer's receive, and with it which groups a step gets
-        proc = run_smoke(run_dir, f"algorithm={preset}", "loop.checkpoint_interval=0", steps=STEPS)
+        # and each step waits for the bound: what a step receives does not hang on whether the
+        # worker's next batch beat the trainer to its receive (under load it did, at step 0)
+        proc = run_smoke(run_dir, f"algorithm={preset}", "loop.checkpoint_interval=0", "loop.wait_for_bound=true",
+                         steps=STEPS)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["version"] for r in rows] == [float(s + 1) for s in range(STEPS)]

@@ -127,3 +127,19 @@ def test_the_timeout_names_the_bound(stores):
     time.sleep(0.05)  # then nothing for longer than the timeout
     assert watch.check(20).startswith("trainer step 3: 20/32 groups (loop.wait_for_bound: every start the "
                                       "staleness bound allows); no new group for")
+
+
+def test_the_bound_counts_from_the_trainers_version_before_the_workers_ack_it(stores):
+    """A step that starts before the workers acked its publish still waits for what that publish
+    allows: filled is judged under the trainer's version (the paper presets' runs otherwise
+    trained 0 or 2 groups at a step by which side of the ack the receive fell)."""
+    server, client = stores
+    bound = StalenessBound(max_staleness=0, groups_per_step=2)
+    gate = StalenessGate(client, bound, worker_id=0)
+    assert len(gate.try_start_batch(2)) == 2 and mark_delivered(server, 0, 2, generation=gate.generation)
+    assert bound_filled(server, bound, version=0)  # cap 2 reached under version 0
+    assert not bound_filled(server, bound, version=1)  # published, not yet acked: 2 more to come
+    assert gate.try_start_batch(2) == []  # the workers still see cap 2 until they ack
+    server.ledger.call("publish", version=1)
+    assert len(gate.try_start_batch(2)) == 2 and mark_delivered(server, 0, 2, generation=gate.generation)
+    assert bound_filled(server, bound, version=1)
