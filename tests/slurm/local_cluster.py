@@ -176,6 +176,12 @@ class LocalSlurm:
             "State=UP OverSubscribe=YES",
         ]
         (r / "slurm.conf").write_text("\n".join(lines) + "\n")
+        # slurmd 22.05 loads a cgroup plugin even with proctrack/linuxproc and task/none, and
+        # cgroup/v2 (autodetected on a cgroup2-only host such as the GPU machine) fails to start
+        # in a container without systemd. cgroup/v1 only reads its mount point when a cgroup
+        # plugin uses it, and none does here: so the emulated nodes never touch the host's cgroups.
+        (r / "cgroup.conf").write_text(
+            f"CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nCgroupMountpoint={r / 'no_cgroups'}\n")
         if self.gpus:  # slurmd reads gres.conf beside slurm.conf
             (r / "gres.conf").write_text(self._gres_conf())
         if self.gpus and self.split_host_gpus:
