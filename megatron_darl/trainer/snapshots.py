@@ -12,8 +12,10 @@ slice of the weights, the model dtype: bf16 on GPU). Where the copies live decid
               weights copied out and back, three full-model copies per backfilled version
 
 ``auto`` (the default) keeps a snapshot resident while the device keeps ``headroom`` of its
-memory free after it (the caching allocator's reserve counts as used, so a train step's peak is
-already accounted for) and on the host otherwise; a run logs where its snapshots went. Taking a
+memory free after it at the run's peak (``room_for_snapshot``) and on the host otherwise; a run
+logs where its snapshots went. The peak is the allocator's highest *allocated* bytes, not what it
+holds reserved: the cache keeps the blocks of the largest log-prob pass, and counting them as used
+sent the fourth 1.7B snapshot to the host on an H200 with 100 GiB of it free (a 2.8 s backfill). Taking a
 snapshot is one device-to-device copy per step, into the buffers of the version that left the
 window. Optimizer state is never touched: it lives in the optimizer's own fp32 main params.
 
@@ -33,6 +35,16 @@ log = logging.getLogger(__name__)
 
 
 PLACEMENTS = ("auto", "device", "host")
+
+
+def room_for_snapshot(free: int, total: int, reserved: int, peak_allocated: int, nbytes: int,
+                      headroom: float) -> bool:
+    """Whether a device keeps ``headroom`` of ``total`` free at its peak with one more resident
+    snapshot of ``nbytes``: this process at its peak (``peak_allocated``, the train step's and
+    log-prob passes' highest) plus the snapshot, plus what others hold on the device (neither
+    free nor this process's allocator: other processes, the CUDA context)."""
+    others = total - free - reserved
+    return others + peak_allocated + nbytes <= (1.0 - headroom) * total
 
 
 class ParamSnapshots:
@@ -58,8 +70,11 @@ class ParamSnapshots:
         """Whether the next new snapshot goes on the parameters' device."""
         if self._placement != "auto":
             return self._placement == "device"
-        free, total = torch.cuda.mem_get_info(self._params[0].device)
-        return free - self._nbytes() >= self._headroom * total
+        device = self._params[0].device
+        free, total = torch.cuda.mem_get_info(device)
+        return room_for_snapshot(free, total, torch.cuda.memory_reserved(device),
+                                 torch.cuda.max_memory_allocated(device), self._nbytes(),
+                                 self._headroom)
 
     def _buffers(self) -> list[torch.Tensor]:
         if self._spare is not None:

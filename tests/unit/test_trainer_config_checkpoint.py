@@ -11,7 +11,7 @@ from megatron_darl.checkpoint.training import load_checkpoint
 from megatron_darl.checkpoint.model_io import CheckpointMetadata, write_metadata
 from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig
 from megatron_darl.trainer.flops import forward_flops, matmul_params, mfu, train_flops
-from megatron_darl.trainer.snapshots import ParamSnapshots
+from megatron_darl.trainer.snapshots import ParamSnapshots, room_for_snapshot
 
 QWEN3_1_7B = dict(
     architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=2048,
@@ -131,3 +131,17 @@ def test_lr_warmup_then_constant():
         seen.append(groups[0]["lr"])
     assert seen == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
     assert groups[0]["weight_decay"] == pytest.approx(0.1)
+
+
+def test_a_snapshot_stays_resident_when_only_the_allocators_cache_holds_the_memory():
+    GiB = 2**30
+    # an H200 (140 GiB): the allocator holds 120 GiB reserved, its peak use was 30 GiB, the
+    # context 1 GiB. Counting the reserve as used sent the snapshot to the host; the peak keeps it
+    assert room_for_snapshot(free=19 * GiB, total=140 * GiB, reserved=120 * GiB,
+                             peak_allocated=30 * GiB, nbytes=3 * GiB, headroom=0.15)
+    # the same device with a peak of 117 GiB has no room for 3 GiB more above a 15% margin
+    assert not room_for_snapshot(free=19 * GiB, total=140 * GiB, reserved=120 * GiB,
+                                 peak_allocated=117 * GiB, nbytes=3 * GiB, headroom=0.15)
+    # another process (a colocated engine) holding 100 GiB counts against the room
+    assert not room_for_snapshot(free=10 * GiB, total=140 * GiB, reserved=30 * GiB,
+                                 peak_allocated=30 * GiB, nbytes=3 * GiB, headroom=0.15)
