@@ -22,10 +22,10 @@ mode) ran eagerly all run, on every rank of every H200 run of c73429c. The compi
 norm raises that limit to ``RECOMPILE_LIMIT`` (counted per function, the limit shared: others may
 recompile as often, which the benchmark's ``dynamo_compiles_after_first_step`` would show). The
 trainer's warm-up calls it at three micro-batch shapes so that these compile before the first
-step. The detached, unbacked-rows call of the log-prob kernels (``trainer/kernels.py``), which never recompiles, made this module (~224 calls
-per micro-batch, as an autograd Function) cost 30% of a 1.7B train step on an H200
-(benchmarks/results/kernel_ab_*: per-call overhead or the unbacked rows' code; the A/B did not tell
-them apart), so the norm keeps the plain compiled call.
+step. The detached, unbacked-rows call of the log-prob kernels (``trainer/kernels.py``), which
+never recompiles, made this module (~224 calls per micro-batch, as an autograd Function) cost 30%
+of a 1.7B train step on an H200 (benchmarks/results/kernel_ab_*: per-call overhead or the unbacked
+rows' code; the A/B did not tell them apart), so the norm keeps the plain compiled call.
 """
 
 from __future__ import annotations
