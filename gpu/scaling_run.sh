@@ -12,7 +12,8 @@
 # Each run writes its record as it ends; its run dir's launch timeline, the tail of each process's
 # log and the records go into $OUT/runs.tgz (one file: at most 8 come back), the summary lines into
 # $OUT/summary.txt. The policy is built once per call (/tmp/darl_lp/policy) and runs skip the final
-# checkpoint (loop.save_at_end=false). DARL_STEPS (default 8) steps per run, the first 3 left out;
+# checkpoint (loop.save_at_end=false). DARL_STEPS (default 8) steps per run, the first DARL_SKIP
+# (default 3) left out (at 12 steps one start-up step of 10 s in the 4th cost a 2:2 run 0.15x);
 # DARL_BUDGET_S (default 570) bounds the whole call: a run that cannot start in what is left is
 # skipped, and one that runs out of time is killed with what it measured so far lost (say so).
 set -u
@@ -42,7 +43,7 @@ profile() {  # profile NAME VARIANT SPLIT ENGINE QUICK
   local name=$1 variant=$2 split=$3 engine=$4 quick=$5 t
   t=$(left)
   if [ "$t" -lt 150 ]; then say "$name: SKIPPED (${t}s left)"; return 0; fi
-  local args=(--model qwen3_1.7b --splits "$split" --variant "$variant" --steps "${DARL_STEPS:-8}" --skip 3
+  local args=(--model qwen3_1.7b --splits "$split" --variant "$variant" --steps "${DARL_STEPS:-8}" --skip "${DARL_SKIP:-3}"
               --out-dir "$OUT/rec" --work-dir /tmp/darl_lp --timeout $(( t - 20 )) loop.save_at_end=false)
   [ "$quick" = quick ] && args=(--quick "${args[@]}")  # options before the overrides: argparse takes one run of them
   [ "$engine" = vllm ] && args+=("rollout=vllm")
