@@ -14,8 +14,8 @@ slice of the weights, the model dtype: bf16 on GPU). Where the copies live decid
 ``auto`` (the default) keeps a snapshot resident while the device keeps ``headroom`` of its
 memory free after it at the run's peak (``room_for_snapshot``) and on the host otherwise; a run
 logs where its snapshots went. The peak is the allocator's highest *allocated* bytes, not what it
-holds reserved: the cache keeps the blocks of the largest log-prob pass, and counting them as used
-sent the fourth 1.7B snapshot to the host on an H200 with 100 GiB of it free (a 2.8 s backfill). Taking a
+holds reserved: the cache keeps the blocks of the largest log-prob pass, and counted as used they
+would leave no room for a 1.7B snapshot on an H200 with 100 GiB idle in that cache. Taking a
 snapshot is one device-to-device copy per step, into the buffers of the version that left the
 window. Optimizer state is never touched: it lives in the optimizer's own fp32 main params.
 

@@ -17,8 +17,8 @@ varying size is the row count, which ``dynamic=True`` keeps symbolic: one graph 
 
 What still recompiles: each hidden size (the weight is a parameter: static), a matrix that is a
 view and one that is not (``reshape`` of a contiguous input), each grad mode, and a row count of 1:
-9 variants on a 1.7B run, one over dynamo's default limit of 8, so the last to come (in grad
-mode) ran eagerly all run, on every rank of every H200 run of c73429c. The compiled
+9 variants on a 1.7B run, one over dynamo's default limit of 8, past which the last to come (in
+grad mode) would run eagerly for the rest of the run. The compiled
 norm raises that limit to ``RECOMPILE_LIMIT`` (counted per function, the limit shared: others may
 recompile as often, which the benchmark's ``dynamo_compiles_after_first_step`` would show). The
 trainer's warm-up calls it at three micro-batch shapes so that these compile before the first
