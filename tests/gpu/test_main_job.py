@@ -3,12 +3,15 @@
 One GPU: ``cluster=local`` puts the trainer and the rollout worker on GPU 0, and weights must
 reach the worker by CUDA IPC (NCCL refuses two ranks on one device). Two GPUs: ``cluster=gpu2``,
 weights over an NCCL broadcast. Each run must finish its steps with the published version
-advancing one per step and the worker holding the last version.
+advancing one per step and the worker holding the last version. On two GPUs again with what a
+verl user turns on: the entropy bonus and the KL to the initial policy (the bf16 entropy and
+reference passes on the GPU) and held-out points while training (on the engine's GPU).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -62,3 +65,19 @@ def test_main_job_on_two_gpus_uses_nccl(tmp_path):
     out = _run(tmp_path, "cluster=gpu2", "transport.control.port=0", "cluster.master_port=0")
     assert "weight sync stage 0: nccl broadcast to [0]" in out, out[-4000:]
     _check_run(tmp_path, out)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_main_job_on_two_gpus_with_entropy_kl_and_validation(tmp_path):
+    out = _run(tmp_path, "cluster=gpu2", "transport.control.port=0", "cluster.master_port=0",
+               "algorithm.entropy_coef=0.001", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=k3",
+               "eval.benchmarks=[heldout]", "eval.every_n_steps=2", "eval.limit=32")
+    rows = _check_run(tmp_path, out)
+    for r in rows:
+        assert 0 < r["entropy"] < 20 and math.isfinite(r["loss"]), r
+        assert r["kl_ref"] >= 0 and r["ref_rows"] >= 1, r
+    assert rows[0]["kl_ref"] == 0.0 and rows[-1]["kl_ref"] > 0  # version 0 is the reference
+    points = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    points = [p for p in points if p.get("kind") == "heldout"]
+    assert sorted(p["version"] for p in points) == list(range(0, STEPS + 1, 2))
+    assert all(0.0 <= p["heldout/builtin/avg@1"] <= 1.0 and p["heldout/builtin/prompts"] == 32 for p in points)
