@@ -86,6 +86,7 @@ class LocalSlurm:
     gpu_device_dir: str = "/dev"  # where the nvidia<k> device files are (tests: fake ones)
     plugin_dir: str = ""  # Slurm's plugins when not where it was built to look (gpu/slurm_kit.sh)
     pids: dict[str, int] = field(default_factory=dict)
+    _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)  # a start that dies: said at once
 
     @property
     def env(self) -> dict[str, str]:
@@ -202,6 +203,7 @@ class LocalSlurm:
             argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
         self.pids[name] = proc.pid
+        self._procs[name] = proc
 
     def _wait_idle(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -215,8 +217,23 @@ class LocalSlurm:
             states = dict(line.split() for line in out.splitlines() if line.strip())
             if len(states) == self.nodes and all(s == "idle" for s in states.values()):
                 return
+            dead = {name: p.returncode for name, p in self._procs.items() if p.poll() is not None}
+            if dead:
+                raise RuntimeError(f"Slurm daemon(s) exited while starting {dead}: {self._errors(dead)}; "
+                                   f"logs in {self.root}/log")
             time.sleep(0.5)
-        raise RuntimeError(f"Slurm nodes not idle after {timeout}s: {out!r}; logs in {self.root}/log")
+        raise RuntimeError(f"Slurm nodes not idle after {timeout}s: {out!r}: {self._errors(self._procs)}; "
+                           f"logs in {self.root}/log")
+
+    def _errors(self, names) -> str:
+        """The last error lines each daemon printed (why a node never came up)."""
+        lines = []
+        for name in names:
+            log = self.root / "log" / f"{name}.stdout"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            errors = [x.strip() for x in text.splitlines() if "error" in x or "fatal" in x]
+            lines += [f"{name}: {x}" for x in errors[-3:]]
+        return " | ".join(lines) or "no error lines"
 
     def run(self, argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run a Slurm client command (sbatch, squeue, ...) against this cluster."""
@@ -264,3 +281,4 @@ class LocalSlurm:
                 except ProcessLookupError:
                     pass
         self.pids.clear()
+        self._procs.clear()

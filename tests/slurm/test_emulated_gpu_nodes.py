@@ -52,3 +52,26 @@ def test_two_emulated_nodes_split_the_hosts_gpus(tmp_path):
         cluster.stop()
         shutil.rmtree(devices, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_node_that_dies_at_start_is_named_at_once_with_its_error(tmp_path, monkeypatch):
+    # a slurmd that cannot start (here: an option slurmd 22.05 refuses) used to leave the start
+    # waiting out its whole timeout with "node1 unknown*"; the GPU machine's cgroup/v2 did so
+    if missing_binaries() or os.geteuid() != 0:
+        pytest.skip("needs Slurm and root (tests/run.sh installs it as root)")
+    root = Path(tempfile.mkdtemp(prefix="bad", dir="/tmp"))
+    cluster = LocalSlurm(root, nodes=1)
+    write_conf = cluster._write_conf
+
+    def broken_cgroup_conf() -> None:
+        write_conf()
+        (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/none\n")
+
+    monkeypatch.setattr(cluster, "_write_conf", broken_cgroup_conf)
+    try:
+        with pytest.raises(RuntimeError, match=r"exited while starting \{'slurmd-node1'") as err:
+            cluster.start(timeout=60)
+        assert "slurmd-node1: slurmd:" in str(err.value) and "logs in" in str(err.value)
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
