@@ -104,6 +104,8 @@ class LocalSlurm:
         self.root.mkdir(parents=True, exist_ok=True)
         for sub in ("state", "log", "munge", "spool"):
             (self.root / sub).mkdir(exist_ok=True)
+        for name in self.node_names():  # slurmd's socket directory (it logs an error without one)
+            (self.root / "spool" / f"slurmd.{name}").mkdir(exist_ok=True)
         self._start_munge()
         self._write_conf()
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.root / "slurm.conf")])
