@@ -46,7 +46,8 @@ def record_engine(config: dict[str, Any]) -> str:
     """The engine a record's run used (see the module docstring for older records)."""
     if config.get("update_mode") and config.get("engine"):  # read from the run's own config
         return config["engine"]
-    return _from_overrides(config, ("rollout=", "rollout@_global_=", "engine.backend="), config.get("engine") or GUARD_ENGINE)
+    return _from_overrides(config, ("rollout=", "rollout@_global_=", "engine.backend="),
+                           config.get("engine") or GUARD_ENGINE)
 
 
 def record_update_mode(config: dict[str, Any]) -> str:
@@ -124,7 +125,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "generation_seconds": m.get("generation_seconds") or 0.0,
             "trainer_seconds": sum(m.get(k) or 0.0 for k in ("logprob_seconds", "plan_seconds",
                                                              "backfill_seconds", "train_seconds")),
-            "date": r["date"][:10], "commit": str(r["commit"])[:8]})
+            "date": r["date"][:10], "commit": str(r["commit"])[:8], "note": r.get("note", "")})
     out.sort(key=lambda d: (d["engine"] == GUARD_ENGINE, d["device"], d["engine"], d["update_mode"],
                             d["batch"], d["variant"], d["gpus"], d["trainer_gpus"]))
     return out
@@ -139,21 +140,26 @@ def _fmt(d: dict[str, Any], name: str, spec: str, suffix: str = "") -> str:
 
 def table(data: list[dict[str, Any]]) -> str:
     """The markdown table: production engines first, then the hf regression guard; a ``*`` marks
-    a ratio whose reference record is of another commit."""
+    a ratio whose reference record is of another commit, ``[i]`` a record's note (below it)."""
     head = ["device", "engine", "update", "variant", "batch (groups x G x tokens)", "split (trainer:rollout)",
             "samples/s", "vs 1:1", "step s", "darl/decoupled step", "trainer idle s", "generation s/worker",
             "trainer work s", "date", "commit"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    guard = False
+    guard, notes = False, []
     for d in data:
         if d["engine"] == GUARD_ENGINE and not guard:
             guard = True
             lines.append("| **hf: regression guard** |" + " |" * (len(head) - 1))
-        lines.append(f"| {d['device']} | {d['engine']} | {d['update_mode']} | {d['variant']} | {d['batch']} | "
+        if d.get("note"):
+            notes.append(d["note"])
+        mark = f" [{len(notes)}]" if d.get("note") else ""
+        lines.append(f"| {d['device']} | {d['engine']} | {d['update_mode']} | {d['variant']}{mark} | {d['batch']} | "
                      f"{d['split']} | {d['samples_per_s']:.1f} | {_fmt(d, 'vs_1to1', '.2f', 'x')} | "
                      f"{d['step_seconds']:.2f} | {_fmt(d, 'darl_to_decoupled', '.2f')} | "
                      f"{d['receive_wait_seconds']:.2f} | {d['generation_seconds']:.2f} | "
                      f"{d['trainer_seconds']:.2f} | {d['date']} | {d['commit']} |")
+    for i, note in enumerate(notes, 1):  # each record's own note: what its numbers do not say
+        lines += ["", f"[{i}] {note}"]
     return "\n".join(lines)
 
 

@@ -225,3 +225,15 @@ def test_scaling_report_compares_with_the_same_commits_one_to_one_first(tmp_path
     assert got["2:2"]["vs_1to1"] == pytest.approx(1.5) and got["2:2"]["other_commit"] == []  # 27 / 18
     assert got["3:1"]["vs_1to1"] == pytest.approx(2.0) and got["3:1"]["other_commit"] == ["vs_1to1"]
     assert "| 2.00x* |" in scaling_records.table(list(got.values()))
+
+
+def test_a_records_note_is_numbered_in_its_row_and_printed_under_the_table(tmp_path):
+    _profile(tmp_path, "a", "darl", (1, 1), 10.0, 4.0)
+    _profile(tmp_path, "b", "darl", (2, 2), 11.0, 3.6)
+    rec = json.loads((tmp_path / "loop_profile_b.json").read_text())
+    rec["note"] = "two outliers in five steps"
+    (tmp_path / "loop_profile_b.json").write_text(json.dumps(rec))
+    text = scaling_records.table(scaling_records.rows(scaling_records.load(tmp_path)))
+    row = next(line for line in text.splitlines() if "| 2:2 |" in line)
+    assert "| darl [1] |" in row and "| darl |" in next(x for x in text.splitlines() if "| 1:1 |" in x)
+    assert text.endswith("\n\n[1] two outliers in five steps")
