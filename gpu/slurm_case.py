@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -45,11 +46,27 @@ def gpus_on_host() -> int:
     return len([line for line in out.splitlines() if line.startswith("GPU ")])
 
 
+def device_files(gpus: int) -> str:
+    """The folder of the ``nvidia<k>`` files gres.conf names: /dev when the host has one per GPU,
+    else character devices made for it (a container may expose its GPUs without them; Slurm only
+    checks the files, and ``CUDA_VISIBLE_DEVICES`` does the binding)."""
+    if all(Path(f"/dev/nvidia{k}").exists() for k in range(gpus)):
+        return "/dev"
+    folder = WORK / "dev"
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(gpus):
+        if not (folder / f"nvidia{k}").exists():
+            os.mknod(folder / f"nvidia{k}", 0o600 | stat.S_IFCHR, os.makedev(195, k))
+    print(f"/dev lacks nvidia0-{gpus - 1}: gres.conf names the device files made in {folder}", flush=True)
+    return str(folder)
+
+
 def start_cluster(nodes: int, gpus_per_node: int) -> LocalSlurm:
     root = WORK / "cluster"
     shutil.rmtree(root, ignore_errors=True)
     cluster = LocalSlurm(root, nodes=nodes, cpus_per_node=max(2, (os.cpu_count() or 2) // nodes),
                          memory_mb=100_000, gpus=gpus_per_node, split_host_gpus=nodes > 1,
+                         gpu_device_dir=device_files(nodes * gpus_per_node),
                          plugin_dir=os.environ.get("DARL_SLURM_PLUGIN_DIR", ""))
     cluster.start(timeout=90)
     return cluster

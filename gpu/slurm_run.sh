@@ -16,7 +16,8 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 # shellcheck source=gpu/env.sh
 source gpu/env.sh
-{ head -2 /etc/os-release; ldd --version | head -1; nvidia-smi -L; } | tee "$OUT/host.txt"
+{ head -2 /etc/os-release; ldd --version | head -1; nvidia-smi -L; ls /dev/nvidia* | tr '\n' ' '; echo;
+  head -1 /proc/self/cgroup; } | tee "$OUT/host.txt"
 if [ ! -x /opt/slurmkit/usr/sbin/slurmctld ]; then
   bash gpu/slurm_kit.sh unpack .slurmkit /opt/slurmkit 2>&1 | tee "$OUT/kit.log" | tail -5
 fi
