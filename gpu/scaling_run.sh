@@ -7,8 +7,8 @@
 # variant (configs/algorithm), T trainer and R rollout GPUs, ENGINE vllm (default; needs /tmp/vsite,
 # ../shared/vllm-kit) or hf, at the realistic batch 32 x 8 x 1024 (quick: 8 x 8 x 512).
 #   e.g. darl@2:2 darl@1:1 decoupled@2:2 decoupled@1:1 darl@3:1 darl@1:3 darl@2:2@hf darl@2:2@vllm@quick
-# or `tests`: tests/gpu/test_main_job.py, test_trainer_gpu.py and the main job with vLLM on two
-# GPUs; or `posterior`:
+# or `tests`: tests/gpu/test_main_job.py (the main job on 1 and 2 GPUs, and with the optional loss
+# terms and held-out points) and test_trainer_gpu.py; or `posterior`:
 # benchmarks/posterior_drift.py (one GPU, vLLM; its record with the others).
 # Each run writes its record as it ends; its run dir's launch timeline, the tail of each process's
 # log and the records go into $OUT/runs.tgz (one file: at most 8 come back), the summary lines into
@@ -76,8 +76,7 @@ for run in "$@"; do
   if [ "$run" = tests ]; then
     t=$(left); s=$(date +%s)
     timeout --kill-after=15 "$t" python3 -m pytest -q -p no:cacheprovider -o addopts="" -s \
-      tests/gpu/test_main_job.py tests/gpu/test_trainer_gpu.py \
-      tests/gpu/test_main_job_vllm.py::test_main_job_on_two_gpus > "$OUT/runs/tests.log" 2>&1
+      tests/gpu/test_main_job.py tests/gpu/test_trainer_gpu.py > "$OUT/runs/tests.log" 2>&1
     say "tests: rc $?, $(( $(date +%s) - s )) s"; tail -5 "$OUT/runs/tests.log"
     continue
   fi
