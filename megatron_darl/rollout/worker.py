@@ -41,6 +41,7 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -226,13 +227,15 @@ class RolloutWorker:
             self._collect(stream, pool, 0.0)
             self._sync_if_offered(stream, receiver, hb)
 
+        post_counters = partial(hb.post_counters, store)  # before a send: see Heartbeat.post_counters
+
         # A batch engine blocks for a whole batch in the next poll: a group whose rewards are not
         # done yet would reach the trainer a batch late, so its rewards are awaited first.
         whole_batches = getattr(stream, "whole_batches", False)
         while not stop_requested(store):
             start = time.monotonic()
             pending = self._flush(sender, pending + self._take_ready(), safe_point,
-                                  lambda: stop_requested(store), whole_batches, lambda: hb.post_counters(store))
+                                  lambda: stop_requested(store), whole_batches, post_counters)
             self.host_seconds["flush"] += time.monotonic() - start
             safe_point()
             start = time.monotonic()
@@ -254,7 +257,7 @@ class RolloutWorker:
         deadline = time.monotonic() + self.transport.heartbeat.timeout_s / 2
         before = self.groups_sent
         left = self._flush(sender, pending + self._take_ready(), safe_point,
-                           lambda: time.monotonic() > deadline, True, lambda: hb.post_counters(store))
+                           lambda: time.monotonic() > deadline, True, post_counters)
         unacked = sender.flush(max(0.0, deadline - time.monotonic()))
         sender.close()
         log.info("%s: stop flag seen; drained %d groups (%d sent in all, %d not acked), %d left unsent, "
