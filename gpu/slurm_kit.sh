@@ -16,7 +16,7 @@
 set -euo pipefail
 PACKAGES=(slurmctld slurmd slurm-client munge libmunge2 slurm-wlm-basic-plugins libhwloc15 liblua5.1-0
           libjwt0 libfreeipmi17 libipmimonitoring6 librrd8 libdbi1 libhdf5-103-1 libsz2 libaec0 libb64-0d
-          libhdf5-hl-100 libxnvctrl0 ocl-icd-libopencl1 libhwloc-plugins libdbus-1-3)
+          libhdf5-hl-100 libxnvctrl0 ocl-icd-libopencl1 libhwloc-plugins)
 LIBDIR=usr/lib/x86_64-linux-gnu
 
 case "${1:-}" in
@@ -35,9 +35,7 @@ case "${1:-}" in
     # slurmd starts the step daemon from the path it was built with
     [ -e /usr/sbin/slurmstepd ] || ln -s "$prefix/usr/sbin/slurmstepd-wlm" /usr/sbin/slurmstepd
     export LD_LIBRARY_PATH="$prefix/$LIBDIR/slurm-wlm:$prefix/$LIBDIR:$prefix/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-    # slurmd loads the cgroup/v2 plugin at start (it needs libdbus): check it as a binary
-    for b in usr/sbin/slurmctld usr/sbin/slurmd usr/sbin/slurmstepd usr/sbin/munged usr/bin/sbatch usr/bin/srun \
-             $LIBDIR/slurm-wlm/cgroup_v2.so; do
+    for b in usr/sbin/slurmctld usr/sbin/slurmd usr/sbin/slurmstepd usr/sbin/munged usr/bin/sbatch usr/bin/srun; do
       missing=$(ldd "$prefix/$b" 2>&1 | grep "not found" || true)
       [ -n "$missing" ] && echo "slurm_kit: $b misses: $missing"
     done
