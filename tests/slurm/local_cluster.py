@@ -85,8 +85,7 @@ class LocalSlurm:
     split_host_gpus: bool = False
     gpu_device_dir: str = "/dev"  # where the nvidia<k> device files are (tests: fake ones)
     plugin_dir: str = ""  # Slurm's plugins when not where it was built to look (gpu/slurm_kit.sh)
-    pids: dict[str, int] = field(default_factory=dict)
-    _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)  # a start that dies: said at once
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)  # the daemons started
 
     @property
     def env(self) -> dict[str, str]:
@@ -204,8 +203,7 @@ class LocalSlurm:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
-        self.pids[name] = proc.pid
-        self._procs[name] = proc
+        self.procs[name] = proc
 
     def _wait_idle(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -219,12 +217,12 @@ class LocalSlurm:
             states = dict(line.split() for line in out.splitlines() if line.strip())
             if len(states) == self.nodes and all(s == "idle" for s in states.values()):
                 return
-            dead = {name: p.returncode for name, p in self._procs.items() if p.poll() is not None}
+            dead = {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
             if dead:
                 raise RuntimeError(f"Slurm daemon(s) exited while starting {dead}: {self._errors(dead)}; "
                                    f"logs in {self.root}/log")
             time.sleep(0.5)
-        raise RuntimeError(f"Slurm nodes not idle after {timeout}s: {out!r}: {self._errors(self._procs)}; "
+        raise RuntimeError(f"Slurm nodes not idle after {timeout}s: {out!r}: {self._errors(self.procs)}; "
                            f"logs in {self.root}/log")
 
     def _errors(self, names) -> str:
@@ -244,7 +242,7 @@ class LocalSlurm:
     def cancel_all(self, timeout: float = 20.0) -> None:
         """SIGKILL every job of this cluster and wait until none is left (job steps run under
         slurmstepd in sessions of their own: killing the daemons would leave them running)."""
-        if "slurmctld" not in self.pids:
+        if "slurmctld" not in self.procs:
             return
         try:
             ids = self.run(["squeue", "-h", "-o", "%A"], timeout=10).stdout.split()
@@ -261,26 +259,19 @@ class LocalSlurm:
         """Cancel the cluster's jobs, then kill the daemons this object started (and their
         process groups), by PID."""
         self.cancel_all()
-        for name in reversed(list(self.pids)):
-            pid = self.pids[name]
+        for proc in reversed(list(self.procs.values())):
             try:
-                os.killpg(pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 continue
         deadline = time.time() + 10
-        for pid in self.pids.values():
-            while time.time() < deadline:
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
                 try:
-                    waited, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if waited:
-                    break
-                time.sleep(0.1)
-            else:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
+                    os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        self.pids.clear()
-        self._procs.clear()
+                proc.wait(timeout=10)
+        self.procs.clear()
