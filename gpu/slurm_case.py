@@ -9,8 +9,9 @@ the host's GPUs split over emulated nodes, a run submitted as a user submits it,
 ``headline``: ``slurm/<model>_darl.sbatch`` on ``--nodes`` emulated nodes (the host's GPUs split
 evenly: 4 GPUs, 2 nodes -> gpu:2 each; ``LocalSlurm(split_host_gpus=True)``), a random-init policy
 of the model's shape with the built-in task's tokenizer, ``ROLLOUT_NODES`` (default: launch.sh's
-half the nodes); ``scancel`` once the run has logged ``--cancel-at`` steps, then the same command
-again with the same OUTPUT_DIR. Checked from the run's files: a checkpoint at the stop, the second
+half the nodes); ``scancel`` once the run has logged ``--cancel-at`` steps (``--stop graceful``:
+``scancel --batch --signal=USR1``, no KillWait deadline), then the same command again with the same
+OUTPUT_DIR. Checked from the run's files: a checkpoint at the stop, the second
 job resumed from it, trained only the steps after it, and ``metrics.jsonl`` has one record per
 step. ``scaling``: ``slurm/scaling_study.sh`` at each node count of ``--nodes-list`` and its report.
 Everything it found goes to ``--out`` (``summary.json``, the batch outputs and the trainer's log
@@ -110,14 +111,16 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     wait_for(lambda: len(metrics(run)) >= a.cancel_at or _ended(cluster, first), a.timeout,
              f"{a.cancel_at} logged steps")
     t_cancel = time.time()
-    cluster.run(["scancel", str(first)])
+    result["cancel_s"] = t_cancel - t0
+    cluster.run(["scancel", *(["--batch", "--signal=USR1"] if a.stop == "graceful" else []), str(first)])
     info = wait_state(cluster, first, timeout=300, output=out / "job1.out")
     result["first_state"] = info["JobState"]
     result["cancel_to_end_s"] = time.time() - t_cancel
     saved = sorted(int(p.name[5:]) for p in (run / "checkpoints").glob("step_??????"))
     result["checkpoints_after_cancel"] = saved
     if not saved:
-        return {**result, "ok": False, "why": "no checkpoint after scancel"}
+        keep_logs(run, out)
+        return {**result, "ok": False, "why": f"no checkpoint after scancel ({a.stop}); see job1_trainer-0.log"}
     k = saved[-1]
     t1 = time.time()
     second = sbatch(cluster, script, [*overrides, f"loop.steps={a.steps}"], env,
@@ -126,12 +129,7 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     result["resubmit_to_first_step_s"] = time.time() - t1
     info = wait_state(cluster, second, timeout=a.timeout, output=out / "job2.out")
     result.update(second_job=second, second_state=info["JobState"], resubmit_to_end_s=time.time() - t1)
-    logs = log_dirs(run)
-    for i, d in enumerate(logs):
-        for f in d.glob("*.log"):
-            (out / f"job{i + 1}_{f.name}").write_text(f.read_text()[-20000:])
-        if (d / "steps.txt").exists():
-            shutil.copy(d / "steps.txt", out / f"job{i + 1}_steps.txt")
+    logs = keep_logs(run, out)
     second_trained = trained_steps(logs[-1] / "trainer-0.log") if logs else []
     steps = [r["step"] for r in metrics(run)]
     result.update(resumed_at=k, second_trained=second_trained, metric_steps=steps,
@@ -139,6 +137,17 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
                       and len(steps) == a.steps and bool(second_trained) and min(second_trained) >= k))
     shutil.copy(run / "metrics.jsonl", out / "metrics.jsonl")
     return result
+
+
+def keep_logs(run: Path, out: Path) -> list[Path]:
+    """Each job's log folder under ``run``, its logs' tails and step list copied to ``out``."""
+    logs = log_dirs(run)
+    for i, d in enumerate(logs):
+        for f in d.glob("*.log"):
+            (out / f"job{i + 1}_{f.name}").write_text(f.read_text(errors="replace")[-20000:])
+        if (d / "steps.txt").exists():
+            shutil.copy(d / "steps.txt", out / f"job{i + 1}_steps.txt")
+    return logs
 
 
 def _ended(cluster: LocalSlurm, job: int) -> bool:
@@ -172,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes-list", default="1 2", help="node counts (scaling)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--cancel-at", type=int, default=3)
+    p.add_argument("--stop", choices=["scancel", "graceful"], default="scancel",
+                   help="scancel: SIGTERM to every step, SIGKILL KillWait later; graceful: "
+                        "scancel --batch --signal=USR1 (the launcher stops the trainer, no deadline)")
     p.add_argument("--timeout", type=float, default=480.0, help="seconds a job may take")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/darl_slurm_out")))
     p.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")

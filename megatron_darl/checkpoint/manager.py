@@ -162,6 +162,7 @@ class CheckpointManager:
         path = checkpoint_root(self.run_dir) / f"step_{next_step:06d}"
         if path.exists():
             return path
+        start, nbytes = time.monotonic(), self.next_bytes()
         extra = self.extra_state(next_step)
         deleted = self._make_room(path)
         try:
@@ -169,6 +170,8 @@ class CheckpointManager:
         except CheckpointFailed as exc:
             made = f" ({', '.join(deleted)} deleted to make room first)" if deleted else ""
             raise type(exc)(f"{exc}{made}; {self.newest()}") from exc
+        if self.ps.rank == 0:  # the time a stop signal's checkpoint needs (Slurm's KillWait bounds it)
+            log.info("checkpoint %s in %.2f s (%.2f GB on this rank)", path, time.monotonic() - start, nbytes / 1e9)
         self.retain(path)
         return path
 
@@ -214,14 +217,12 @@ class CheckpointManager:
         on: the run's state is in memory, and the next checkpoint tries again. At the end it raises."""
         start, nbytes = time.monotonic(), self.next_bytes()
         try:
-            path = self.save(step)
+            self.save(step)
         except CheckpointFailed as exc:
             log.error("%s; training goes on, the next checkpoint (at the end at the latest) tries again", exc)
             return
         finally:
             self.schedule.saved(time.monotonic() - start, nbytes)
-        if self.ps.rank == 0:
-            log.info("checkpoint %s in %.2f s (%.1f MB on this rank)", path, self.schedule.last_seconds, nbytes / 1e6)
 
     def next_bytes(self) -> int:
         """This rank's share of the next checkpoint's tensor bytes (the schedule scales by it)."""

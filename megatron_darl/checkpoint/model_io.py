@@ -205,27 +205,32 @@ def _unwrap(model):
     return model
 
 
-def save_sharded(sharded_state: dict, ckpt_dir: str | Path) -> None:
-    """``dist_checkpointing.save`` (collective), synchronously and without a helper process.
+def use_local_results_queue() -> None:
+    """Make megatron-core's torch_dist writer hand its results over a plain ``queue.Queue``.
 
-    megatron-core's torch_dist writer hands its write results to the caller through a
-    module-level queue that it makes, on first use, a ``multiprocessing`` Manager queue (built for
-    async saves, where a background process writes): a server process started by spawn, which
-    imports torch to unpickle the first results (~3 s in every process, paid at its first save)
-    and takes ~2 s more to stop at exit. A synchronous save puts and takes in the same process,
-    so that queue is set to a plain ``queue.Queue`` first (feature-detected in megatron-core
-    0.16 and 0.19: a release without that variable is left alone).
+    The writer passes its write results to the caller through a module-level queue that it makes,
+    on first use, a ``multiprocessing`` Manager queue (built for async saves, where a background
+    process writes): a server process started by spawn, which imports torch to unpickle the first
+    results (~3 s in every process, paid at its first save) and takes ~2 s more to stop at exit.
+    A synchronous save puts and takes in the same process (feature-detected in megatron-core 0.16
+    and 0.19: a release without that variable is left alone).
     """
     import queue
-
-    from megatron.core import dist_checkpointing
 
     try:
         from megatron.core.dist_checkpointing.strategies import filesystem_async
     except ImportError:  # pragma: no cover - a layout without the async writer
-        filesystem_async = None
-    if filesystem_async is not None and getattr(filesystem_async, "_results_queue", "absent") is None:
+        return
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
         filesystem_async._results_queue = queue.Queue()
+
+
+def save_sharded(sharded_state: dict, ckpt_dir: str | Path) -> None:
+    """``dist_checkpointing.save`` (collective), synchronously and without a helper process
+    (``use_local_results_queue``)."""
+    from megatron.core import dist_checkpointing
+
+    use_local_results_queue()
     dist_checkpointing.save(sharded_state, str(ckpt_dir))
 
 

@@ -75,8 +75,8 @@ def test_main_job_on_two_gpus_with_entropy_kl_and_validation(tmp_path):
     rows = _check_run(tmp_path, out)
     for r in rows:
         assert 0 < r["entropy"] < 20 and math.isfinite(r["loss"]), r
-        assert r["kl_ref"] >= 0 and r["ref_rows"] >= 1, r
-    assert rows[0]["kl_ref"] == 0.0 and rows[-1]["kl_ref"] > 0  # version 0 is the reference
+        assert r["kl_ref"] >= -1e-6 and r["ref_rows"] >= 1, r  # k3 >= 0 up to float32 rounding of exp
+    assert abs(rows[0]["kl_ref"]) < 1e-6 < rows[-1]["kl_ref"]  # version 0 is the reference (GPU: -3.9e-10)
     points = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     points = [p for p in points if p.get("kind") == "heldout"]
     assert sorted(p["version"] for p in points) == list(range(0, STEPS + 1, 2))
