@@ -1,5 +1,6 @@
 """``python -m launch.slurm prepare --plan FILE [hydra overrides]``: one Slurm job's plan.
 ``python -m launch.slurm latest-step --run-dir DIR``: the step its newest resume point holds.
+``python -m launch.slurm outcome --run-dir DIR``: the lines the quick start ends with (``launch/outcome.py``).
 
 ``slurm/launch.sh`` calls this once per allocation, on the batch host (the first node). It reads
 the launcher's knobs (environment variables, documented at the top of ``slurm/launch.sh``) and
@@ -268,10 +269,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     prep.add_argument("--plan", required=True, help="shell fragment to write (sourced by launch.sh)")
     latest = sub.add_parser("latest-step", help="print the step of the run dir's newest complete checkpoint (0: none)")
     latest.add_argument("--run-dir", required=True, help="the job's run dir (OUTPUT_DIR)")
+    end = sub.add_parser("outcome", help="print the lines the quick start ends with, for the run dir")
+    end.add_argument("--run-dir", required=True, help="the job's run dir (OUTPUT_DIR)")
     args, overrides = parser.parse_known_args(argv)
     overrides = [o for o in overrides if o != "--"]
     if args.command == "latest-step":
         print(latest_step(args.run_dir))
+        return 0
+    if args.command == "outcome":
+        from launch.outcome import outcome
+
+        print(outcome(Path(args.run_dir)))
         return 0
 
     def log(message: str) -> None:

@@ -27,6 +27,7 @@ from launch.cli import explain, parse_command_line
 from launch.config import ClusterConfig, RunConfig, load_run_config
 from launch.console import setup_logging
 from launch.lifeline import new_run_secret
+from launch.outcome import outcome
 from launch.preflight import max_positions, preflight
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec, exit_reason_path
 from launch.run_dir import check_changes, commit_config, inspect_run_dir
@@ -195,30 +196,6 @@ def _load(args: list[str]) -> RunConfig:
     except ValueError as err:  # ours: already one line naming the field
         print(f"launch.train: {explain(err)}", file=sys.stderr)
         raise SystemExit(ExitCode.USAGE) from None
-
-
-def outcome(run_dir: Path) -> str:
-    """The end-of-run lines: reward before -> after, and where the summary and the plot are."""
-    import json
-
-    summary_path = run_dir / "summary.json"
-    if not summary_path.exists():
-        return f"done: {run_dir} (no summary.json: no step finished)"
-    s = json.loads(summary_path.read_text())
-    lines = [f"done: {s['steps']} steps in {s['wall_seconds']:.0f} s, run dir {run_dir}"]
-    if s.get("reward_first") is not None:
-        lines.append(f"reward: {s['reward_first']:.3f} (first {s['reward_window_steps']} steps) -> "
-                     f"{s['reward_last']:.3f} (last {s['reward_window_steps']} steps)")
-    points = s.get("heldout") or []
-    if points:
-        from megatron_darl.loop.metrics import describe_point
-
-        ends = [points[0], points[-1]] if len(points) > 1 else points
-        lines.append("held-out: " + " -> ".join(f"{describe_point(p)} at version {p['version']}" for p in ends)
-                     + (f" ({len(points)} points in metrics.jsonl)" if len(points) > 2 else ""))
-    plot = run_dir / "progress.png"
-    lines.append(f"summary: {summary_path}" + (f"   plot: {plot}" if plot.exists() else ""))
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

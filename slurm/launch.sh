@@ -141,9 +141,21 @@ expected=$((1 + ${#ROLLOUT_WORKER_NODES[@]}))
   mv "$LOG_DIR/steps.tmp" "$LOG_DIR/steps.txt"
 ) &
 STEPS_PID=$!
+first_step_line() { grep -m1 "first trained step done" "$LOG_DIR/trainer-0.log" 2>/dev/null; }
+(  # the batch output says when the first step is done (the trainer's log line, as the quick start's);
+   # a stop signal does not end it: it leaves when the trainer step has
+  trap '' TERM USR1
+  while ! line=$(first_step_line); do
+    kill -0 "$TRAINER_PID" 2>/dev/null || { line=$(first_step_line) || exit 0; break; }
+    sleep 1
+  done
+  echo "[slurm] trainer: ${line#* INFO }"
+) &
+FIRST_PID=$!
 
 while kill -0 "$TRAINER_PID" 2>/dev/null; do wait "$TRAINER_PID"; done  # a trap interrupts wait
 wait "$TRAINER_PID"; rc=$?
+while kill -0 "$FIRST_PID" 2>/dev/null; do wait "$FIRST_PID"; done  # its line first: it ends within 1 s
 echo "[slurm] trainer step exited with code $rc"
 deadline=$((SECONDS + GRACE_S))
 for pid in "${WORKER_PIDS[@]}"; do
@@ -158,6 +170,7 @@ fi
 last=$("$PY" -m launch.slurm latest-step --run-dir "$RUN_DIR")  # the newest complete checkpoint's step
 if [ "$last" -ge "$STEPS" ]; then
   echo "[slurm] done: $RUN_DIR ($STEPS steps)"
+  timeout 120 "$PY" -m launch.slurm outcome --run-dir "$RUN_DIR"  # the lines the quick start ends with
 elif [ "$STOP_SIGNAL" = USR1 ] && [ "$REQUEUE" = 1 ]; then
   echo "[slurm] checkpointed at step $last of $STEPS: requeueing job $SLURM_JOB_ID"
   scontrol requeue "$SLURM_JOB_ID"

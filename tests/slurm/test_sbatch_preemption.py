@@ -56,6 +56,8 @@ def test_scancel_leaves_a_checkpoint_and_resubmission_resumes(slurm_cluster, war
     assert saved and saved[-1] >= 2, saved  # the step in flight at scancel, checkpointed
     k = saved[-1]
     assert f"stopped at step {k} of 40" in first_out.read_text()
+    assert "[slurm] scancel leaves the trainer KillWait=30 s to checkpoint" in first_out.read_text()
+    assert "[slurm] trainer: first trained step done " in first_out.read_text()  # where the user looks
     assert "[slurm] converting" in first_out.read_text()
     (converted,) = cache.iterdir()  # <name>-tp1pp1-fp32-<key>, the trainer's initial weights
     assert (converted / "megatron_darl.json").is_file()
@@ -68,6 +70,8 @@ def test_scancel_leaves_a_checkpoint_and_resubmission_resumes(slurm_cluster, war
     info = wait_state(slurm_cluster, second, timeout=150, output=second_out)
     assert info["JobState"] == "COMPLETED", second_out.read_text()[-2000:]
     assert f"[slurm] reusing converted checkpoint {converted}" in second_out.read_text()
+    end = second_out.read_text().split("[slurm] done: ")[-1].splitlines()  # the quick start's last lines
+    assert end[1].startswith(f"done: {k + 2} steps in ") and end[-1].startswith(f"summary: {run / 'summary.json'}"), end
     logs2 = log_dirs(run)[-1]
     trainer = (logs2 / "trainer-0.log").read_text()
     assert f"resumed from {run / 'checkpoints' / f'step_{k:06d}'} at step {k}" in trainer
