@@ -48,6 +48,11 @@
 #         --minibatches 4 --lr 3e-5 --partial <call 0's> --more-partials <call 1's> --more-partials <call 2's>
 #       python tools/variant_report.py benchmarks/results/variant_study_<new>.json
 #   3 seeds = 3 calls ~ 22-24 min of the session's device time; 5 seeds need 5 (two sessions).
+# Measured on 2x H200 (32 cores; no 4-GPU host lent, 2026-11-28): seed 0's 22 runs at once
+# (--parallel 22 --runs-per-gpu 11 would balance them; 13 a GPU put 13 and 9) took two calls on
+# one warm machine, 560 s (warm start 57 s, cut at the limit) + 487 s (every run resumed from its
+# checkpoint): ~1,050 s a seed, twice the 4-GPU plan's; each run trained for 140-400 s of its
+# second call and evaluated its 5 held-out points in 80-130 s.
 set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"

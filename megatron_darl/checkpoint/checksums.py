@@ -12,9 +12,9 @@ its share, and rank 0 writes ``checksums.json`` with the size and digest of ever
 is the SHA-256 of the SHA-256s of the file's 64 MiB blocks, hashed by a pool of threads (hashlib
 releases the GIL): one trainer rank holds a whole 1.7B run's 24-38 GB, and one SHA-256 stream
 (~1.5 GB/s) would take 20 s of the 30 s Slurm gives a cancelled job to checkpoint (``KillWait``).
-Manifests of format 1 (one SHA-256 of the whole file, ``block_bytes`` absent) still verify. ``verify_checkpoint`` is the
-same split at load: every rank agrees on the first problem found (the file, what is wrong with
-it), so all ranks refuse the checkpoint together naming it. A checkpoint without a manifest
+Manifests of format 1 (one SHA-256 of the whole file, ``block_bytes`` absent) still verify.
+``verify_checkpoint`` is the same split at load: every rank agrees on the first problem found
+(the file, what is wrong with it), so all ranks refuse the checkpoint together naming it. A checkpoint without a manifest
 (an older format) loads with a warning; the weights are still checked for
 NaN/Inf after the load (``nonfinite_parameter``), which catches what its bytes alone cannot.
 """
