@@ -38,7 +38,7 @@ RESERVED = {
     "cluster.master_addr": "(the first trainer node)", "transport.control.host": "(the first trainer node)",
     "cluster.master_port": "TRAINER_PORT", "transport.control.port": "STORE_PORT",
     "cluster.threads_per_process": "THREADS", "loop.run_dir": "OUTPUT_DIR", "loop.resume": "RESUME",
-    "parallel.tp": "TP", "parallel.pp": "PP",
+    "parallel.tp": "TP", "parallel.pp": "PP", "loop.stop_grace_s": "(the cluster's KillWait)",
 }
 REPO = Path(__file__).resolve().parents[1]
 JOB_PORT_BASE, JOB_PORT_SLOTS = 20000, 5000  # derived ports: 20000..29999, below the ephemeral range
@@ -142,6 +142,17 @@ def _groups(overrides: Sequence[str]) -> set[str]:
     return {k for k in keys if "." not in k}
 
 
+def kill_wait_s() -> int | None:
+    """The cluster's ``KillWait`` (seconds from scancel's SIGTERM to SIGKILL) from ``scontrol show
+    config``, None when it cannot be read."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"^KillWait\s*=\s*(\d+)", out.stdout, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
 def cluster_overrides(knobs: Knobs, layout: Layout, job_id: str) -> list[str]:
     """The one translation of the Slurm split into the run config: the allocation's layout and
     the ``TRAINER_*``/``ROLLOUT_*``, ``TP``/``PP``, port and ``OUTPUT_DIR`` knobs as ``cluster.*``
@@ -156,6 +167,7 @@ def cluster_overrides(knobs: Knobs, layout: Layout, job_id: str) -> list[str]:
         f"transport.control.port={knobs.control_port or control_port}",
         f"cluster.threads_per_process={layout.threads}", f"loop.run_dir={_q(knobs.output_dir)}",
         f"loop.resume={str(knobs.resume).lower()}", f"parallel.tp={knobs.tp}", f"parallel.pp={knobs.pp}",
+        f"loop.stop_grace_s={kill_wait_s() or 'null'}",
     ]
 
 

@@ -115,6 +115,18 @@ def newest_checkpoint(run_dir: str | Path) -> str:
     return f"the newest checkpoint is {found} (resume from it with loop.resume=true)"
 
 
+def grace_warning(name: str, seconds: float, grace_s: float | None) -> str:
+    """Why a stop signal may save nothing, when a checkpoint took over half of ``grace_s`` (the
+    seconds from SIGTERM to SIGKILL: Slurm's KillWait), else "". The step in flight must end
+    first, so half is where a scancel stops being safe to count on."""
+    if not grace_s or seconds <= grace_s / 2:
+        return ""
+    return (f"checkpoint {name} took {seconds:.1f} s; a stop signal leaves {grace_s:.0f} s "
+            "(loop.stop_grace_s, Slurm's KillWait) for the step in flight and this save, so after a "
+            "scancel the trainer may be killed first and lose the steps since the last complete "
+            "checkpoint; stop it with `scancel --batch --signal=USR1 <job id>` (no deadline)")
+
+
 class CheckpointManager:
     """One trainer rank's side of the run's checkpoints (see the module docstring).
 
@@ -128,6 +140,7 @@ class CheckpointManager:
     def __init__(self, loop, trainer, ps, with_snapshots: bool,
                  extra_state: Callable[[int], dict[str, Any] | None]) -> None:
         self.cfg, self.trainer, self.ps = loop, trainer, ps
+        self.warned_grace = False  # a save too slow for loop.stop_grace_s is said once
         self.run_dir = Path(loop.run_dir)
         self.with_snapshots = with_snapshots  # the window's parameter snapshots go in and come back
         self.extra_state = extra_state
@@ -171,7 +184,12 @@ class CheckpointManager:
             made = f" ({', '.join(deleted)} deleted to make room first)" if deleted else ""
             raise type(exc)(f"{exc}{made}; {self.newest()}") from exc
         if self.ps.rank == 0:  # the time a stop signal's checkpoint needs (Slurm's KillWait bounds it)
-            log.info("checkpoint %s in %.2f s (%.2f GB on this rank)", path, time.monotonic() - start, nbytes / 1e9)
+            seconds = time.monotonic() - start
+            log.info("checkpoint %s in %.2f s (%.2f GB on this rank)", path, seconds, nbytes / 1e9)
+            warning = grace_warning(path.name, seconds, self.cfg.stop_grace_s)
+            if warning and not self.warned_grace:
+                self.warned_grace = True
+                log.warning("%s", warning)
         self.retain(path)
         return path
 

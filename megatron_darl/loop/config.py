@@ -59,6 +59,9 @@ class LoopConfig:
     checkpoint_overhead: float = 0.015  # null interval: periodic saves' share of wall time (~67x a save apart)
     keep_checkpoints: int = 2  # newest complete checkpoints kept once a new one is; 0 = keep all
     save_at_end: bool = True  # false: no checkpoint after the last step (benchmarks; a stop still saves)
+    # seconds a stop signal leaves before SIGKILL (Slurm's KillWait: the Slurm launcher sets it);
+    # a checkpoint that takes over half of it is warned about (a scancel may then save nothing)
+    stop_grace_s: Optional[float] = None
     resume: bool = False  # continue from the latest checkpoint in run_dir when there is one
     receive_timeout_s: float = 600.0  # longest wait for a step's groups before naming the workers
     # staleness studies: each step waits until every start the bound allows under the published
@@ -83,6 +86,8 @@ class LoopConfig:
             raise ValueError(f"loop.checkpoint_overhead must be in [0, 1), got {self.checkpoint_overhead}")
         if self.keep_checkpoints < 0:
             raise ValueError(f"loop.keep_checkpoints must be >= 0 (0 keeps all), got {self.keep_checkpoints}")
+        if self.stop_grace_s is not None and self.stop_grace_s <= 0:
+            raise ValueError(f"loop.stop_grace_s must be > 0 or null, got {self.stop_grace_s}")
         if self.receive_timeout_s <= 0:
             raise ValueError(f"loop.receive_timeout_s must be > 0, got {self.receive_timeout_s}")
         if not self.run_dir:

@@ -114,6 +114,7 @@ def test_cluster_overrides_are_the_reserved_keys(monkeypatch):
     import launch.slurm as ls
 
     monkeypatch.setattr(ls, "node_addr", lambda name: f"addr-{name}")
+    monkeypatch.setattr(ls, "kill_wait_s", lambda: 30)
     knobs = _knobs(GPUS_PER_NODE="8", ROLLOUT_NODES="0", TRAINER_GPUS_PER_NODE="6", PP="2")
     lay = plan_layout(knobs, ["a", "b"], batch_host="a", cpus_on_node=64)
     over = dict(o.split("=", 1) for o in ls.cluster_overrides(knobs, lay, "1234"))

@@ -61,7 +61,9 @@ def test_scancel_leaves_a_checkpoint_and_resubmission_resumes(slurm_cluster, war
     assert "[slurm] converting" in first_out.read_text()
     (converted,) = cache.iterdir()  # <name>-tp1pp1-fp32-<key>, the trainer's initial weights
     assert (converted / "megatron_darl.json").is_file()
-    assert yaml.safe_load((run / "run_config.yaml").read_text())["trainer"]["init_checkpoint"] == str(converted)
+    config = yaml.safe_load((run / "run_config.yaml").read_text())
+    assert config["trainer"]["init_checkpoint"] == str(converted)
+    assert config["loop"]["stop_grace_s"] == 30  # the cluster's KillWait, read by the launcher
     (logs1,) = log_dirs(run)
     assert "exit 0 after" in (logs1 / "rollout-0.log").read_text()  # left on the stop flag
 

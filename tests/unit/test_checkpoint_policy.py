@@ -140,3 +140,15 @@ def test_nonfinite_parameter_names_the_first():
     good, bad = torch.ones(3), torch.tensor([1.0, float("nan"), float("inf"), float("nan")])
     assert nonfinite_parameter([("a", good)]) == ""
     assert nonfinite_parameter([("a", good), ("b", bad)]) == "b (3 of 4 values are nan/inf)"
+
+
+def test_a_save_over_half_the_stop_grace_is_warned_about_naming_the_graceful_stop():
+    """Slurm's KillWait (loop.stop_grace_s) must hold the step in flight and the save: a save over
+    half of it is said, with the stop that has no deadline; none without a grace or under half."""
+    from megatron_darl.checkpoint.manager import grace_warning
+
+    assert grace_warning("step_000010", 14.9, 30.0) == ""
+    assert grace_warning("step_000010", 45.0, None) == ""
+    said = grace_warning("step_000010", 21.3, 30.0)
+    assert said.startswith("checkpoint step_000010 took 21.3 s; a stop signal leaves 30 s (loop.stop_grace_s")
+    assert "scancel --batch --signal=USR1" in said
