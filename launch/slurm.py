@@ -257,6 +257,7 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
         "FINISHED": int(start >= cfg.loop.steps > 0),
         "MASTER_ADDR": cfg.cluster.master_addr, "MASTER_PORT": cfg.cluster.master_port,
         "CONTROL_ADDR": cfg.transport.control.host, "CONTROL_PORT": cfg.transport.control.port,
+        "KILL_WAIT": "?" if cfg.loop.stop_grace_s is None else f"{cfg.loop.stop_grace_s:g}",
         **layout.shell_values(),
     }
     write_plan(plan_path, plan)

@@ -105,8 +105,7 @@ fi
 [ -z "$STOP_SIGNAL" ] || { echo "[slurm] stopped before any step started"; exit 0; }
 # scancel sends SIGTERM to every step and SIGKILL KillWait later: the trainer's last step and its
 # checkpoint must fit (the trainer logs each checkpoint's seconds); say the window up front
-kill_wait=$(timeout 10 scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3}')
-echo "[slurm] scancel leaves the trainer KillWait=${kill_wait:-?} s to checkpoint;" \
+echo "[slurm] scancel leaves the trainer KillWait=$KILL_WAIT s to checkpoint;" \
   "scancel --batch --signal=USR1 $SLURM_JOB_ID stops it with no deadline"
 export MASTER_ADDR MASTER_PORT OMP_NUM_THREADS=$THREADS DARL_THREADS=$THREADS
 if [ "$TRAINER_GPUS_PER_NODE" = 0 ]; then export CUDA_VISIBLE_DEVICES=""; fi

@@ -14,7 +14,8 @@ releases the GIL): one trainer rank holds a whole 1.7B run's 24-38 GB, and one S
 (~1.5 GB/s) would take 20 s of the 30 s Slurm gives a cancelled job to checkpoint (``KillWait``).
 Manifests of format 1 (one SHA-256 of the whole file, ``block_bytes`` absent) still verify.
 ``verify_checkpoint`` is the same split at load: every rank agrees on the first problem found
-(the file, what is wrong with it), so all ranks refuse the checkpoint together naming it. A checkpoint without a manifest
+(the file, what is wrong with it), so all ranks refuse the checkpoint together naming it. A
+checkpoint without a manifest
 (an older format) loads with a warning; the weights are still checked for
 NaN/Inf after the load (``nonfinite_parameter``), which catches what its bytes alone cannot.
 """
@@ -45,12 +46,8 @@ def checkpoint_files(ckpt_dir: Path) -> list[str]:
                   if p.is_file() and p.name != MANIFEST_NAME)
 
 
-def sha256_file(path: Path) -> str:
-    """One SHA-256 of the whole file (format 1)."""
-    return _sha256_range(path, 0, None).hexdigest()
-
-
 def _sha256_range(path: Path, start: int, length: int | None):
+    """SHA-256 of ``length`` bytes of the file from ``start`` (None: to its end)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         f.seek(start)
@@ -64,26 +61,30 @@ def _sha256_range(path: Path, start: int, length: int | None):
 
 def hash_threads() -> int:
     """Threads a rank hashes with: the cores it may use, at most 8 (reads saturate before)."""
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cores))
 
 
-def file_digests(root: Path, entries: dict[str, int], block_bytes: int) -> dict[str, str]:
-    """``{name: digest}`` for files of ``{name: bytes}`` under ``root``: with ``block_bytes`` the
-    SHA-256 of the concatenated SHA-256s of its blocks (format 2), 0 one SHA-256 of the file
-    (format 1); the blocks of all the files are spread over one pool of threads.
+def file_digests(root: Path, entries: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """``{name: digest}`` for files of ``{name: (bytes, block_bytes)}`` under ``root``: with
+    ``block_bytes`` the SHA-256 of the concatenated SHA-256s of its blocks (format 2), with 0 one
+    SHA-256 of the whole file (format 1); every block of every file on one pool of threads.
 
     Raises:
         OSError: a file that cannot be read.
     """
-    if not block_bytes:
-        return {name: sha256_file(root / name) for name in entries}
-    jobs = [(name, start) for name, size in entries.items() for start in range(0, max(size, 1), block_bytes)]
+    jobs = [(name, start, block or None) for name, (size, block) in entries.items()
+            for start in (range(0, max(size, 1), block) if block else (0,))]
     with ThreadPoolExecutor(hash_threads()) as pool:
-        blocks = list(pool.map(lambda job: _sha256_range(root / job[0], job[1], block_bytes).digest(), jobs))
-    joined = {name: hashlib.sha256() for name in entries}
-    for (name, _), block in zip(jobs, blocks):
-        joined[name].update(block)
-    return {name: digest.hexdigest() for name, digest in joined.items()}
+        parts = list(pool.map(lambda job: _sha256_range(root / job[0], job[1], job[2]), jobs))
+    digests = {name: hashlib.sha256() for name, (_, block) in entries.items() if block}
+    whole: dict[str, str] = {}
+    for (name, _, block), part in zip(jobs, parts):
+        if block:
+            digests[name].update(part.digest())
+        else:
+            whole[name] = part.hexdigest()
+    return whole | {name: digest.hexdigest() for name, digest in digests.items()}
 
 
 def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
@@ -127,7 +128,7 @@ def write_manifest(ckpt_dir: Path) -> str:
     sizes: dict[str, int] = {}
     try:
         sizes = {name: (root / name).stat().st_size for name in checkpoint_files(root)}
-        mine = file_digests(root, {name: sizes[name] for name in share(sizes, rank, world)}, BLOCK_BYTES)
+        mine = file_digests(root, {name: (sizes[name], BLOCK_BYTES) for name in share(sizes, rank, world)})
         problem = ""
     except OSError as exc:
         mine, problem = {}, f"hashing the checkpoint's files: {exc}"
@@ -186,10 +187,8 @@ def check_files(ckpt_dir: Path, files: dict[str, dict], names: list[str]) -> str
         if size != want:
             what = "truncated" if size < want else "longer than written"
             return f"{path} is {what} ({size} bytes, {MANIFEST_NAME} says {want})"
-    got: dict[str, str] = {}
-    for block_bytes in sorted({int(files[name].get("block_bytes", 0)) for name in names}):
-        got.update(file_digests(root, {name: int(files[name]["bytes"]) for name in names
-                                       if int(files[name].get("block_bytes", 0)) == block_bytes}, block_bytes))
+    got = file_digests(root, {name: (int(files[name]["bytes"]), int(files[name].get("block_bytes", 0)))
+                              for name in names})
     for name in names:
         want = str(files[name]["sha256"])
         if got[name] != want:
