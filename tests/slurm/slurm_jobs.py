@@ -74,10 +74,12 @@ def wait_state(cluster, job_id: int, timeout: float, states=TERMINAL, output: Pa
 
 
 def metrics(run_dir: Path) -> list[dict]:
+    """The run's training-step records (held-out points, ``kind: heldout``, left out)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [r for r in rows if r.get("kind") != "heldout"]
 
 
 def log_dirs(run_dir: Path) -> list[Path]:
