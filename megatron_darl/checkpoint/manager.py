@@ -178,14 +178,17 @@ class CheckpointManager:
         start, nbytes = time.monotonic(), self.next_bytes()
         extra = self.extra_state(next_step)
         deleted = self._make_room(path)
+        phases: dict = {}
         try:
-            path = save_checkpoint(self.trainer, path, extra_state=extra, with_snapshots=self.with_snapshots)
+            path = save_checkpoint(self.trainer, path, extra_state=extra, with_snapshots=self.with_snapshots,
+                                   phases=phases)
         except CheckpointFailed as exc:
             made = f" ({', '.join(deleted)} deleted to make room first)" if deleted else ""
             raise type(exc)(f"{exc}{made}; {self.newest()}") from exc
         if self.ps.rank == 0:  # the time a stop signal's checkpoint needs (Slurm's KillWait bounds it)
             seconds = time.monotonic() - start
-            log.info("checkpoint %s in %.2f s (%.2f GB on this rank)", path, seconds, nbytes / 1e9)
+            parts = ", ".join(f"{name} {t:.1f} s" for name, t in phases.items())
+            log.info("checkpoint %s in %.2f s (%.2f GB on this rank: %s)", path, seconds, nbytes / 1e9, parts)
             warning = grace_warning(path.name, seconds, self.cfg.stop_grace_s)
             if warning and not self.warned_grace:
                 self.warned_grace = True

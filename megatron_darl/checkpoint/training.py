@@ -53,6 +53,7 @@ import contextlib
 import os
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,7 @@ def _optim_kwargs(fn, optim_sharding: str) -> dict:
 
 def save_checkpoint(
     trainer, ckpt_dir: str | os.PathLike, extra_state: Any = None,
-    optim_sharding: str = "dp_reshardable", with_snapshots: bool = False,
+    optim_sharding: str = "dp_reshardable", with_snapshots: bool = False, phases: dict | None = None,
 ) -> Path:
     """Save everything needed to resume; collective over all ranks.
 
@@ -146,6 +147,8 @@ def save_checkpoint(
         optim_sharding: ``dp_reshardable`` (fast, same TP/PP on resume) or
             ``fully_reshardable`` (resume at any TP/PP; gathers optimizer state on DP rank 0).
         with_snapshots: also write the parameter snapshots of older versions.
+        phases: filled with this rank's seconds per phase (``state``: weights and optimizer,
+            ``snapshots``, ``seal``): which one a stop signal's deadline is spent on.
     """
     final, tmp = Path(ckpt_dir), Path(f"{ckpt_dir}.tmp")
     ps = trainer.ps
@@ -162,10 +165,14 @@ def save_checkpoint(
         tmp.mkdir(parents=True)  # empty: dist_checkpointing warns of a "corrupted checkpoint" otherwise
     dist.barrier()
     error = None
+    phases = {} if phases is None else phases
+    clock = time.monotonic()
     try:  # dist_checkpointing's writes fail on every rank together (it gathers their results)
         save_sharded(_sharded_state(trainer, False, True, optim_sharding), tmp)
+        phases["state"] = time.monotonic() - clock
         if with_snapshots:
             save_snapshots(trainer, tmp)
+            phases["snapshots"] = time.monotonic() - clock - phases["state"]
         if ps.tp_rank == 0 and ps.pp_rank == 0:
             (tmp / "extra").mkdir(exist_ok=True)
             torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
@@ -175,7 +182,9 @@ def save_checkpoint(
         error = exc
     failed = disk.any_rank(error is not None)  # also the barrier before the metadata
     if not failed:
+        clock = time.monotonic()
         error = _seal(trainer, tmp, optim_sharding)  # the same verdict on every rank
+        phases["seal"] = time.monotonic() - clock
         failed = error is not None
     if failed:
         failure = disk.write_failed(final, need, error)  # the disk as the write left it, on every rank

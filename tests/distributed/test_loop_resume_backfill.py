@@ -46,6 +46,8 @@ def runs(tmp_path_factory):
 def test_resumed_steps_equal_the_uninterrupted_run(runs):
     _, out = runs
     straight, resumed = out["straight"], out["resume"]
+    phases = straight["save_phases"]  # what the checkpoint log line reports, per phase
+    assert list(phases) == ["state", "snapshots", "seal"] and all(t > 0 for t in phases.values())
     assert (Path(runs[0]) / "ckpt" / "snapshots").is_dir()
     assert resumed["snapshots_at_start"] == list(range(resume_procs.RESUME_AT - resume_procs.K + 1,
                                                        resume_procs.RESUME_AT + 1))

@@ -122,8 +122,9 @@ def resume_worker(rank: int, world_size: int, mode: str, hf_dir: str, ckpt: str,
         out["backfill"][step] = counts.tolist()
         out["params"][step] = gather_hf_params(trainer, ps)
         if mode == "straight" and step + 1 == RESUME_AT:
+            out["save_phases"] = {}
             save_checkpoint(trainer, ckpt, extra_state={"planner": planner.state_dict()},
-                            with_snapshots=True)
+                            with_snapshots=True, phases=out["save_phases"])
     every = [None] * world_size
     dist.all_gather_object(every, rows)
     out["rows"] = [r for part in every for r in part]
