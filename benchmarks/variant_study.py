@@ -410,10 +410,22 @@ def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
             print(f"{run_dir.name}: resuming its training from its latest checkpoint", flush=True)
             run_args.overrides = [*run_args.overrides, "loop.resume=true"]
         result = run_once(preset, seed, args.cluster, run_args, run_dir, fresh=not resume)
+    t_eval = time.monotonic()
     points = evaluate_run(run_dir, args, gpus)
     out = summarize(result["rows"], points, args.target, args.groups * args.group_size, args.metric)
-    return out | {"seed": seed, "launch_seconds": result["launch_seconds"],
+    return out | {"seed": seed, "launch_seconds": result["launch_seconds"],  # the training process
+                  "eval_seconds": time.monotonic() - t_eval, "launch_phases": launch_phases(run_dir),
                   "run_seconds": time.monotonic() - t0}
+
+
+def launch_phases(run_dir: Path) -> dict:
+    """The run's last launch timeline (``launch_timeline.json``: process start, compile, engine
+    start, first step ...), {} without one: where a study's minutes go when many runs share a host."""
+    path = run_dir / "launch_timeline.json"
+    try:
+        return json.loads(path.read_text()).get("phases", {})
+    except (OSError, ValueError):
+        return {}
 
 
 def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dict) -> list[str]:

@@ -51,6 +51,9 @@ def test_variant_study_runs_resumes_and_reports(tmp_path):
     assert all(0.0 <= c[3] <= 1.0 and c[3] == c[5] and 0.0 <= c[6] <= 1.0 for c in run["curve"])
     assert run["samples_to_target"] == 0.0  # target 0: reached by the initial policy
     assert len(run["train"]) == STEPS and run["train"][0]["reward_mean"] is not None
+    # where the run's minutes went: its launch phases (from the run's timeline) and its scoring
+    assert 0 < run["launch_phases"]["launch_to_first_step_seconds"] < run["launch_seconds"]
+    assert 0 < run["eval_seconds"] < run["run_seconds"]
     assert not list((tmp_path / "runs").glob("*/checkpoints/step_*"))  # deleted once scored
 
     # a second call with the same partial file reruns nothing and writes the same numbers
