@@ -128,7 +128,8 @@ class Launcher:
     # ---- lifecycle --------------------------------------------------------------------------
     def run(self) -> LaunchResult:
         """Start every child, supervise, and return when none is left."""
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        stops = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # USR1: sbatch --signal, no deadline
+        previous = {s: signal.signal(s, self._on_signal) for s in stops}
         try:
             for spec in self.specs:
                 self.children.append(self._start(spec))

@@ -32,6 +32,12 @@ loses. A checkpoint is due at a step boundary by one of two rules (``loop.checkp
 Every rank must save together (the save is collective), so only rank 0's clock decides and the
 loop spreads its answer with the per-step stop agreement (no extra collective).
 
+A stop signal that SIGKILL follows (SIGTERM: ``scancel``, preemption) leaves ``loop.stop_grace_s``
+(Slurm's ``KillWait``) for the step in flight and the save. When the save is expected to take
+over half of that, the window's parameter snapshots stay out of it (``_snapshots_fit``): a
+checkpoint without them resumes with older versions approximated for K - 1 steps, one cut off
+by the kill resumes nothing.
+
 A full disk: before each save (the final one included), when the checkpoint would not fit, what
 retention would delete after it goes first, oldest first, and never the newest complete
 checkpoint (``_make_room``), so a disk that holds about ``keep_checkpoints`` of them keeps
@@ -55,7 +61,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from megatron_darl.checkpoint.disk import (
-    CheckpointFailed, agreed_room, checkpoint_bytes, existing_ancestor, free_bytes, gib,
+    CheckpointFailed, agreed_room, any_rank, checkpoint_bytes, existing_ancestor, free_bytes, gib,
 )
 from megatron_darl.checkpoint.resume_points import checkpoint_root, complete_checkpoints, latest_checkpoint
 from megatron_darl.checkpoint.training import Resumed, load_checkpoint, save_checkpoint
@@ -164,9 +170,11 @@ class CheckpointManager:
         return found[-1], load_checkpoint(self.trainer, found[-1], with_snapshots=self.with_snapshots,
                                           extra_ranks=mine)
 
-    def save(self, next_step: int) -> Path:
+    def save(self, next_step: int, deadline: bool = False) -> Path:
         """Collective: the checkpoint before ``next_step`` (kept as it is when it exists already:
         resumed from it and stopped before another step), room made for it first, then retention.
+        ``deadline`` (agreed by every rank): a stop signal that SIGKILL follows
+        (``loop.stop_grace_s``), which may leave the window's snapshots out (``_snapshots_fit``).
 
         Raises:
             CheckpointFailed: one line naming the filesystem, the bytes needed and the newest
@@ -175,12 +183,14 @@ class CheckpointManager:
         path = checkpoint_root(self.run_dir) / f"step_{next_step:06d}"
         if path.exists():
             return path
-        start, nbytes = time.monotonic(), self.next_bytes()
+        start = time.monotonic()
+        snapshots = self.with_snapshots and (not deadline or self._snapshots_fit(path.name))
+        nbytes = checkpoint_bytes(self.trainer, self._old_snapshots() if snapshots else 0)
         extra = self.extra_state(next_step)
         deleted = self._make_room(path)
         phases: dict = {}
         try:
-            path = save_checkpoint(self.trainer, path, extra_state=extra, with_snapshots=self.with_snapshots,
+            path = save_checkpoint(self.trainer, path, extra_state=extra, with_snapshots=snapshots,
                                    phases=phases)
         except CheckpointFailed as exc:
             made = f" ({', '.join(deleted)} deleted to make room first)" if deleted else ""
@@ -195,6 +205,27 @@ class CheckpointManager:
                 log.warning("%s", warning)
         self.retain(path)
         return path
+
+    def _snapshots_fit(self, name: str) -> bool:
+        """Collective: whether a stop checkpoint with the window's parameter snapshots is expected
+        within half of ``loop.stop_grace_s`` on every rank (at the measured pace, or the prior).
+
+        A 1.7B checkpoint is 34.4 GB on one trainer GPU, 10.3 GB of it three snapshots, and took
+        44 s where Slurm's KillWait gives 30: the whole write was lost. Without the snapshots the
+        checkpoint is exact for the weights, optimizer, buffer and counters; the resumed run
+        backfills versions older than its first step from the nearest kept one for K - 1 steps
+        (``backfill_nearest`` in the metrics), as after a checkpoint of a run without them."""
+        grace, old = self.cfg.stop_grace_s, self._old_snapshots()
+        if not grace or not old:
+            return True
+        expected = self.schedule.expected_seconds(self.next_bytes())
+        late = any_rank(expected > grace / 2)
+        if late and self.ps.rank == 0:
+            log.warning("stop checkpoint %s without the window's %d parameter snapshots: expected "
+                        "%.0f s with them, and the stop leaves %.0f s (loop.stop_grace_s); the resumed "
+                        "run backfills older versions from the nearest kept one for K - 1 steps",
+                        name, old, expected, grace)
+        return not late
 
     def _make_room(self, path: Path) -> list[str]:
         """Collective: when the next checkpoint would not fit, rank 0 deletes what retention would

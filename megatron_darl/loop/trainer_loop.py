@@ -120,6 +120,7 @@ class TrainerLoop:
         self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
         self.diverged = False  # the weights went NaN/Inf: no checkpoint may be written of them
         self._save_due = False  # agreed at the last step boundary: checkpoint before the next step
+        self._stop_deadline = False  # agreed there too: the stop signal ends in SIGKILL (scancel)
         self._rates = WorkerRates(workers)  # rank 0: per-worker rollout metrics
 
     # ---- checkpoints: the loop's own state in them ------------------------------------------
@@ -183,7 +184,7 @@ class TrainerLoop:
             # finished its steps skips the final one only with loop.save_at_end=false (benchmarks)
             finished = step >= self.cfg.loop.steps and not self.fatal
             if not self.diverged and (self.cfg.loop.save_at_end or not finished):
-                saved = self.checkpoints.save(step)
+                saved = self.checkpoints.save(step, deadline=self._stop_deadline)
             self._finish_publish()
             self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
         finally:
@@ -217,9 +218,12 @@ class TrainerLoop:
         a moment apart must still leave the loop at the same step (a rank alone would hang the
         others' collectives). One tiny gloo all-reduce per step; on a failure every rank takes
         the first rank's reason (one more collective, once). The same all-reduce carries rank 0's
-        verdict on a checkpoint before ``step`` (``_save_due``: every rank saves, or none)."""
+        verdict on a checkpoint before ``step`` (``_save_due``: every rank saves, or none), and
+        whether any rank's signal has a deadline (``_stop_deadline``: SIGTERM or SIGINT, which
+        Slurm follows with SIGKILL after ``KillWait``; SIGUSR1 has none)."""
         due = self.checkpoints.due(step, self.start_step)
-        flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal)), int(due)],
+        deadline = self.stop.signum in (signal.SIGTERM, signal.SIGINT)
+        flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal)), int(due), int(deadline)],
                             dtype=torch.int64)
         if self.ps.world_size > 1:
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._world_gloo)
@@ -228,6 +232,7 @@ class TrainerLoop:
             torch.distributed.all_gather_object(reasons, self.fatal, group=self._world_gloo)
             self.fatal = next(r for r in reasons if r)
         self._save_due = bool(flag[2])
+        self._stop_deadline = bool(flag[3])
         return bool(flag[:2].any())
 
     def _publish(self) -> None:
