@@ -82,6 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.async_speedup import cluster_overrides, parse_splits  # noqa: E402
 from benchmarks.record import amend_result, print_table, run_config_facts, write_result  # noqa: E402
+from megatron_darl import timeline  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("generation_seconds", "receive_wait_seconds", "prefetch_seconds", "logprob_seconds", "plan_seconds",
@@ -242,10 +243,7 @@ def read_run(run_dir: Path, wall_seconds: float) -> RunResult:
     rows = [r for r in rows if r.get("kind") != "heldout"]  # training steps only (eval.* points)
     if not rows:
         raise ValueError(f"{path}: no step rows")
-    timeline = run_dir / "launch_timeline.json"
-    phases = json.loads(timeline.read_text()).get("phases", {}) if timeline.is_file() else {}
-    phases = {k: float(v) for k, v in phases.items() if isinstance(v, (int, float))}
-    return RunResult(rows, run_config_facts(run_dir), phases, wall_seconds)
+    return RunResult(rows, run_config_facts(run_dir), timeline.saved_phases(run_dir), wall_seconds)
 
 
 def profile(rows: list[dict], skip: int = 1) -> dict:

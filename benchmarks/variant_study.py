@@ -94,6 +94,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.async_speedup import SIZES, load_partial, mean_std, run_once, save_partial  # noqa: E402
 from benchmarks.record import device_name, print_table, write_result  # noqa: E402
+from megatron_darl import timeline  # noqa: E402
 from megatron_darl.eval.heldout import list_checkpoints  # noqa: E402
 from megatron_darl.transport.shape import StalenessBound  # noqa: E402
 from tools.variant_report import t_interval  # noqa: E402
@@ -414,18 +415,10 @@ def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
     points = evaluate_run(run_dir, args, gpus)
     out = summarize(result["rows"], points, args.target, args.groups * args.group_size, args.metric)
     return out | {"seed": seed, "launch_seconds": result["launch_seconds"],  # the training process
-                  "eval_seconds": time.monotonic() - t_eval, "launch_phases": launch_phases(run_dir),
+                  "eval_seconds": time.monotonic() - t_eval,  # with the launch phases: where the minutes go
+                  "launch_phases": timeline.saved_phases(run_dir),
                   "run_seconds": time.monotonic() - t0}
 
-
-def launch_phases(run_dir: Path) -> dict:
-    """The run's last launch timeline (``launch_timeline.json``: process start, compile, engine
-    start, first step ...), {} without one: where a study's minutes go when many runs share a host."""
-    path = run_dir / "launch_timeline.json"
-    try:
-        return json.loads(path.read_text()).get("phases", {})
-    except (OSError, ValueError):
-        return {}
 
 
 def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dict) -> list[str]:

@@ -167,6 +167,16 @@ def summarize(run_dir: str | Path) -> dict[str, float]:
     return out
 
 
+def saved_phases(run_dir: str | Path) -> dict[str, float]:
+    """The phases of the run's ``launch_timeline.json`` (its last launch), {} without one: what
+    the benchmarks copy into their records."""
+    try:
+        phases = json.loads((Path(run_dir) / SUMMARY).read_text()).get("phases", {})
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in phases.items() if isinstance(v, (int, float))}
+
+
 def describe(p: Mapping[str, float]) -> str:
     """One line of the phases a user reads first."""
     parts = [f"{label} {p[key]:.1f} s" for label, key in (

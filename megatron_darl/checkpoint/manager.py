@@ -213,8 +213,8 @@ class CheckpointManager:
         A 1.7B checkpoint is 34.4 GB on one trainer GPU, 10.3 GB of it three snapshots, and took
         44 s where Slurm's KillWait gives 30: the whole write was lost. Without the snapshots the
         checkpoint is exact for the weights, optimizer, buffer and counters; the resumed run
-        backfills versions older than its first step from the nearest kept one for K - 1 steps
-        (``backfill_nearest`` in the metrics), as after a checkpoint of a run without them."""
+        backfills versions older than its first step from the nearest cached one for K - 1 steps,
+        as after any checkpoint without them (``snapshots.load_snapshots`` says so on resume)."""
         grace, old = self.cfg.stop_grace_s, self._old_snapshots()
         if not grace or not old:
             return True
@@ -223,7 +223,7 @@ class CheckpointManager:
         if late and self.ps.rank == 0:
             log.warning("stop checkpoint %s without the window's %d parameter snapshots: expected "
                         "%.0f s with them, and the stop leaves %.0f s (loop.stop_grace_s); the resumed "
-                        "run backfills older versions from the nearest kept one for K - 1 steps",
+                        "run backfills older versions from the nearest cached one for K - 1 steps",
                         name, old, expected, grace)
         return not late
 

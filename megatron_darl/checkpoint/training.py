@@ -169,10 +169,10 @@ def save_checkpoint(
     clock = time.monotonic()
     try:  # dist_checkpointing's writes fail on every rank together (it gathers their results)
         save_sharded(_sharded_state(trainer, False, True, optim_sharding), tmp)
-        phases["state"] = time.monotonic() - clock
+        phases["state"], clock = time.monotonic() - clock, time.monotonic()
         if with_snapshots:
             save_snapshots(trainer, tmp)
-            phases["snapshots"] = time.monotonic() - clock - phases["state"]
+            phases["snapshots"] = time.monotonic() - clock
         if ps.tp_rank == 0 and ps.pp_rank == 0:
             (tmp / "extra").mkdir(exist_ok=True)
             torch.save(extra_state, tmp / "extra" / f"dp{ps.dp_rank:05d}.pt")
