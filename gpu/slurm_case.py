@@ -2,7 +2,7 @@
 the host's GPUs split over emulated nodes, a run submitted as a user submits it, stopped with
 ``scancel`` mid-run and resubmitted to resume, with the timeline a user would see.
 
-    python gpu/slurm_case.py headline --model qwen3_4b --nodes 2 --steps 12 --cancel-at 3
+    python gpu/slurm_case.py headline --model qwen3_4b --nodes 2 --steps 40 --cancel-at 3
     python gpu/slurm_case.py scaling --model qwen3_1.7b --nodes-list "1 2" --steps 6
     python gpu/slurm_case.py headline --model tiny --engine hf experiment=smoke   # CPU check
 
@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes (headline)")
     p.add_argument("--rollout-nodes", type=int, default=None)
     p.add_argument("--nodes-list", default="1 2", help="node counts (scaling)")
-    p.add_argument("--steps", type=int, default=12, help="steps of a run (at 1.7B with a random init a step takes ~1 s)")
+    p.add_argument("--steps", type=int, default=40,
+                   help="steps of a run: at a random init a step takes 1-2 s at 1.7B and 4B, so 12 ended "
+                        "before a stop sent at step 3 had reached the trainer")
     p.add_argument("--cancel-at", type=int, default=3)
     p.add_argument("--stop", choices=["scancel", "graceful"], default="scancel",
                    help="scancel: SIGTERM to every step, SIGKILL KillWait later; graceful: "

@@ -26,4 +26,12 @@ source <(bash gpu/slurm_kit.sh env /opt/slurmkit)
 python3 gpu/slurm_case.py "$@" --out "$OUT"
 rc=$?
 echo "slurm_case rc $rc; commit $DARL_COMMIT" | tee -a "$OUT/host.txt"
+# a device call brings back at most 8 files: the summary and the first logs to read stay apart,
+# the rest (the other ranks' and engines' logs, slurmctld's and slurmd's) go into one archive
+keep=(summary.json host.txt job1.out job2.out job1_trainer-0.log job2_trainer-0.log metrics.jsonl)
+rest=()
+for f in "$OUT"/*; do
+  name=$(basename "$f"); [[ " ${keep[*]} " == *" $name "* ]] || rest+=("$name")
+done
+if [ ${#rest[@]} -gt 0 ]; then tar -czf "$OUT/rest.tgz" -C "$OUT" "${rest[@]}" && (cd "$OUT" && rm -rf "${rest[@]}"); fi
 exit $rc

@@ -77,7 +77,7 @@ STOP_SIGNAL=""
 TRAINER_PID=""
 on_signal() {  # forward to the trainer step; it checkpoints and raises the stop flag
   STOP_SIGNAL=$1
-  echo "[slurm] batch got SIG$1: forwarding to the trainer step"
+  echo "[slurm] $(date +%T) batch got SIG$1: forwarding to the trainer step"
   [ -n "$TRAINER_PID" ] && kill -"$1" "$TRAINER_PID" 2>/dev/null
 }
 trap 'on_signal USR1' USR1
@@ -111,11 +111,14 @@ export MASTER_ADDR MASTER_PORT OMP_NUM_THREADS=$THREADS DARL_THREADS=$THREADS
 if [ "$TRAINER_GPUS_PER_NODE" = 0 ]; then export CUDA_VISIBLE_DEVICES=""; fi
 mem=(); [ -n "${STEP_MEM:-}" ] && mem=(--mem="$STEP_MEM")
 
-gpus() { [ "$1" -gt 0 ] && echo "$2=$1"; }  # a GPU option only on GPU runs
+# Every step names its GPUs per node: a step inherits the job's SLURM_GPUS_PER_NODE (sbatch
+# --gpus-per-node=G), which a per-step --gpus=1 does not replace, so each one-GPU engine would
+# take all G GPUs of its node and the node's next engine wait for the first to end.
+gpus() { [ "$1" -gt 0 ] && echo "--gpus-per-node=$1"; }  # a GPU option only on GPU runs
 # shellcheck disable=SC2046
 srun --exact --kill-on-bad-exit=1 --job-name=trainer --nodes="$TRAINER_NODES" \
   --nodelist="$TRAINER_NODELIST" --ntasks-per-node="$TRAINER_TASKS_PER_NODE" \
-  --cpus-per-task="$TRAINER_CPUS_PER_TASK" $(gpus "$TRAINER_GPUS_PER_NODE" --gpus-per-node) "${mem[@]}" \
+  --cpus-per-task="$TRAINER_CPUS_PER_TASK" $(gpus "$TRAINER_GPUS_PER_NODE") "${mem[@]}" \
   --output="$LOG_DIR/trainer-%t.log" \
   bash slurm/task.sh trainer "$PY" -m launch.trainer --config "$RUN_CONFIG" &
 TRAINER_PID=$!
@@ -124,7 +127,7 @@ WORKER_PIDS=()
 for wid in "${!ROLLOUT_WORKER_NODES[@]}"; do
   # shellcheck disable=SC2046
   srun --exact --job-name="rollout$wid" --nodes=1 --ntasks=1 --nodelist="${ROLLOUT_WORKER_NODES[$wid]}" \
-    --cpus-per-task="$ROLLOUT_WORKER_CPUS_PER_TASK" $(gpus "$ROLLOUT_WORKER_GPUS" --gpus) "${mem[@]}" \
+    --cpus-per-task="$ROLLOUT_WORKER_CPUS_PER_TASK" $(gpus "$ROLLOUT_WORKER_GPUS") "${mem[@]}" \
     --output="$LOG_DIR/rollout-$wid.log" \
     bash slurm/task.sh rollout "$PY" -m launch.rollout --config "$RUN_CONFIG" --worker-id "$wid" \
     --defer-signals &

@@ -75,3 +75,48 @@ def test_a_node_that_dies_at_start_is_named_at_once_with_its_error(tmp_path, mon
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_launchers_one_gpu_steps_share_a_node_at_once(tmp_path):
+    # Two engines of one GPU each on a gpu:2 node, in a job of --gpus-per-node=2 (the headline's
+    # 2 nodes x gpu:2): every step inherits the job's SLURM_GPUS_PER_NODE, so a step asking only
+    # --gpus=1 was given both GPUs and the second engine waited for the first to end (on the GPU
+    # host it started after the trainer had finished). The steps use slurm/launch.sh's own GPU
+    # option (its gpus function), so the launcher's binding is what is checked.
+    if missing_binaries() or os.geteuid() != 0:
+        pytest.skip("needs Slurm and root (tests/run.sh installs it as root)")
+    launch = (Path(__file__).resolve().parents[2] / "slurm" / "launch.sh").read_text()
+    gpus_fn = next(line for line in launch.splitlines() if line.startswith("gpus() {"))
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    for k in range(4):
+        os.mknod(devices / f"nvidia{k}", 0o600 | 0o020000, os.makedev(195, k))
+    root = Path(tempfile.mkdtemp(prefix="emu", dir="/tmp"))
+    cluster = LocalSlurm(root, nodes=2, gpus=2, split_host_gpus=True, gpu_device_dir=str(devices))
+    step = "bash -c 'echo $(date +%s.%N) $CUDA_VISIBLE_DEVICES; sleep 3'"
+    job = tmp_path / "job.sh"
+    job.write_text("\n".join([
+        "#!/bin/bash", gpus_fn,
+        f"srun --exact --nodes=1 --ntasks=2 -w node1 $(gpus 2) {step} > {tmp_path}/trainer.txt &",
+        *(f"srun --exact --nodes=1 --ntasks=1 -w node2 $(gpus 1) {step} > {tmp_path}/rollout{w}.txt 2>&1 &"
+          for w in range(2)),
+        "wait", ""]))
+    try:
+        cluster.start(timeout=60)
+        res = cluster.run(["sbatch", "--parsable", "--nodes=2", "--gpus-per-node=2", "--exclusive",
+                           f"--output={tmp_path}/out.txt", str(job)])
+        assert res.returncode == 0, res.stderr
+        info = wait_state(cluster, int(res.stdout.strip().split(";")[0]), timeout=120, output=tmp_path / "out.txt")
+        assert info["JobState"] == "COMPLETED", info
+        trainer = [line.split()[1] for line in (tmp_path / "trainer.txt").read_text().splitlines()]
+        assert trainer == ["0,1", "0,1"]
+        rollouts = [(tmp_path / f"rollout{w}.txt").read_text() for w in range(2)]
+        assert not any("step creation" in r for r in rollouts), rollouts  # neither waited for a GPU
+        started, seen = zip(*(r.split()[-2:] for r in rollouts))
+        assert sorted(seen) == ["2", "3"], rollouts  # one GPU each, node2's own
+        assert abs(float(started[0]) - float(started[1])) < 2.5, rollouts  # side by side (3 s steps)
+    finally:
+        cluster.cancel_all()
+        cluster.stop()
+        shutil.rmtree(devices, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
