@@ -65,8 +65,10 @@ class LoopConfig:
     resume: bool = False  # continue from the latest checkpoint in run_dir when there is one
     receive_timeout_s: float = 600.0  # longest wait for a step's groups before naming the workers
     # staleness studies: each step waits until every start the bound allows under the published
-    # version arrived ((eta + 1) * B untrained groups held), so trained data is as stale as eta
-    # allows on any hardware; the trainer idles while the workers fill the bound
+    # version arrived ((eta + 1) * B untrained groups held), so a variant that reads the buffer as
+    # a queue (score oldest) trains data eta versions old on any hardware; one that takes the
+    # freshest (fifo, warmup) trains the B groups of the step's own version, staleness 0. The
+    # trainer idles while the workers fill the bound
     wait_for_bound: bool = False
     progress_bar: bool = True  # live tqdm bar (step, reward, staleness, tokens/s)
     tensorboard: bool = True  # write <run_dir>/tensorboard

@@ -273,9 +273,15 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     Hubs poll their shard and sum the counts over DP until ``need`` arrived (a hub never waits for
     its "share": the round-robin split, ``samples.shard_of``, is even only up to one group per
     worker). With ``filled`` (``loop.wait_for_bound``) the wait also ends once ``floor`` arrived and
-    rank 0's ``filled()`` says nothing more can start or arrive under the bound now
-    (``staleness.bound_filled``) and no hub gave a start back in that poll: a batch engine may not
-    reach ``need`` exactly. This is where groups enter the trainer: a
+    rank 0's ``filled()`` said nothing more can start or arrive under the bound
+    (``staleness.bound_filled``): a batch engine may not reach ``need`` exactly. The ledger counts a
+    group delivered a moment before its hub's ``poll`` can return it, and the other hubs' polls
+    are not ordered with rank 0's ask, so the verdict is asked after a poll, carried by that poll's
+    sum and acted on after the next one: every hub polled after it was asked, each while settled
+    (``SampleHub.settled``), and no hub gave a start back in either poll (room again). A verdict
+    acted on in the poll it was asked for could count a group that poll missed, and the step would
+    end short of it: which groups a step trains would hang on a race. This is where groups enter
+    the trainer: a
     group more than ``max_staleness`` versions behind the weights the step trains (version
     ``step``: version v is the weights after v steps) is refused here and counted, its start given
     back (``staleness.admit_fresh``), so no step trains a group over the bound, whatever the
@@ -294,9 +300,9 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
     assert ep.hub is not None, "only a replica's hub receives groups"
     out = Received()
     watch = ProgressWatch(ep, num_workers, timeout_s, step, need, bound=filled is not None) if ps.rank == 0 else None
-    verdict = ""
+    verdict, judged = "", False  # judged: the ledger was filled before every hub's last poll
     while True:
-        full = int(filled is not None and ps.rank == 0 and filled())  # before the poll: what arrived is in it
+        settled = filled is None or ep.hub.settled()  # before the poll: what the ledger counted is in it
         polled = [r.group for r in ep.hub.poll()]
         fresh = admit_fresh(ep.store, polled, step, ep.bound.max_staleness,
                             who=f"hub {ep.hub.hub}, trainer step {step}")
@@ -307,16 +313,18 @@ def receive_groups(ep: TrainerEndpoints, ps, need: int, timeout_s: float, step: 
             out.degenerate += dead
             fresh = [g for g, e in zip(fresh, equal) if not e]
         out.groups += fresh
+        full = int(filled is not None and ps.rank == 0 and filled())  # acted on after the next poll
         counts = ps.dp_sum(torch.tensor([len(out.groups), int(stop()), int(bool(verdict)), len(out.degenerate),
-                                         full, len(polled) - len(fresh)], dtype=torch.int64))
-        total, dropped = int(counts[0]), int(counts[3])
+                                         full, len(polled) - len(fresh), int(not settled)], dtype=torch.int64))
+        total, dropped, gave_back = int(counts[0]), int(counts[3]), bool(counts[5])
         if watch is not None:
             verdict = verdict or watch.check(total, dropped)  # sent with the next sum: hubs leave together
         if int(counts[1]):
             return Received(stopped=True)
-        if total >= need or (int(counts[4]) and not int(counts[5]) and total >= floor):  # a give-back: room again
+        if total >= need or (judged and not gave_back and not int(counts[6]) and total >= floor):
             out.total = total
             return out
+        judged = bool(counts[4]) and not gave_back  # a give-back in this poll may be after the verdict
         if max_degenerate is not None and dropped >= max_degenerate:
             if ps.rank == 0:
                 log.warning("trainer step %d: %d degenerate groups dropped (equal rewards) and %d of %d trainable "

@@ -226,6 +226,14 @@ class SampleHub:
         """Transfers taken over all links (with the data plane one carries every group queued)."""
         return sum(link.transfers for link in self._links)
 
+    def settled(self) -> bool:
+        """No link is between the ledger's ``arrive`` of a transfer and handing its groups over.
+
+        Asked before a ``poll``: when True, every group the ledger counted as delivered before the
+        call (``staleness.bound_filled`` reads that count) is in that poll; when False, the ledger
+        may count groups that the poll misses, so the count says nothing yet about this hub."""
+        return not any(link.handing_over for link in self._links)
+
     def poll(self, max_groups: int = 1 << 30) -> list[ReceivedGroup]:
         """Take every group that arrived, at most ``max_groups``, in arrival order; never blocks."""
         while True:

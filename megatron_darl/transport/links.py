@@ -134,6 +134,9 @@ class InLink:
         self._dead: set[int] = set()  # epochs whose pair failed: never built again
         self.transfers = 0  # transfers taken (each one header, one payload, one ack)
         self.fenced = 0  # groups refused: sent by a generation declared lost (``staleness.py``)
+        # from the ledger's ``arrive`` of a transfer until its groups are in the hub's queue: the
+        # ledger counts them delivered before ``SampleHub.poll`` can return them (``SampleHub.settled``)
+        self.handing_over = False
         self.thread = threading.Thread(target=self._run, name=f"channel-in-{hub}-{worker}", daemon=True)
         self.thread.start()
 
@@ -181,8 +184,12 @@ class InLink:
             if g.meta.seq != seq + i or g.group.worker_id != self.worker:
                 raise ValueError(f"key {key}: group {i} of {head.count} holds seq {g.meta.seq} of worker "
                                  f"{g.group.worker_id}, expected seq {seq + i} of worker {self.worker}")
-        for g in self._admitted(store, got):
-            self._deliver(g)
+        self.handing_over = True  # before the ledger hears of them
+        try:
+            for g in self._admitted(store, got):
+                self._deliver(g)
+        finally:
+            self.handing_over = False
         # ack, then delete: a missing header at or below the ack is then never a consumed one in
         # between (a restarting worker reads a missing key above the ack as a free seq)
         store.set(Keys.sample_ack(self.hub, self.worker), str(seq + head.count - 1))

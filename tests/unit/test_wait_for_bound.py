@@ -3,10 +3,13 @@
 The need is counted on the trainer (``Backlog`` with ``ahead = eta``: ``(eta + 1) * B`` untrained
 groups held, i.e. ``(t + eta + 1) * B`` received by step t), and the ledger says when no more can
 come (``bound_filled``: a batch engine reserves whole batches, so the cap may be out of reach).
+The ledger counts a group delivered just before its hub's queue holds it, so its verdict is acted
+on only after a later poll of a settled hub (``SampleHub.settled``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 
@@ -15,7 +18,9 @@ import torch
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.endpoints import Backlog, ProgressWatch, TrainerEndpoints, receive_groups
 from megatron_darl.samples import Sample, SampleGroup
-from megatron_darl.transport import StalenessBound, StalenessGate
+from megatron_darl.transport import (
+    ChannelConfig, SampleHub, SampleSender, StalenessBound, StalenessGate, Topology, links,
+)
 from megatron_darl.transport.staleness import bound_filled, give_back_degenerate, mark_delivered
 
 
@@ -89,16 +94,38 @@ def _group(group_id: int) -> SampleGroup:
 
 
 class _Hub:
+    """Hands out one prepared batch of groups per poll (a stand-in for ``SampleHub``)."""
+
     def __init__(self, batches):
         self.batches, self.hub = list(batches), 0
+
+    def settled(self):
+        return True
 
     def poll(self):
         return [SimpleNamespace(group=g) for g in (self.batches.pop(0) if self.batches else [])]
 
 
-def _receive(store, batches, need, floor, filled):
+class _Handover(_Hub):
+    """A hub whose link hands over ``groups`` in three phases, one a poll: in flight, counted
+    delivered by the ledger but not yet in the hub's queue (unsettled), in it."""
+
+    def __init__(self, groups):
+        super().__init__([groups])
+        self.phase = 0
+
+    def settled(self):
+        return self.phase != 1
+
+    def poll(self):
+        got = super().poll() if self.phase == 2 else []
+        self.phase += 1
+        return got
+
+
+def _receive(store, batches, need, floor, filled, hub=None):
     hb = SimpleNamespace(is_lost=lambda *a: False, is_alive=lambda *a: True, incarnations=lambda *a: 1)
-    ep = TrainerEndpoints(store=store, heartbeat=hb, hub=_Hub(batches), sender=None, me=None,
+    ep = TrainerEndpoints(store=store, heartbeat=hb, hub=hub or _Hub(batches), sender=None, me=None,
                           bound=StalenessBound(max_staleness=4, groups_per_step=1))
     return receive_groups(ep, SimpleNamespace(rank=0, dp_sum=lambda t: t), need, timeout_s=5.0, step=0, poll_s=0.0,
                           num_workers=1, filled=filled, floor=floor)
@@ -106,14 +133,63 @@ def _receive(store, batches, need, floor, filled):
 
 def test_a_filled_ledger_ends_the_wait_once_the_step_has_its_b(stores):
     server, _ = stores
-    polls = iter([False, False, True, True, True])  # rank 0 asks before each poll
-    got = _receive(server, [[_group(1)], [_group(2)], [_group(3)], [_group(4)]], need=8, floor=3,
-                   filled=lambda: next(polls))
-    assert got.total == 3  # filled from the third poll on, but the step waited for its floor of 3
+    asks = iter([False, False, True, True, True])  # rank 0 asks after each poll, acts after the next
+    got = _receive(server, [[_group(1)], [_group(2)], [_group(3)], [_group(4)], [_group(5)]], need=8, floor=4,
+                   filled=lambda: next(asks))
+    assert got.total == 4  # filled from the third ask on, but the step waited for its floor of 4
     early = _receive(server, [[_group(1), _group(2)], [_group(3)]], need=8, floor=0, filled=lambda: True)
-    assert early.total == 2  # a backlog that holds B already: filled ends the wait at the first poll
+    assert early.total == 3  # a backlog that holds B already: filled ends the wait at the second poll
     full = _receive(server, [[_group(i) for i in range(8)]], need=8, floor=8, filled=lambda: False)
     assert full.total == 8  # the need reached ends it whatever the ledger says
+
+
+def test_a_verdict_counts_only_groups_a_later_poll_of_a_settled_hub_holds(stores):
+    """The worker's last two groups: the hub's link has the ledger count them delivered, then hands
+    them to the hub's queue. A verdict asked in between is filled while the poll holds nothing:
+    acted on at once, a step whose backlog holds its B (floor 0) would train none of them, and which
+    groups a step trains would hang on that race."""
+    server, _ = stores
+    hub = _Handover([_group(1), _group(2)])
+    got = _receive(server, [], need=4, floor=0, filled=lambda: hub.phase >= 1, hub=hub)
+    assert [g.group_id for g in got.groups] == [1, 2] and got.total == 2 and hub.phase == 3  # three polls
+
+
+def test_a_real_hub_is_unsettled_between_the_ledgers_count_and_the_handover(control, stores, monkeypatch):
+    """The real link over the real ledger, its handover held after the ledger's ``arrive``: the
+    bound is filled while the hub's poll holds nothing, and the hub says so (not settled)."""
+    server, client = stores
+    counted, release = threading.Event(), threading.Event()
+    real = links.mark_delivered
+
+    def slow_handover(*args, **kwargs):
+        ok = real(*args, **kwargs)
+        counted.set()
+        release.wait(10)
+        return ok
+
+    monkeypatch.setattr(links, "mark_delivered", slow_handover)
+    bound, topo = StalenessBound(max_staleness=0, groups_per_step=1), Topology(workers=1)
+    cfg = ChannelConfig(transport="store", connect_timeout_s=10.0, transfer_timeout_s=10.0)
+    gate = StalenessGate(client, bound, worker_id=0)
+    hub = SampleHub(server, control, cfg, topo, 0)
+    sender = SampleSender(client, control, cfg, topo, 0, gate=gate)
+    try:
+        assert hub.settled() and not bound_filled(server, bound)
+        (ticket,) = gate.try_start_batch(1)
+        sender.send(_group(0), ticket)
+        assert counted.wait(10)
+        assert bound_filled(server, bound) and not hub.settled() and hub.poll() == []  # counted, not there
+        release.set()
+        deadline = time.monotonic() + 10
+        got = []
+        while not got and time.monotonic() < deadline:
+            got = hub.poll()
+            time.sleep(0.005)
+        assert [r.group.group_id for r in got] == [0] and hub.settled()
+    finally:
+        release.set()
+        sender.close()
+        hub.close()
 
 
 def test_the_timeout_names_the_bound(stores):
