@@ -420,7 +420,6 @@ def run_case(case: str, eta: int, seed: int, slot: int, args) -> dict:
                   "run_seconds": time.monotonic() - t0}
 
 
-
 def run_plan(plan: list[tuple[str, int, int]], done: dict, args, run_config: dict) -> list[str]:
     """Run what ``done`` lacks, ``args.parallel`` at a time (one slot of GPUs each), saving each
     finished run; returns the runs left: failed ones (named, with their error, as they fail; the
