@@ -184,6 +184,7 @@ class TrainerLoop:
             # finished its steps skips the final one only with loop.save_at_end=false (benchmarks)
             finished = step >= self.cfg.loop.steps and not self.fatal
             if not self.diverged and (self.cfg.loop.save_at_end or not finished):
+                self._stop_agreed(step)  # a signal that cut the last receive: agree its deadline too
                 saved = self.checkpoints.save(step, deadline=self._stop_deadline)
             self._finish_publish()
             self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
@@ -222,8 +223,9 @@ class TrainerLoop:
         whether any rank's signal has a deadline (``_stop_deadline``: SIGTERM or SIGINT, which
         Slurm follows with SIGKILL after ``KillWait``; SIGUSR1 has none)."""
         due = self.checkpoints.due(step, self.start_step)
-        deadline = self.stop.signum in (signal.SIGTERM, signal.SIGINT)
-        flag = torch.tensor([int(self.stop.signum is not None), int(bool(self.fatal)), int(due), int(deadline)],
+        signum = self.stop.signum  # read once: a signal between two reads would stop without its deadline
+        deadline = signum in (signal.SIGTERM, signal.SIGINT)
+        flag = torch.tensor([int(signum is not None), int(bool(self.fatal)), int(due), int(deadline)],
                             dtype=torch.int64)
         if self.ps.world_size > 1:
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._world_gloo)

@@ -89,3 +89,39 @@ def test_a_worker_that_stops_producing_ends_the_run_within_the_timeout(tmp_path)
     assert saved and int(saved[-1].name.split("_")[1]) == len(rows)  # every step made is kept
     idle = float(last.split("no new group for ")[1].split(" s")[0])
     assert timeout <= idle <= timeout + 5, last  # gave up at the timeout, not minutes later
+
+
+@pytest.mark.fault(kind="rollout fault", name="scancel while the trainer waits for groups")
+def test_a_sigterm_while_the_trainer_waits_for_groups_keeps_its_deadline(tmp_path):
+    """A SIGTERM that lands while the trainer waits for groups (the one worker stalled, as a
+    scancel during a slow generation) ends the wait, not a step: the stop's deadline
+    (``loop.stop_grace_s``, too short for the window's parameter snapshots here) still holds,
+    so the checkpoint leaves them out and says so. Before, only a signal seen at a step boundary
+    carried its deadline, and this checkpoint was written whole (a CI run caught it)."""
+    import signal
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "launch.train", "experiment=smoke", "algorithm=darl", f"loop.run_dir={run_dir}",
+           "transport.control.port=0", "cluster.master_port=0", "cluster.grace_s=10", "loop.steps=50",
+           "loop.receive_timeout_s=300", "loop.stop_grace_s=0.001"]
+    env = {**os.environ, "PYTHONPATH": f"{INJECT}:{REPO}", "DARL_FAULT": "stall_after:4"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    metrics, seen, still_since = run_dir / "metrics.jsonl", -1, time.monotonic()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # the steps stop coming: it waits
+        rows = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+        if rows != seen:
+            seen, still_since = rows, time.monotonic()
+        elif rows >= 3 and time.monotonic() - still_since > 4.0:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before its worker stalled"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    saved = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert saved and int(saved[-1].name.split("_")[1]) == seen, (seen, saved, out[-3000:])
+    logs = out + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert not (saved[-1] / "snapshots").exists(), logs[-3000:]
+    assert "without the window's" in logs, logs[-3000:]
