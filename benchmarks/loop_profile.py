@@ -86,7 +86,8 @@ from megatron_darl import timeline  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("generation_seconds", "receive_wait_seconds", "prefetch_seconds", "logprob_seconds", "plan_seconds",
-         "backfill_seconds", "train_seconds", "publish_seconds", "weight_sync_seconds",
+         "backfill_seconds", "train_seconds", "train_forward_backward_seconds", "train_grad_reduce_seconds",
+         "train_optimizer_seconds", "publish_seconds", "weight_sync_seconds",
          "weight_sync_wait_seconds", "weight_sync_transfer_seconds", "worker_sync_seconds",
          "worker_idle_gate_seconds", "worker_idle_weights_seconds", "worker_flush_seconds",
          "worker_admit_seconds", "worker_collect_seconds")

@@ -49,8 +49,9 @@ LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "dp2": (1, 1, 2), "pp2": (1, 2, 2
 # (tp, pp, GPUs); DP = GPUs / (tp * pp)
 
 
-def make_batch(args, vocab: int, dp_rank: int, dp_size: int):
-    """This DP rank's share of the global batch (interleaved), with the loss's typed inputs."""
+def make_batches(args, vocab: int, dp_rank: int, dp_size: int) -> list:
+    """This DP rank's share of the global batch (interleaved), with the loss's typed inputs, cut
+    into ``--minibatches`` mini-batches (one optimizer step each, as the loop's PPO mini-batches)."""
     from megatron_darl.algorithms import PolicyLossInputs
     from megatron_darl.trainer.batch import TrainBatch
 
@@ -58,11 +59,20 @@ def make_batch(args, vocab: int, dp_rank: int, dp_size: int):
     tokens = [torch.randint(0, vocab, (args.seq,), generator=g) for _ in range(args.seqs)]
     mask = torch.arange(args.seq) >= args.prompt
     mine = list(range(dp_rank, args.seqs, dp_size))
+    if len(mine) % args.minibatches:
+        raise SystemExit(f"--seqs {args.seqs} over DP {dp_size} leaves {len(mine)} sequences a rank, "
+                         f"not a multiple of --minibatches {args.minibatches}")
     scored = args.seq - args.prompt
     adv = torch.randn(len(mine), generator=g).repeat_interleave(scored)
-    n = scored * len(mine)
-    inputs = PolicyLossInputs(logp_base=torch.full((n,), -12.0), weights=torch.ones(n), advantages=adv)
-    return TrainBatch.from_sequences([tokens[i] for i in mine], [mask] * len(mine), inputs)
+    per = len(mine) // args.minibatches
+    batches = []
+    for k in range(args.minibatches):
+        part = mine[k * per:(k + 1) * per]
+        n = scored * len(part)
+        inputs = PolicyLossInputs(logp_base=torch.full((n,), -12.0), weights=torch.ones(n),
+                                  advantages=adv[k * per * scored:(k + 1) * per * scored])
+        batches.append(TrainBatch.from_sequences([tokens[i] for i in part], [mask] * len(part), inputs))
+    return batches
 
 
 def ppo_like_loss(logp, batch_slice):
@@ -104,12 +114,14 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
         peak_tflops=args.peak_tflops, activation_recompute=args.recompute,
     )
     trainer = PolicyTrainer(cfg, ps, hf_config)
-    batch = make_batch(args, hf_config["vocab_size"], ps.dp_rank, ps.dp_size)
+    batches = make_batches(args, hf_config["vocab_size"], ps.dp_rank, ps.dp_size)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    step_s = _timed(lambda: trainer.train_step(batch, ppo_like_loss), args.warmup, args.iters)
+    phases: list[dict] = []  # each timed step's device seconds by phase (trainer/phases.py)
+    step_s = _timed(lambda: phases.append(trainer.train_steps(batches, ppo_like_loss).phase_seconds),
+                    args.warmup, args.iters)
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    logprob_s = _timed(lambda: trainer.compute_logprobs(batch), args.warmup, args.iters)
+    logprob_s = _timed(lambda: [trainer.compute_logprobs(b) for b in batches], args.warmup, args.iters)
     tokens = args.seq * args.seqs
     lens = [args.seq] * args.seqs
     devices = world_size * args.peak_tflops * 1e12
@@ -119,7 +131,10 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
         "mfu_causal": train_flops(trainer.spec, lens, causal=True) / step_s / devices,
         "logprob_mfu": forward_flops(trainer.spec, lens) / logprob_s / devices,
         "step_s": step_s, "logprob_s": logprob_s, "peak_gib": peak,
-        "microbatches_per_rank": len(trainer._microbatches(batch)),
+        "microbatches_per_rank": sum(len(trainer._microbatches(b)) for b in batches),
+        # rank 0's step by phase: forward_backward_s, grad_reduce_s (DP's reduce-scatter), optimizer_s
+        **{f"{name}_s": sum(p.get(name, 0.0) for p in phases[args.warmup:]) / args.iters
+           for name in ("forward_backward", "grad_reduce", "optimizer")},
         "dynamo_frames": compiled_frames(),  # compiles, warm-up included (a growing count: recompiles)
     }
     peaks = [None] * world_size
@@ -180,6 +195,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=4096, help="tokens per sequence")
     parser.add_argument("--prompt", type=int, default=512, help="unscored prefix per sequence")
     parser.add_argument("--seqs", type=int, default=16, help="sequences per global step")
+    parser.add_argument("--minibatches", type=int, default=1,
+                        help="optimizer steps per step, as the loop's algorithm.ppo_minibatches")
     parser.add_argument("--token-budget", type=int, default=8192, help="tokens per micro-batch")
     parser.add_argument("--logprob-token-budget", type=int, default=None,
                         help="tokens per forward-only micro-batch (default 2x --token-budget)")
@@ -220,7 +237,7 @@ def main(argv=None) -> int:
 def _record(name: str, layout: str, row: dict, args) -> None:
     if args.tiny and args.out_dir is None:
         return
-    keys = ("seq", "prompt", "seqs", "token_budget", "logprob_token_budget", "recompute",
+    keys = ("seq", "prompt", "seqs", "minibatches", "token_budget", "logprob_token_budget", "recompute",
             "warmup", "iters")
     config = {k: getattr(args, k) for k in keys}
     config.update(model=name, layout=layout, gpus=row["gpus"], init="random",

@@ -68,7 +68,8 @@ def start_cluster(nodes: int, gpus_per_node: int) -> LocalSlurm:
     cluster = LocalSlurm(root, nodes=nodes, cpus_per_node=max(2, (os.cpu_count() or 2) // nodes),
                          memory_mb=100_000, gpus=gpus_per_node, split_host_gpus=nodes > 1,
                          gpu_device_dir=device_files(nodes * gpus_per_node),
-                         plugin_dir=os.environ.get("DARL_SLURM_PLUGIN_DIR", ""))
+                         plugin_dir=os.environ.get("DARL_SLURM_PLUGIN_DIR", ""),
+                         slurmd_debug="debug2")  # each pid a step's signal reaches, or skips
     cluster.start(timeout=90)
     return cluster
 
@@ -86,8 +87,16 @@ def build_policy(model: str) -> Path:
 
 
 def trained_steps(log: Path) -> list[int]:
-    """Steps (0-based, as in metrics.jsonl) the trainer's log line ``<variant> step n/N`` reports."""
-    return [int(m) - 1 for m in re.findall(r" step (\d+)/\d+ reward", log.read_text())] if log.exists() else []
+    """Steps (0-based, as in metrics.jsonl) the trainer's log reports as trained: its lines
+    ``<variant> step n/N`` or, with the progress bar (under Slurm), the bar's counts ``| n/N [``
+    past the one it started at (a resumed run's bar starts at the checkpoint's step)."""
+    if not log.exists():
+        return []
+    text = log.read_text()
+    lines = [int(m) - 1 for m in re.findall(r" step (\d+)/\d+ reward", text)]
+    counts = [int(m) for m in re.findall(r"\| *(\d+)/\d+ \[", text)]
+    bar = sorted({n - 1 for n in counts if n > counts[0]}) if counts else []
+    return lines or bar
 
 
 def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
@@ -110,6 +119,7 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     result["submit_to_first_step_s"] = time.time() - t0
     wait_for(lambda: len(metrics(run)) >= a.cancel_at or _ended(cluster, first), a.timeout,
              f"{a.cancel_at} logged steps")
+    (out / "processes_before_stop.txt").write_text(process_table())  # is the stop signal caught?
     t_cancel = time.time()
     result["cancel_s"] = t_cancel - t0
     cluster.run(["scancel", *(["--batch", "--signal=USR1"] if a.stop == "graceful" else []), str(first)])
@@ -137,6 +147,26 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
                       and len(steps) == a.steps and bool(second_trained) and min(second_trained) >= k))
     shutil.copy(run / "metrics.jsonl", out / "metrics.jsonl")
     return result
+
+
+def process_table() -> str:
+    """Every process, as a step's signal sees it: pid, parent, state, name (``comm``: a name with a
+    space hides a process and its children from proctrack/linuxproc's tree walk), the blocked,
+    ignored and caught signal masks (SIGUSR1 is bit 9, SIGTERM bit 14) and the command line."""
+    rows = ["pid ppid state comm SigBlk SigIgn SigCgt cmdline"]
+    for proc in sorted(Path("/proc").glob("[0-9]*"), key=lambda p: int(p.name)):
+        try:
+            stat_line = (proc / "stat").read_text()
+            status = dict(line.split(":\t", 1) for line in (proc / "status").read_text().splitlines()
+                          if ":\t" in line)
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            continue  # gone meanwhile
+        comm = stat_line[stat_line.index("(") + 1:stat_line.rindex(")")]
+        state, ppid = stat_line[stat_line.rindex(")") + 2:].split()[:2]
+        rows.append(f"{proc.name} {ppid} {state} {comm!r} {status.get('SigBlk', '?').strip()} "
+                    f"{status.get('SigIgn', '?').strip()} {status.get('SigCgt', '?').strip()} {cmd}")
+    return "\n".join(rows) + "\n"
 
 
 def keep_logs(run: Path, out: Path) -> list[Path]:

@@ -389,6 +389,8 @@ class TrainerLoop:
             **worker_health(self.ep, self.made.numel()),  # workers alive, lost, restarted; groups dropped
             **{f"groups_received_w{w}": float(n) for w, n in enumerate(per_worker.tolist())},
             **{k: v for k, v in result.stats.items()},
+            # the hub's train step by phase: what of it DP does not divide (the gradient reduce)
+            **{f"train_{phase}_seconds": v for phase, v in result.phase_seconds.items()},
         }
         self.logger.log(step, step_metrics(reduced, trainer))
 

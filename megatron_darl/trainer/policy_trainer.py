@@ -53,6 +53,7 @@ from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatch
 from megatron_darl.trainer.config import TrainerConfig
 from megatron_darl.trainer.flops import mfu, train_flops
 from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, wrap_ddp
+from megatron_darl.trainer.phases import PhaseClock
 from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
 from megatron_darl.trainer.weight_check import require_finite, weight_norm
@@ -76,6 +77,8 @@ class StepResult:
     stats: dict[str, float] = field(default_factory=dict)  # loss_fn stats, token-weighted mean
     optimizer_steps: int = 1  # optimizer steps (mini-batches x epochs) behind this version
     weight_norm: float = 0.0  # L2 norm of the new weights (``weight_check``): NaN/Inf = never publish
+    # this rank's device seconds by phase (``phases.py``): forward_backward, grad_reduce, optimizer
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def compiled_frames() -> int:
@@ -112,6 +115,7 @@ class PolicyTrainer:
         self.hf_config = hf_config
         self.spec = spec_from_hf(hf_config)
         self.bf16 = bool(cfg.bf16 and not self.ps.on_cpu)
+        self.phases = PhaseClock(self.ps.device)  # a train step's forward/backward, grad reduce, update
         chunks = model_chunks if model_chunks is not None else self._build_chunks()
         timeline.mark("model_built")
         if cfg.init_checkpoint:
@@ -157,7 +161,12 @@ class PolicyTrainer:
             )
         config.calculate_per_token_loss = True
         config.variable_seq_lengths = True
-        config.finalize_model_grads_func = finalize_model_grads
+        def timed_finalize(*args, **kwargs):  # the gradients' reduce over DP, timed apart
+            self.phases.mark("forward_backward")
+            finalize_model_grads(*args, **kwargs)
+            self.phases.mark("grad_reduce")
+
+        config.finalize_model_grads_func = timed_finalize
 
     @property
     def model_chunks(self) -> list:
@@ -304,6 +313,7 @@ class PolicyTrainer:
             if batch.num_loss_tokens == 0:
                 raise ValueError(f"TrainBatch on dp_rank {self.ps.dp_rank} has no scored tokens")
         start = time.perf_counter()
+        self.phases.start()
         records: list[tuple[int, torch.Tensor, dict[str, float]]] = []
         grad_norms, lr = [], 0.0
         for batch in minibatches:
@@ -316,6 +326,7 @@ class PolicyTrainer:
         grad_norm = sum(float(g) for g in norms) / len(norms) if norms else None
         result = self._step_result(minibatches, records, grad_norm, lr, seconds)
         result.weight_norm = weights
+        result.phase_seconds = self.phases.seconds()
         return result
 
     def _optimizer_step(self, batch: TrainBatch, loss_fn: LossFn, records: list,
@@ -337,6 +348,7 @@ class PolicyTrainer:
         self.scheduler.step(increment=1)  # LR of this step (see optim.build_lr_scheduler)
         lr = float(self.optimizer.param_groups[0]["lr"])
         out = self.optimizer.step()  # (update_successful, grad_norm, num_zeros_in_grad)
+        self.phases.mark("optimizer")
         self.optimizer_steps += 1
         return (out[1] if isinstance(out, tuple) else None), lr
 

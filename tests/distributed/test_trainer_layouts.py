@@ -124,6 +124,16 @@ def test_one_step_same_update_as_tp1(runs, name):
     assert float((_full_logp(run, 1) - _full_logp(ref, 1)).abs().max()) <= 10 * LOGP_TOL
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_step_is_timed_by_phase(runs, name):
+    """``StepResult.phase_seconds`` (trainer/phases.py): forward/backward, the gradients' reduce
+    over DP (``finalize_model_grads``) and the optimizer update, each timed, all within the step."""
+    step = runs[name]["step1"]
+    assert set(step.phase_seconds) == {"forward_backward", "grad_reduce", "optimizer"}, step.phase_seconds
+    assert all(s > 0 for s in step.phase_seconds.values()), step.phase_seconds
+    assert sum(step.phase_seconds.values()) <= step.seconds
+
+
 @pytest.mark.parametrize("name", ["tp2", "pp2", "tp2pp2"])
 def test_hub_batch_reaches_the_whole_replica(runs, name):
     assert runs[name]["broadcast_ok"] is True

@@ -85,6 +85,7 @@ class LocalSlurm:
     split_host_gpus: bool = False
     gpu_device_dir: str = "/dev"  # where the nvidia<k> device files are (tests: fake ones)
     plugin_dir: str = ""  # Slurm's plugins when not where it was built to look (gpu/slurm_kit.sh)
+    slurmd_debug: str = ""  # SlurmdDebug (e.g. debug2: slurmstepd logs each pid it signals); "" = info
     procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)  # the daemons started
 
     @property
@@ -171,6 +172,7 @@ class LocalSlurm:
             "GresTypes=gpu",
             *([f"TaskProlog={r / 'task_prolog.sh'}"] if self.gpus and self.split_host_gpus else []),
             *([f"PluginDir={self.plugin_dir}"] if self.plugin_dir else []),
+            *([f"SlurmdDebug={self.slurmd_debug}"] if self.slurmd_debug else []),
             f"NodeName=node[1-{self.nodes}] NodeHostname=localhost "
             f"Port=[{base}-{base + self.nodes - 1}] CPUs={self.cpus_per_node} "
             f"RealMemory={self.memory_mb}{f' Gres=gpu:{self.gpus}' if self.gpus else ''} State=UNKNOWN",
