@@ -79,6 +79,9 @@ class TrainerConfig:
     sequence_parallel: bool = True  # Megatron sequence parallelism when TP > 1 (GPU with Transformer Engine only)
     activation_recompute: bool = False  # recompute every layer in backward (memory for ~1/3 more compute)
     grad_reduce_in_fp32: bool = True  # reduce gradients in fp32 (bf16 runs)
+    # DP > 1: reduce-scatter each gradient bucket while the backward still runs (Megatron's DDP
+    # buckets) instead of all at once after it; off: the collective sits after every mini-batch
+    overlap_grad_reduce: bool = False
     peak_tflops: float = 989.0  # per-device dense bf16 peak for MFU (H100/H200 SXM)
     snapshots: str = "auto"  # where backfill's parameter snapshots live: auto|device|host (snapshots.py)
     compile_warmup: bool = True  # GPU: compile the fused kernels before the first step (while engines start)

@@ -3,8 +3,9 @@
 Everything here is Megatron's own machinery (``DistributedDataParallel`` with contiguous grad
 buckets, ``get_megatron_optimizer`` -> ``DistributedOptimizer`` with fp32 master weights,
 ``OptimizerParamScheduler``) configured for RL post-training: no loss scaling (fp32 on CPU, bf16
-on GPU), gradients reduced once after the last micro-batch (``overlap_grad_reduce=False``: an RL
-step has few micro-batches, and this keeps the CPU path free of CUDA streams), and the loss
+on GPU), gradients reduced once after the last micro-batch by default (``trainer.overlap_grad_reduce``
+reduce-scatters each bucket during the backward instead; the schedule then runs every micro-batch
+but the last under ``no_sync``: ``sync_hooks``), and the loss
 normalised per token by Megatron itself (``calculate_per_token_loss``: each micro-batch returns
 its loss *sum* and token count; ``finalize_model_grads`` divides the gradients by the token count
 summed over micro-batches and DP ranks). Keyword arguments that differ between megatron-core
@@ -35,7 +36,7 @@ def wrap_ddp(chunks: list, parallel_state, cfg: TrainerConfig, bf16: bool) -> li
 
     ddp_kwargs = dict(
         grad_reduce_in_fp32=bool(bf16 and cfg.grad_reduce_in_fp32),
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=cfg.overlap_grad_reduce,
         overlap_param_gather=False,
         use_distributed_optimizer=cfg.optimizer.use_distributed_optimizer,
         check_for_nan_in_grad=False,
@@ -54,6 +55,19 @@ def wrap_ddp(chunks: list, parallel_state, cfg: TrainerConfig, bf16: bool) -> li
         ddp.broadcast_params()
         wrapped.append(ddp)
     return wrapped
+
+
+def sync_hooks(config, ddp_chunks: list, overlap_grad_reduce: bool) -> None:
+    """With ``overlap_grad_reduce``, what Megatron's schedule needs on the model config (as
+    Megatron-LM's training loop sets it): ``no_sync_func`` keeps the buckets from reducing before
+    the last micro-batch's backward, ``grad_sync_func`` starts a chunk's reduce once its last
+    backward is done (pipeline schedules)."""
+    if not overlap_grad_reduce:
+        return
+    no_sync = [chunk.no_sync for chunk in ddp_chunks]
+    start = [chunk.start_grad_sync for chunk in ddp_chunks]
+    config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+    config.grad_sync_func = start[0] if len(start) == 1 else start
 
 
 def build_optimizer(ddp_chunks: list, opt: OptimizerConfig, parallel_state, bf16: bool):

@@ -52,7 +52,7 @@ from megatron_darl.models.qwen3.model import build_qwen3_model, have_transformer
 from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
 from megatron_darl.trainer.config import TrainerConfig
 from megatron_darl.trainer.flops import mfu, train_flops
-from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, wrap_ddp
+from megatron_darl.trainer.optim import build_lr_scheduler, build_optimizer, sync_hooks, wrap_ddp
 from megatron_darl.trainer.phases import PhaseClock
 from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
@@ -123,6 +123,7 @@ class PolicyTrainer:
         timeline.mark("weights_loaded")
         self._configure(chunks[0].config)
         self.model = wrap_ddp(chunks, self.ps, cfg, self.bf16)
+        sync_hooks(chunks[0].config, self.model, cfg.overlap_grad_reduce)
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ps, self.bf16)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optimizer)
         self.optimizer_steps = 0  # optimizer steps taken over the run (one per mini-batch)

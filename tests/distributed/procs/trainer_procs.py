@@ -209,3 +209,43 @@ def _bad_input_errors(trainer, batch) -> list[str]:
         except ValueError as exc:
             messages.append(str(exc))
     return messages
+
+
+def overlap_worker(rank, world_size, hf_dir, out_path):
+    """DP2: two steps of the same two mini-batches (several micro-batches each) trained by a
+    trainer that reduces gradients after the backward and by one that overlaps the reduce with it
+    (``trainer.overlap_grad_reduce``); the parameters after, and for each mini-batch whether its
+    reduce was in flight when ``finalize_model_grads`` was reached (issued during the backward)."""
+    from megatron_darl.models.qwen3.model import build_qwen3_model
+    from megatron_darl.models.qwen3.weights import load_hf_checkpoint
+    from megatron_darl.trainer.config import MicroBatchConfig, OptimizerConfig, TrainerConfig
+    from megatron_darl.trainer.config import ParallelConfig
+    from megatron_darl.trainer.parallel import init_parallel
+    from megatron_darl.trainer.policy_trainer import PolicyTrainer
+
+    ps = init_parallel(ParallelConfig(timeout_s=300))
+    shard = list(range(ps.dp_rank, len(SEQ_LENS), ps.dp_size))
+    half = len(shard) // 2
+    minibatches = [make_batch(shard[:half]), make_batch(shard[half:])]
+    result: dict = {}
+    for overlap in (False, True):
+        cfg = TrainerConfig(optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.1, clip_grad=1.0, adam_eps=1e-6),
+                            micro_batch=MicroBatchConfig(token_budget=40, max_seq_len=40, pad_multiple=8),
+                            bf16=False, overlap_grad_reduce=overlap)
+        chunks = build_qwen3_model(tiny_hf_config_dict(), ps, calculate_per_token_loss=True)
+        load_hf_checkpoint(chunks, hf_dir, ps)
+        trainer = PolicyTrainer(cfg, ps, tiny_hf_config_dict(), model_chunks=chunks)
+        config, finalize, in_flight = chunks[0].config, chunks[0].config.finalize_model_grads_func, []
+
+        def seen(*args, _finalize=finalize, **kwargs):  # the reduce issued before finalize?
+            in_flight.append(all(g.grad_reduce_handle is not None for c in trainer.model for g in c.bucket_groups))
+            return _finalize(*args, **kwargs)
+
+        config.finalize_model_grads_func = seen
+        trainer.train_steps(minibatches, toy_loss)  # the first learns which params get gradients
+        step = trainer.train_steps(minibatches, toy_loss)
+        result[overlap] = {"params": gather_hf_params(trainer, ps), "loss": step.loss, "in_flight": in_flight,
+                           "microbatches": [len(trainer._microbatches(b)) for b in minibatches]}
+        config.no_sync_func = config.grad_sync_func = None  # the next trainer's chunks share no config
+    if rank == 0:
+        torch.save(result, out_path)
