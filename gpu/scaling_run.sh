@@ -3,10 +3,12 @@
 #
 #   DARL_COMMIT=<sha> bash gpu/scaling_run.sh RUN [RUN ...]      (carry .whl)
 #
-# RUN is VARIANT@T:R[@ENGINE][@quick]: benchmarks/loop_profile.py at Qwen3-1.7B shape with that
-# variant (configs/algorithm), T trainer and R rollout GPUs, ENGINE vllm (default; needs /tmp/vsite,
-# ../shared/vllm-kit) or hf, at the realistic batch 32 x 8 x 1024 (quick: 8 x 8 x 512).
+# RUN is VARIANT@T:R[@ENGINE][@quick][@KEY=VALUE...]: benchmarks/loop_profile.py at Qwen3-1.7B shape
+# with that variant (configs/algorithm), T trainer and R rollout GPUs, ENGINE vllm (default; needs
+# /tmp/vsite, ../shared/vllm-kit) or hf, at the realistic batch 32 x 8 x 1024 (quick: 8 x 8 x 512),
+# and Hydra overrides of the run.
 #   e.g. darl@2:2 darl@1:1 decoupled@2:2 decoupled@1:1 darl@3:1 darl@1:3 darl@2:2@hf darl@2:2@vllm@quick
+#        darl@2:2@quick@trainer.overlap_grad_reduce=true
 # or `tests`: tests/gpu/test_main_job.py (the main job on 1 and 2 GPUs, and with the optional loss
 # terms and held-out points) and test_trainer_gpu.py; or `posterior`:
 # benchmarks/posterior_drift.py (one GPU, vLLM; its record with the others).
@@ -40,14 +42,16 @@ keep() {
   for f in "$dir"/logs/*.log; do [ -f "$f" ] && tail -c 30000 "$f" > "$dest/$(basename "$f")"; done
 }
 
-profile() {  # profile NAME VARIANT SPLIT ENGINE QUICK
+profile() {  # profile NAME VARIANT SPLIT ENGINE QUICK [OVERRIDE...]
   local name=$1 variant=$2 split=$3 engine=$4 quick=$5 t
+  shift 5
   t=$(left)
   if [ "$t" -lt 150 ]; then say "$name: SKIPPED (${t}s left)"; return 0; fi
   local args=(--model qwen3_1.7b --splits "$split" --variant "$variant" --steps "${DARL_STEPS:-8}" --skip "${DARL_SKIP:-3}"
               --out-dir "$OUT/rec" --work-dir /tmp/darl_lp --timeout $(( t - 20 )) loop.save_at_end=false)
   [ "$quick" = quick ] && args=(--quick "${args[@]}")  # options before the overrides: argparse takes one run of them
   [ "$engine" = vllm ] && args+=("rollout=vllm")
+  args+=("$@")
   local s; s=$(date +%s)
   timeout --kill-after=15 "$t" python3 benchmarks/loop_profile.py "${args[@]}" > "$OUT/runs/$name.log" 2>&1
   local rc=$?
@@ -63,10 +67,11 @@ recs = sorted(pathlib.Path(sys.argv[1]).glob("loop_profile_*.json"), key=lambda 
 if recs:
     r = json.loads(recs[-1].read_text()); m, c = r["metrics"], r["config"]
     keys = ("step_seconds", "samples_per_s", "receive_wait_seconds", "prefetch_seconds", "logprob_seconds",
-            "backfill_seconds", "train_seconds", "logprob_cache_hit_rate", "launch_to_first_step_seconds",
+            "backfill_seconds", "train_seconds", "train_forward_backward_seconds", "train_grad_reduce_seconds",
+            "train_optimizer_seconds", "logprob_cache_hit_rate", "launch_to_first_step_seconds",
             "launch_engine_start_seconds", "launch_trainer_compile_seconds", "launch_first_step_seconds",
             "dynamo_compiles_after_first_step")
-    print(c.get("variant"), c.get("layout"), c.get("engine"), c.get("groups"), c.get("new_tokens"),
+    print(c.get("variant"), c.get("layout"), c.get("engine"), c.get("groups"), c.get("new_tokens"), c.get("overrides"),
           " ".join(f"{k}={m[k]:.3g}" for k in keys if isinstance(m.get(k), (int, float))))
 EOF
   rm -rf /tmp/darl_lp/t*r*_*/checkpoints
@@ -88,10 +93,15 @@ for run in "$@"; do
     tail -3 "$OUT/runs/posterior.log"; rm -rf /tmp/darl_pd/scaled
     continue
   fi
-  IFS=@ read -r variant split engine quick <<< "$run"
-  name=${run//[:@]/_}
+  IFS=@ read -r -a fields <<< "$run"
+  variant=${fields[0]} split=${fields[1]} engine=vllm quick="" overrides=()
+  for f in "${fields[@]:2}"; do
+    case "$f" in vllm|hf) engine=$f ;; quick) quick=quick ;; *=*) overrides+=("$f") ;;
+      *) say "$run: '$f' is neither an engine, quick nor KEY=VALUE: skipped"; continue 2 ;; esac
+  done
+  name=${run//[:@=.]/_}
   [ -e "$OUT/runs/$name.log" ] && name=${name}_again  # the same run twice: caches warm the second time
-  profile "$name" "$variant" "$split" "${engine:-vllm}" "${quick:-}"
+  profile "$name" "$variant" "$split" "$engine" "$quick" "${overrides[@]}"
 done
 cp "$OUT"/rec/*.json "$OUT/runs/" 2>/dev/null
 tar -czf "$OUT/runs.tgz" -C "$OUT" runs && rm -rf "$OUT/runs" "$OUT/rec"
