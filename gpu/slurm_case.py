@@ -133,7 +133,10 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
         return {**result, "ok": False, "why": f"no checkpoint after scancel ({a.stop}); see job1_trainer-0.log"}
     k = saved[-1]
     t1 = time.time()
-    second = sbatch(cluster, script, [*overrides, f"loop.steps={a.steps}"], env,
+    # --no-end-checkpoint: the resumed job skips its final save (a 4B one was 131 s, the stop's
+    # save already timed it); the job then ends "stopped at step k" with its steps all trained
+    end = [] if a.end_checkpoint else ["loop.save_at_end=false"]
+    second = sbatch(cluster, script, [*overrides, *end, f"loop.steps={a.steps}"], env,
                     [*opts, f"--output={out}/job2.out"])
     wait_for(lambda: len(metrics(run)) > k or _ended(cluster, second), a.timeout, "the first step after resuming")
     result["resubmit_to_first_step_s"] = time.time() - t1
@@ -217,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="scancel: SIGTERM to every step, SIGKILL KillWait later; graceful: "
                         "scancel --batch --signal=USR1 (the launcher stops the trainer, no deadline)")
     p.add_argument("--timeout", type=float, default=480.0, help="seconds a job may take")
+    p.add_argument("--no-end-checkpoint", dest="end_checkpoint", action="store_false",
+                   help="headline: the resumed job writes no final checkpoint (device time)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/darl_slurm_out")))
     p.add_argument("overrides", nargs="*", help="Hydra overrides for the runs")
     a = p.parse_intermixed_args(argv)
