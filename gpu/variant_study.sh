@@ -60,6 +60,7 @@ cd "$(dirname "$0")/.."
 LIMIT=${1:?usage: variant_study.sh SECONDS [variant_study args...]}
 shift
 STATE=/tmp/darl_vs
+PARTIAL=${DARL_VS_PARTIAL:-$STATE/partial.json}  # another file: a side study (other settings), same warm start
 mkdir -p "$STATE"
 if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/megatron ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -68,13 +69,32 @@ fi
 export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false DARL_COMMIT=${DARL_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-( while sleep 10; do cp -f "$STATE/partial.json" "$OUT/" 2>/dev/null; done ) &
+# DARL_MPS=1: the runs sharing a GPU (7-11 trainers and as many engines) become clients of one
+# CUDA MPS server, so their kernels run side by side instead of in turns of the GPU's time
+# slices. It changes no setting of the card (compute mode stays as found) and the server quits
+# when this script exits. The runs' settings are unchanged (a colocated engine's CUDA IPC works
+# between MPS clients on Volta and later), so their seeds pool with those run without it.
+if [ "${DARL_MPS:-0}" = 1 ]; then
+  if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/darl_mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/darl_mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      trap 'echo quit | nvidia-cuda-mps-control; echo "[device] MPS server stopped"' EXIT
+      echo "[device] MPS server started for the study's runs"
+    else
+      echo "[device] DARL_MPS=1: nvidia-cuda-mps-control -d failed: runs take turns on the GPUs"
+    fi
+  else
+    echo "[device] DARL_MPS=1 but no nvidia-cuda-mps-control here: runs take turns on the GPUs"
+  fi
+fi
+( while sleep 10; do cp -f "$PARTIAL" "$OUT/" 2>/dev/null; done ) &
 COPIER=$!
-timeout --kill-after=15 "$LIMIT" python3 benchmarks/variant_study.py --partial "$STATE/partial.json" \
+timeout --kill-after=15 "$LIMIT" python3 benchmarks/variant_study.py --partial "$PARTIAL" \
   --out-dir "$OUT" --warmstart-cache-dir "$STATE/warmstart" --run-root "$STATE/runs" "$@" \
   2>&1 | tee "$OUT/study.log"
 rc=${PIPESTATUS[0]}
 kill "$COPIER" 2>/dev/null
-cp -f "$STATE/partial.json" "$OUT/" 2>/dev/null
+cp -f "$PARTIAL" "$OUT/" 2>/dev/null
 echo "[device] variant_study exit $rc (3: runs left for the next call; 124: killed at ${LIMIT}s)"
 exit 0
