@@ -17,7 +17,10 @@ may be busy with a dead process's pair (a worker killed mid-transfer: a build th
 ``connect_timeout_s`` for it, a receive that waits ``transfer_timeout_s``). A restarted worker
 that built at once would time its build out meanwhile, try once more, and give up for good
 while the hub was still busy. Waiting for the hub's word costs one look at the store per new
-pair, and bounds the wait by what the hub can spend on one dead pair.
+pair, and bounds the wait by what the hub can spend on one dead pair. The hub in turn builds only
+once the worker took its word (deleted the ready key): a worker killed between its header and its
+build is given up as soon as its restart draws a newer epoch, not after ``connect_timeout_s``
+(during which the staleness bound held that worker's starts and no step was trained).
 
 Batching: a data-plane out-link sends every group waiting in its queue (at most the worker's
 ``max_unacked_per_hub``) as one transfer under one header (the first seq, a count), and the hub
@@ -219,6 +222,7 @@ class InLink:
             if head.epoch != self._epoch:
                 self._pair, self._epoch = None, head.epoch
                 store.set(Keys.sample_pair_ready(self.hub, self.worker, head.epoch), "1")  # the worker builds now
+                self._await_worker(store, head.epoch)
                 self._pair = build_group(store, _pair_name(self.hub, self.worker, head.epoch), 0, 2,
                                          head.backend, self.cfg.connect_timeout_s,
                                          collective_timeout_s=self.cfg.transfer_timeout_s + 60)
@@ -233,6 +237,25 @@ class InLink:
             self._dead.add(head.epoch)
             self._pair, self._epoch = None, -1
             return None
+
+    def _await_worker(self, store: ControlStore, epoch: int) -> None:
+        """Wait until the worker takes the hub's word for the pair of ``epoch`` (it deletes the
+        ready key, then builds), at most ``connect_timeout_s``. A worker killed between its header
+        and its build never comes, and a build would wait all of the connect timeout for it while
+        the staleness bound holds its starts (a minute without a step on CPU, all workers). A newer
+        epoch drawn meanwhile means the process that posted this one is gone (its restart re-posts
+        the first unacked seq on a new pair): the pair is dropped at once."""
+        key = Keys.sample_pair_ready(self.hub, self.worker, epoch)
+        deadline, nap = time.monotonic() + self.cfg.connect_timeout_s, _FIRST_POLL_S
+        while store.check([key]):
+            if store.add(Keys.sample_epoch(self.hub, self.worker), 0) > epoch:  # the counter, unchanged
+                raise TransportTimeout(f"a newer pair replaced it before rollout {self.worker} joined it "
+                                       f"(the process that posted it is gone)")
+            if time.monotonic() > deadline or self._stop.is_set():
+                raise TransportTimeout(f"rollout {self.worker} did not join it within "
+                                       f"{self.cfg.connect_timeout_s:.0f} s (connect_timeout_s)")
+            self._stop.wait(nap)
+            nap = min(2 * nap, _IDLE_POLL_S)
 
 
 @dataclass
