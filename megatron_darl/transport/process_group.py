@@ -11,6 +11,7 @@ prefix and rebuilt rather than repaired.
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,6 +61,39 @@ class DataPlaneGroup:
                 raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
 
         return wait
+
+
+    def broadcast_watched(self, tensor: torch.Tensor, root: int, what: str,
+                          given_up: Callable[[], str | None], first_look_s: float = 1.0) -> None:
+        """``broadcast`` for a member that receives over gloo: while it waits it asks ``given_up``
+        (after ``first_look_s``, then every 0.2 s) whether the sender abandoned the broadcast,
+        and raises ``TransportTimeout`` with that reason at once. A root whose send to another
+        member failed (that member was killed) never sends the rest, and the collective alone
+        would hold this member for the whole group timeout. A gloo collective runs on the group's
+        own thread, so walking away leaves only that dropped group waiting; an NCCL one would keep
+        the device stream, so NCCL groups wait as ``broadcast`` does."""
+        if self.backend != "gloo":
+            self.broadcast(tensor, root, what)
+            return
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        opts.timeout = _dt.timedelta(seconds=self.timeout_s)
+        try:
+            work = self.pg.broadcast([tensor], opts)
+            start, nap, next_look = time.monotonic(), 0.0005, first_look_s
+            while not work.is_completed():
+                waited = time.monotonic() - start
+                if waited > self.timeout_s:
+                    raise TransportTimeout(f"{self.name}: broadcast of {what} timed out after {self.timeout_s:.0f} s")
+                if waited >= next_look:
+                    next_look = waited + 0.2
+                    if (why := given_up()) is not None:
+                        raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} given up: {why}")
+                time.sleep(nap)
+                nap = min(2 * nap, 0.01)
+            work.wait()  # raises the collective's own error, if any
+        except (RuntimeError, dist.DistError) as exc:
+            raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
 
 
 def resolve_backend(backend: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from typing import Callable, Iterable
 
 import torch
@@ -33,6 +34,9 @@ from megatron_darl.transport.store import (
     WORKER, ControlStore, MemberInfo, TransportTimeout, published_version, wait_key,
 )
 from megatron_darl.transport.weight_protocol import SyncKeys, WeightLoadError, parse_offer
+
+RELAY_GRACE_S = 10.0  # a bucket the leader has sent may still be on its way through another member
+RELAY_MIN_BYTES_PER_S = 100e6  # ... at this rate at least (a slower relay is given up)
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +213,10 @@ class WeightReceiver:
                 self._store.set(SyncKeys.done(offer, stage, attempt, index, self.worker_id), "1")
             else:
                 buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
-                group.broadcast(buf, 0, f"{what} bucket {index}")
+                seen: dict[str, float] = {}  # when the leader's next header was first seen
+                group.broadcast_watched(buf, 0, f"{what} bucket {index}",
+                                        given_up=lambda i=index, n=buf.numel(), seen=seen:
+                                        self._abandoned(offer, stage, attempt, i, n, seen))
                 if failure is None:
                     try:
                         self._load_bucket(unpack(entries, buf), f"{what} bucket {index}")
@@ -217,6 +224,24 @@ class WeightReceiver:
                         failure = exc  # drain the rest of the attempt, then raise
                         log.error("%s; taking the remaining buckets without loading them", exc)
             index += 1
+
+    def _abandoned(self, offer: int, stage: int, attempt: int, index: int, nbytes: int,
+                   seen: dict[str, float]) -> str | None:
+        """Why this member, waiting in bucket ``index``'s broadcast, will not get it, or None. The
+        leader posts the next header only once ``index`` is done on its side: one that says
+        "aborted" means its broadcast failed (another member was killed; ``weight_sync._stream``).
+        One that does not, while this member still waits ``RELAY_GRACE_S`` plus the bucket at
+        ``RELAY_MIN_BYTES_PER_S`` later, means the member relaying it to us (gloo's broadcast is
+        a tree) is gone."""
+        raw = self._store.read(SyncKeys.bucket(offer, stage, attempt, index + 1))
+        if raw is None:
+            return None
+        if json.loads(raw).get("aborted"):
+            return f"the stage leader aborted the sync after bucket {index} (another member failed)"
+        first = seen.setdefault("next", time.monotonic())
+        if time.monotonic() - first > RELAY_GRACE_S + nbytes / RELAY_MIN_BYTES_PER_S:
+            return f"the stage leader sent bucket {index} {time.monotonic() - first:.0f} s ago (a relaying member is gone)"
+        return None
 
     def _load_ipc_bucket(self, header: dict, entries: list[BucketEntry], what: str) -> None:
         """Map the leader's buffer, load from it, and let go of it before saying "done"."""

@@ -48,6 +48,14 @@ def _cfg(transport: str, **kw) -> ChannelConfig:
     return ChannelConfig(transport=transport, **kw)
 
 
+def _join_pair(store, hub: int, worker: int, epoch: int):
+    """A worker's side of a pair, as ``OutLink`` builds it: the hub's word first, then the group."""
+    ready = Keys.sample_pair_ready(hub, worker, epoch)
+    store.wait([ready], 10.0, "the hub's word")
+    store.delete_key(ready)
+    return build_group(store, f"ch/{hub}/{worker}/{epoch}", 1, 2, "gloo", 10.0)
+
+
 def _take(hub: SampleHub, n: int, timeout_s: float = 20.0) -> list:
     out, deadline = [], time.monotonic() + timeout_s
     while len(out) < n:
@@ -268,7 +276,7 @@ def test_a_slow_worker_mid_transfer_does_not_hold_up_another():
     def stalled_worker():
         epoch = store.add(Keys.sample_epoch(0, 1), 1)
         store.set(Keys.sample(0, 1, 0), Header(0, epoch, "gloo", slow.numel(), 1).to_bytes())
-        pair = build_group(store, f"ch/0/1/{epoch}", 1, 2, "gloo", 10)
+        pair = _join_pair(store, 0, 1, epoch)
         time.sleep(2.0)
         sent["at"] = time.monotonic()
         pair.pg.send([slow], 0, 0).wait()
@@ -346,6 +354,27 @@ def test_a_dead_workers_pair_is_dropped_and_its_restart_delivers():
         x.close()
 
 
+def test_a_worker_killed_before_its_build_is_given_up_when_its_restart_draws_a_new_pair():
+    """A worker killed between its header and its build never takes the hub's word: the hub does
+    not build that pair (a build would wait all of connect_timeout_s, 60 s by default, while the
+    staleness bound holds the worker's starts); it drops it as soon as the restarted process
+    draws a newer epoch, and the restart's re-post of the same seq is delivered at once."""
+    control, store, topo = _store(workers=1)
+    cfg = _cfg("dataplane", connect_timeout_s=60.0)
+    hub = SampleHub(store, control, cfg, topo, 0)
+    epoch = store.add(Keys.sample_epoch(0, 0), 1)
+    store.set(Keys.sample(0, 0, 0), Header(0, epoch, "gloo", 100, 99).to_bytes())  # then it died
+    time.sleep(0.5)  # the hub's link has seen the header and waits for the worker's build
+    start = time.monotonic()
+    restarted = SampleSender(store, control, cfg, topo, 0)
+    restarted.send(_group(5), StartTicket(0, 1))
+    got = _take(hub, 1, timeout_s=20)
+    assert got[0].group.group_id == 5 and got[0].meta.seq == 0
+    assert time.monotonic() - start < 10, time.monotonic() - start
+    for x in (restarted, hub):
+        x.close()
+
+
 def test_a_restarted_worker_waits_out_a_hub_busy_with_its_predecessors_pair():
     """The predecessor built its pair and froze before sending: the hub's link waits
     transfer_timeout_s on it. The restarted worker's first transfer waits for the hub instead of
@@ -355,7 +384,7 @@ def test_a_restarted_worker_waits_out_a_hub_busy_with_its_predecessors_pair():
     hub = SampleHub(store, control, cfg, topo, 0)
     epoch = store.add(Keys.sample_epoch(0, 0), 1)
     store.set(Keys.sample(0, 0, 0), Header(0, epoch, "gloo", 100, 99).to_bytes())
-    frozen = build_group(store, f"ch/0/0/{epoch}", 1, 2, "gloo", 10.0)  # then it sends nothing
+    frozen = _join_pair(store, 0, 0, epoch)  # then it sends nothing
     restarted = SampleSender(store, control, cfg, topo, 0)
     restarted.send(_group(4), StartTicket(0, 1))
     got = _take(hub, 1, timeout_s=20)
