@@ -238,9 +238,9 @@ class WeightReceiver:
             return None
         if json.loads(raw).get("aborted"):
             return f"the stage leader aborted the sync after bucket {index} (another member failed)"
-        first = seen.setdefault("next", time.monotonic())
-        if time.monotonic() - first > RELAY_GRACE_S + nbytes / RELAY_MIN_BYTES_PER_S:
-            return f"the stage leader sent bucket {index} {time.monotonic() - first:.0f} s ago (a relaying member is gone)"
+        since = time.monotonic() - seen.setdefault("next", time.monotonic())
+        if since > RELAY_GRACE_S + nbytes / RELAY_MIN_BYTES_PER_S:
+            return f"the stage leader sent bucket {index} {since:.0f} s ago (a relaying member is gone)"
         return None
 
     def _load_ipc_bucket(self, header: dict, entries: list[BucketEntry], what: str) -> None:

@@ -42,7 +42,8 @@ def test_a_member_gives_up_when_the_sender_says_so_not_at_the_timeout():
     buf = torch.empty(16, dtype=torch.uint8)
     start = time.monotonic()
     with pytest.raises(TransportTimeout, match="given up: the leader aborted"):
-        member.broadcast_watched(buf, 0, "bucket 0", given_up=lambda: "the leader aborted" if gave_up.is_set() else None)
+        member.broadcast_watched(buf, 0, "bucket 0",
+                                 given_up=lambda: "the leader aborted" if gave_up.is_set() else None)
     assert 1.5 <= time.monotonic() - start < 5.0, time.monotonic() - start
     del root
 
