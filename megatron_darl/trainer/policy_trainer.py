@@ -162,6 +162,7 @@ class PolicyTrainer:
             )
         config.calculate_per_token_loss = True
         config.variable_seq_lengths = True
+
         def timed_finalize(*args, **kwargs):  # the gradients' reduce over DP, timed apart
             self.phases.mark("forward_backward")
             finalize_model_grads(*args, **kwargs)
