@@ -189,7 +189,10 @@ def test_nan_weights_from_a_finite_loss_are_neither_published_nor_saved(tmp_path
     assert "neither published nor checkpointed" in verdict, verdict
     assert f"no checkpoint was written in {run / 'checkpoints'}" in verdict, verdict
     assert not _checkpoints(run) and "Traceback" not in out, (_checkpoints(run), out[-3000:])
-    assert "last weights version loaded 0" in (run / "logs" / "rollout0.log").read_text()  # never version 1
+    # never version 1: the worker's exit line names what it held when it saw the trainer go; the
+    # launcher's SIGTERM after the trainer's failure can end it before that line (a CI run did)
+    rollout = (run / "logs" / "rollout0.log").read_text()
+    assert re.findall(r"last weights version loaded (-?\d+)", rollout) in ([], ["0"]), rollout[-2000:]
     fault_record["observed"] = ("trainer.optimizer.adam_eps=0: step 0's loss and gradient norm were finite, "
                                 "its weight norm NaN; the run stopped with that line, version 1 was never "
                                 "published and no checkpoint was written of it")
