@@ -43,25 +43,25 @@ class DataPlaneGroup:
 
     def broadcast_async(self, tensor: torch.Tensor, root: int, what: str) -> Callable[[], None]:
         """Start an in-place broadcast; returns a function that waits for it (with the timeout)."""
-        opts = dist.BroadcastOptions()
-        opts.rootRank = root
-        opts.rootTensor = 0
-        timeout = _dt.timedelta(seconds=self.timeout_s)
-        opts.timeout = timeout
-        try:
-            work = self.pg.broadcast([tensor], opts)
-        except (RuntimeError, dist.DistError) as exc:
-            raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
+        work = self._start_broadcast(tensor, root, what)
 
         def wait() -> None:
             try:
-                if not work.wait(timeout):
+                if not work.wait(_dt.timedelta(seconds=self.timeout_s)):
                     raise TransportTimeout(f"{self.name}: broadcast of {what} timed out after {self.timeout_s:.0f} s")
             except (RuntimeError, dist.DistError) as exc:
                 raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
 
         return wait
 
+    def _start_broadcast(self, tensor: torch.Tensor, root: int, what: str):
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        opts.timeout = _dt.timedelta(seconds=self.timeout_s)
+        try:
+            return self.pg.broadcast([tensor], opts)
+        except (RuntimeError, dist.DistError) as exc:
+            raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
 
     def broadcast_watched(self, tensor: torch.Tensor, root: int, what: str,
                           given_up: Callable[[], str | None], first_look_s: float = 1.0) -> None:
@@ -75,11 +75,8 @@ class DataPlaneGroup:
         if self.backend != "gloo":
             self.broadcast(tensor, root, what)
             return
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = root, 0
-        opts.timeout = _dt.timedelta(seconds=self.timeout_s)
+        work = self._start_broadcast(tensor, root, what)
         try:
-            work = self.pg.broadcast([tensor], opts)
             start, nap, next_look = time.monotonic(), 0.0005, first_look_s
             while not work.is_completed():
                 waited = time.monotonic() - start

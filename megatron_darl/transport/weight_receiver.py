@@ -20,6 +20,7 @@ import json
 import logging
 import socket
 import time
+from functools import partial
 from typing import Callable, Iterable
 
 import torch
@@ -213,10 +214,9 @@ class WeightReceiver:
                 self._store.set(SyncKeys.done(offer, stage, attempt, index, self.worker_id), "1")
             else:
                 buf = torch.empty(header["size"], dtype=torch.uint8, device=group.device)
-                seen: dict[str, float] = {}  # when the leader's next header was first seen
+                after = SyncKeys.bucket(offer, stage, attempt, index + 1)  # the leader's next header
                 group.broadcast_watched(buf, 0, f"{what} bucket {index}",
-                                        given_up=lambda i=index, n=buf.numel(), seen=seen:
-                                        self._abandoned(offer, stage, attempt, i, n, seen))
+                                        given_up=partial(self._abandoned, after, index, buf.numel(), {}))
                 if failure is None:
                     try:
                         self._load_bucket(unpack(entries, buf), f"{what} bucket {index}")
@@ -225,15 +225,15 @@ class WeightReceiver:
                         log.error("%s; taking the remaining buckets without loading them", exc)
             index += 1
 
-    def _abandoned(self, offer: int, stage: int, attempt: int, index: int, nbytes: int,
-                   seen: dict[str, float]) -> str | None:
+    def _abandoned(self, after: str, index: int, nbytes: int, seen: dict[str, float]) -> str | None:
         """Why this member, waiting in bucket ``index``'s broadcast, will not get it, or None. The
-        leader posts the next header only once ``index`` is done on its side: one that says
+        leader posts the next header (key ``after``) only once ``index`` is done on its side
+        (``seen`` keeps when this member first saw it): one that says
         "aborted" means its broadcast failed (another member was killed; ``weight_sync._stream``).
         One that does not, while this member still waits ``RELAY_GRACE_S`` plus the bucket at
         ``RELAY_MIN_BYTES_PER_S`` later, means the member relaying it to us (gloo's broadcast is
         a tree) is gone."""
-        raw = self._store.read(SyncKeys.bucket(offer, stage, attempt, index + 1))
+        raw = self._store.read(after)
         if raw is None:
             return None
         if json.loads(raw).get("aborted"):
