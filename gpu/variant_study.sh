@@ -23,36 +23,26 @@
 # 12 at once 2.3-2.8 s (sync, async) and 3.5 s (darl). So a run-step costs ~0.2-0.3 s of one
 # GPU's share of the host (16 cores a GPU), whatever the packing.
 #
-# The headline study's plan (part 3), on nvidia-h100-x4 (64 cores), carry [".whl"]:
-#   grid: sync (eta 0) + {async, decoupled, darl, darl_once, darl_nomis, darl_nofilter, darl_keta}
-#   x eta {1, 4, 8}: 25 runs a seed; K = 4 for the D-ARL cases, eta + 1 for the queue baselines
-#   and darl_keta (named darl_k2/k5/k9); degenerate groups dropped; lr 3e-5 (sync 0.152 +- 0.002
-#   at 200 steps, M = 4: 155949's record), B 16, G 8, M 4, 100 steps (sync has ~80% of its
-#   200-step gain by step 100), held-out points every 25 steps (512 prompts, greedy + 4 sampled).
-#   Full grid 5 seeds = 125 runs ~ 125 x 100 x 0.25 s / 4 GPUs ~ 13 min of training, plus launch and
-#   evaluation per run and the warm start and staging per call: it does not fit 25 minutes as
-#   10-minute calls of 32 slots at 200 steps (~50 min), hence 100 steps and one seed block a call.
-#   One call = one seed: its 25 runs at once, 7 a GPU (~1.6 s/step: ~160 s of training, ~40 s
-#   launch, ~50 s for 5 held-out points, ~250-300 s a run), after the warm start (a fresh machine
-#   fits it, ~1-2 min, not measured at 57M on H100; a warm one reuses $STATE) and the .whl
-#   install (~20 s): ~400-450 s a call, under the 540 s budget. Each call's block is complete
-#   (every case of its seed, one warm start), so blocks from fresh machines pool as seeds.
-#     call k (k = 0, 1, 2; then 3, 4 if the time is there):
-#       DARL_COMMIT=<sha> bash gpu/variant_study.sh 560 --seeds k --seed-major \
-#         --parallel 25 --runs-per-gpu 7 --steps 100 --eval-every 25 --minibatches 4 --lr 3e-5 \
-#         --budget 480 --reuse-trained
-#     (a machine still warm from the call before may take two seeds: --seeds k,k+1 --parallel 50
-#     --runs-per-gpu 13, ~470 s, no fit.) Save each call's $OUT/partial.json here under its own name
-#     (e.g. benchmarks/results/partials/issue39_call<k>.json); then
-#       python benchmarks/variant_study.py --record-finished --seeds 0,1,2 --steps 100 --eval-every 25 \
-#         --minibatches 4 --lr 3e-5 --partial <call 0's> --more-partials <call 1's> --more-partials <call 2's>
-#       python tools/variant_report.py benchmarks/results/variant_study_<new>.json
-#   3 seeds = 3 calls ~ 22-24 min of the session's device time; 5 seeds need 5 (two sessions).
-# Measured on 2x H200 (32 cores; no 4-GPU host lent, 2026-11-28): seed 0's 22 runs at once
-# (--parallel 22 --runs-per-gpu 11 would balance them; 13 a GPU put 13 and 9) took two calls on
-# one warm machine, 560 s (warm start 57 s, cut at the limit) + 487 s (every run resumed from its
-# checkpoint): ~1,050 s a seed, twice the 4-GPU plan's; each run trained for 140-400 s of its
-# second call and evaluated its 5 held-out points in 80-130 s.
+# The headline study's plan: grid sync (eta 0) + {async, decoupled, darl, darl_once, darl_nomis,
+# darl_nofilter, darl_keta} x eta {1, 4, 8} = 22 runs a seed; K = 4 for the D-ARL cases, eta + 1
+# for the queue baselines and darl_keta; degenerate groups dropped; lr 3e-5, B 16, G 8, M 4,
+# 100 steps, held-out points every 25 steps (512 prompts, greedy + 4 sampled).
+# Plan every call for a fresh machine: a call that follows the one before by more than the idle
+# release (30 s, less than reading a result takes) finds it gone (three calls on 2x H200 on
+# 2026-11-28 each started bare and fitted the warm start again). So each call is a block of
+# whole runs that finishes inside it: one staleness value of one seed (7-8 runs), e.g.
+#   DARL_COMMIT=<sha> bash gpu/variant_study.sh 540 --seeds k --staleness 1 --parallel 8 \
+#     --runs-per-gpu 4 --steps 100 --eval-every 25 --minibatches 4 --lr 3e-5 --budget 400
+#   (then --staleness 4 / 8 with --variants async,decoupled,darl,darl_once,darl_nomis,darl_nofilter,darl_keta)
+# and the blocks pool whatever machine fitted their warm start: each partial file names its own
+# (save each call's $OUT/partial.json under its own name, e.g. benchmarks/results/partials/), then
+#   python benchmarks/variant_study.py --record-finished --seeds 0,1,2 --steps 100 --eval-every 25 \
+#     --minibatches 4 --lr 3e-5 --partial <first> --more-partials <next> ...
+#   python tools/variant_report.py benchmarks/results/variant_study_<new>.json
+# On a 4-GPU host one call takes a whole seed (--parallel 22 --runs-per-gpu 6).
+# Measured on 2x H200 (32 cores): seed 0's 22 runs at once (11-13 a GPU) took ~1,050 s over two
+# calls on one warm machine (warm start 57 s); each run trained for 140-400 s and evaluated its
+# 5 held-out points in 80-130 s. $OUT/progress.txt says how far each run got when a call ends.
 set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"
@@ -88,7 +78,16 @@ if [ "${DARL_MPS:-0}" = 1 ]; then
     echo "[device] DARL_MPS=1 but no nvidia-cuda-mps-control here: runs take turns on the GPUs"
   fi
 fi
-( while sleep 10; do cp -f "$PARTIAL" "$OUT/" 2>/dev/null; done ) &
+# progress.txt: each run's trained steps and scored points, so a call cut at its limit still says
+# how far its runs got (the partial file lists finished runs only)
+progress() {
+  for d in "$STATE"/runs/*/; do
+    [ -d "$d" ] || continue
+    steps=$(grep -c . "$d/metrics.jsonl" 2>/dev/null); points=$(grep -o '"step"' "$d/heldout.json" 2>/dev/null | wc -l)
+    echo "$(basename "$d") steps ${steps:-0} scored_points $points"
+  done > "$OUT/progress.txt.tmp" && mv -f "$OUT/progress.txt.tmp" "$OUT/progress.txt"
+}
+( while sleep 10; do cp -f "$PARTIAL" "$OUT/" 2>/dev/null; progress; done ) &
 COPIER=$!
 timeout --kill-after=15 "$LIMIT" python3 benchmarks/variant_study.py --partial "$PARTIAL" \
   --out-dir "$OUT" --warmstart-cache-dir "$STATE/warmstart" --run-root "$STATE/runs" "$@" \
@@ -96,5 +95,6 @@ timeout --kill-after=15 "$LIMIT" python3 benchmarks/variant_study.py --partial "
 rc=${PIPESTATUS[0]}
 kill "$COPIER" 2>/dev/null
 cp -f "$PARTIAL" "$OUT/" 2>/dev/null
+progress
 echo "[device] variant_study exit $rc (3: runs left for the next call; 124: killed at ${LIMIT}s)"
 exit 0
