@@ -83,7 +83,9 @@ fi
 progress() {
   for d in "$STATE"/runs/*/; do
     [ -d "$d" ] || continue
-    steps=$(grep -c . "$d/metrics.jsonl" 2>/dev/null); points=$(grep -o '"step"' "$d/heldout.json" 2>/dev/null | wc -l)
+    steps=$(grep -c . "$d/metrics.jsonl" 2>/dev/null)
+    points=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["points"]))' \
+      "$d/heldout.json" 2>/dev/null || echo 0)
     echo "$(basename "$d") steps ${steps:-0} scored_points $points"
   done > "$OUT/progress.txt.tmp" && mv -f "$OUT/progress.txt.tmp" "$OUT/progress.txt"
 }
