@@ -28,9 +28,9 @@
 # for the queue baselines and darl_keta; degenerate groups dropped; lr 3e-5, B 16, G 8, M 4,
 # 100 steps, held-out points every 25 steps (512 prompts, greedy + 4 sampled).
 # Plan every call for a fresh machine: a call that follows the one before by more than the idle
-# release (30 s, less than reading a result takes) finds it gone (three calls on 2x H200 on
-# 2026-11-28 each started bare and fitted the warm start again). So each call is a block of
-# whole runs that finishes inside it: one staleness value of one seed (7-8 runs), e.g.
+# release (30 s) finds it gone and fits the warm start again; a call sent the moment the last
+# one returned, with nothing read in between, found it warm (2x H200, 2026-11-28). So each call
+# is a block of whole runs that finishes inside it: one staleness value of one seed (7-8 runs), e.g.
 #   DARL_COMMIT=<sha> bash gpu/variant_study.sh 540 --seeds k --staleness 1 --parallel 8 \
 #     --runs-per-gpu 4 --steps 100 --eval-every 25 --minibatches 4 --lr 3e-5 --budget 400
 #   (then --staleness 4 / 8 with --variants async,decoupled,darl,darl_once,darl_nomis,darl_nofilter,darl_keta)
@@ -40,9 +40,11 @@
 #     --minibatches 4 --lr 3e-5 --partial <first> --more-partials <next> ...
 #   python tools/variant_report.py benchmarks/results/variant_study_<new>.json
 # On a 4-GPU host one call takes a whole seed (--parallel 22 --runs-per-gpu 6).
-# Measured on 2x H200 (32 cores): seed 0's 22 runs at once (11-13 a GPU) took ~1,050 s over two
-# calls on one warm machine (warm start 57 s); each run trained for 140-400 s and evaluated its
-# 5 held-out points in 80-130 s. $OUT/progress.txt says how far each run got when a call ends.
+# Measured on 2x H200 (32 cores, d7d9065): a block of 7-8 runs (4 a GPU) takes 448-481 s on a
+# fresh machine (wheels, warm start 57 s) and 383 s on a warm one; each run starts in ~50 s,
+# trains its 100 steps in 160-265 s (1.6-2.6 s a step) and scores its 5 points in 45-62 s.
+# 22 runs at once (11 a GPU) did not finish in 540 s. $OUT/progress.txt says how far each run
+# got when a call ends.
 set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"
@@ -61,7 +63,8 @@ export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false DAR
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 # DARL_MPS=1: the runs sharing a GPU (7-11 trainers and as many engines) become clients of one
 # CUDA MPS server, so their kernels run side by side instead of in turns of the GPU's time
-# slices. It changes no setting of the card (compute mode stays as found) and the server quits
+# slices. Measured at 4 runs a GPU (2x H200): no gain (mean training time 205 s with MPS for
+# the eta 8 block, 200 s without for eta 4), so it is off by default. It changes no setting of the card (compute mode stays as found) and the server quits
 # when this script exits. The runs' settings are unchanged (a colocated engine's CUDA IPC works
 # between MPS clients on Volta and later), so their seeds pool with those run without it.
 if [ "${DARL_MPS:-0}" = 1 ]; then
