@@ -28,7 +28,7 @@ setup(
         "pyyaml>=6",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100"],
         "vllm": ["vllm>=0.20,<0.27"],  # the releases that pin torch 2.11 (our GPU torch)
         "te": ["transformer_engine[pytorch]>=2.4"],
         "wandb": ["wandb>=0.18"],

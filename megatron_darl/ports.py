@@ -82,24 +82,47 @@ def free_port(host: str = "127.0.0.1") -> int:
     checked bindable now, and never handed out twice by this process. Where the ephemeral range
     starts too low to leave room, it falls back to port 0.
     """
+    return free_port_block(1, host)
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """The first of ``count`` consecutive ports, each one as :func:`free_port` hands it out
+    (daemons that number their ports from a base, such as emulated Slurm nodes, need a range).
+    """
     low = _ephemeral_low()
     first = max(1024, low - 12000)
     rng = random.SystemRandom()
-    for _ in range(200 if low - first >= 1000 else 0):
-        port = rng.randrange(first, low)
-        if port in _HANDED_OUT or not _reserve(port):
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                _release(port)
-                continue
-        _HANDED_OUT.add(port)
-        return port
+    for _ in range(200 if low - first >= 1000 + count else 0):
+        base = rng.randrange(first, low - count + 1)
+        if _take(range(base, base + count), host):
+            return base
+    if count > 1:
+        raise RuntimeError(f"no {count} consecutive free ports below the ephemeral range "
+                           f"({first}-{low - 1}) after 200 draws")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         port = int(sock.getsockname()[1])
     _reserve(port)
     _HANDED_OUT.add(port)
     return port
+
+
+def _take(ports: range, host: str) -> bool:
+    """Reserve every port of ``ports`` and check each bindable on ``host``; on any refusal give
+    back what was reserved and return False."""
+    taken: list[int] = []
+    for port in ports:
+        if port in _HANDED_OUT or not _reserve(port):
+            break
+        taken.append(port)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                break
+    else:
+        _HANDED_OUT.update(ports)
+        return True
+    for port in taken:
+        _release(port)
+    return False

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from megatron_darl.ports import free_port, free_port_block
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sacct", "scontrol")
 
@@ -23,39 +24,6 @@ def missing_binaries() -> list[str]:
     """Slurm/munge programs that are not installed (empty when the cluster can start)."""
     search = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     return [b for b in SLURM_BINARIES if shutil.which(b, path=search) is None]
-
-
-def _free_ports(count: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _free_port_block(count: int, tries: int = 200) -> int:
-    """First port of ``count`` consecutive free ports (emulated slurmd nodes need a range)."""
-    for _ in range(tries):
-        base = _free_ports(1)[0]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("0.0.0.0", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {count} consecutive free ports found")
 
 
 # Slurm numbers a step's GPUs from 0 on every node (a real node's devices); emulated node<i> of a
@@ -137,8 +105,8 @@ class LocalSlurm:
             time.sleep(0.1)
 
     def _write_conf(self) -> None:
-        (ctld_port,) = _free_ports(1)
-        base = _free_port_block(self.nodes)
+        ctld_port = free_port("0.0.0.0")
+        base = free_port_block(self.nodes, "0.0.0.0")  # slurmd of node<i> listens on base + i - 1
         r = self.root
         lines = [
             "ClusterName=darltest",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_darl.ports import _ephemeral_low, free_port
+from megatron_darl.ports import _ephemeral_low, free_port, free_port_block
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,3 +59,22 @@ def test_a_port_a_live_process_drew_is_never_drawn_by_another_and_is_free_once_i
                       json.dumps(sorted(held)))
     assert _printed_ports(checker) == held
     assert checker.wait(timeout=60) == 0
+
+
+def test_a_block_is_consecutive_bindable_below_the_ephemeral_range_and_reserved_against_others():
+    """Emulated Slurm nodes listen on a range of ports: every port of a block must be free,
+    outside the ephemeral range, and held against other processes for this process's life."""
+    low = _ephemeral_low()
+    if low - max(1024, low - 12000) < 1000:
+        pytest.skip("the ephemeral range starts too low to leave room for a block")
+    base = free_port_block(8, "0.0.0.0")
+    block = list(range(base, base + 8))
+    assert max(1024, low - 12000) <= base and block[-1] < low
+    for port in block:
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", port))
+    assert not set(block) & {free_port() for _ in range(200)}
+    checker = _python("import json, sys\nfrom megatron_darl.ports import _reserve\n"
+                      "print(json.dumps([p for p in json.loads(sys.argv[1]) if _reserve(p)]))",
+                      json.dumps(block))
+    assert _printed_ports(checker) == set()
