@@ -6,9 +6,10 @@
 #   extra arguments are passed to one serial pytest (default: every CPU tier, below)
 # With no arguments the unit and distributed tiers run on two workers: their tests are
 # CPU-bound processes that use about one core each (a CI machine has two), which cuts the
-# suite by about 3 minutes; a file's tests stay on one worker (its module fixtures run once). The slurm and fault tiers stay serial: the slurm tier starts one
-# local cluster per session, and the fault tier asserts deadlines ("named within the heartbeat
-# timeout") that a doubly loaded machine could blur, and writes one results file per session
+# suite by about 3 minutes; a file's tests stay on one worker (its module fixtures run once).
+# The slurm and fault tiers stay serial: the slurm tier starts one local cluster per session,
+# and the fault tier asserts deadlines ("named within the heartbeat timeout") that a doubly
+# loaded machine could blur, and writes one results file per session
 # (tools/reliability_report.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
