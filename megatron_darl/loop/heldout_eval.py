@@ -13,7 +13,10 @@ already logged. The protocol, over the control store:
 - the worker ``eval.worker`` (``HeldoutServer``, the worker's ``on_version`` hook): whenever its
   engine has loaded a version (the initial one included), if that version is requested it scores
   the held-out sets with its engine and posts ``darl/eval/result/<v>`` (JSON; an evaluation that
-  failed posts its error, and the worker goes on generating).
+  failed posts its error, and the worker goes on generating). A worker may go past a version
+  without loading it (it came to a sync late and the next offer brought a newer one): it then
+  posts each requested version it went past as missed, so the trainer names it at once instead
+  of waiting ``eval.timeout_s`` at the end for a point that cannot come.
 
 An evaluation is not training: its generations go through ``engine.generate`` directly, never
 through the staleness gate or the sample channel, so they are neither counted nor trained, and
@@ -103,6 +106,8 @@ class HeldoutServer:
         self._connect, self._store = connect, None
         self.seconds = 0.0  # wall seconds spent evaluating
         self.scored: list[int] = []  # versions this process scored
+        self.missed: list[int] = []  # requested versions the engine went past without loading
+        self._last: int | None = None  # the version of the last call (None: none yet)
 
     def __call__(self, version: int) -> None:
         """At a safe point with ``version`` loaded: score it when the trainer asked for it."""
@@ -110,6 +115,10 @@ class HeldoutServer:
             return
         if self._store is None:
             self._store = self._connect()
+        last, self._last = self._last, version
+        if last is not None:  # a resumed worker's first version leaves nothing behind it
+            for skipped in range(last + 1, version):
+                self._post_missed(skipped, last, version)
         if self._store.read(request_key(version)) is None or self._store.check([result_key(version)]):
             return
         start = time.monotonic()
@@ -124,6 +133,16 @@ class HeldoutServer:
             self.scored.append(version)
             log.info("eval: version %d scored in %.1f s: %s", version, point["seconds"],
                      ", ".join(f"{n} avg@{r['n']} {r['avg_at_n']:.3f}" for n, r in point["results"].items()))
+
+    def _post_missed(self, version: int, before: int, after: int) -> None:
+        """Post ``version`` as not scored when it was requested and has no result yet."""
+        if self._store.read(request_key(version)) is None or self._store.check([result_key(version)]):
+            return
+        why = (f"rollout worker {self.cfg.worker} went from version {before} to {after} without loading it "
+               "(it joined that weight sync late)")
+        self._store.set(result_key(version), json.dumps({"version": version, "error": why}))
+        self.missed.append(version)
+        log.warning("eval: version %d not scored: %s", version, why)
 
     def close(self) -> None:
         if self._store is not None:

@@ -5,6 +5,7 @@ logger's records (kept across a resume, never counted as training steps)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -14,7 +15,7 @@ from megatron_darl.data.config import DataConfig
 from megatron_darl.data.loaders import load_dataset
 from megatron_darl.eval.config import PeriodicEvalConfig
 from megatron_darl.eval.periodic import heldout_sets, is_due, planned, point_metrics
-from megatron_darl.loop.heldout_eval import HeldoutRequests, request_key, result_key
+from megatron_darl.loop.heldout_eval import HeldoutRequests, HeldoutServer, request_key, result_key
 
 
 @pytest.mark.parametrize("override, message", [
@@ -120,6 +121,34 @@ def test_requests_skip_logged_versions_and_time_out_in_one_line(caplog):
     assert [p["version"] for p in requests.poll()] == [0]
     assert requests.drain(wait=True) == [] and not requests.pending  # 5 never came: deadline
     assert "no result for version 5" in caplog.text and "version 4 not scored: RuntimeError" in caplog.text
+
+
+def test_a_requested_version_the_worker_went_past_is_named_at_once_not_waited_for(caplog, monkeypatch):
+    """A worker that comes to a weight sync late loads the next offer's newer version: a due
+    version it went past must reach the trainer as not scored right away, so the run's end does
+    not wait eval.timeout_s (600 s) for a point that cannot come."""
+    import megatron_darl.loop.heldout_eval as heldout_eval
+
+    store = _Store()
+    cfg = PeriodicEvalConfig(benchmarks=["heldout"], every_n_steps=2, timeout_s=600)
+    requests = HeldoutRequests(cfg, steps=4, store=store)
+    scored = []
+    monkeypatch.setattr(heldout_eval, "score_version", lambda v, *a: scored.append(v) or {
+        "version": v, "seconds": 0.1, "results": {}})
+    server = HeldoutServer(cfg, {"builtin": ["p"]}, None, None, None, connect=lambda: store)
+    for version in (0, 1, 2, 3, 4):
+        requests.request(version)
+    for loaded in (0, 1, 3, 4):  # the engine went from version 1 to 3
+        server(loaded)
+    assert scored == [0, 4] and server.missed == [2]
+    start = time.monotonic()
+    points = requests.drain(wait=True)
+    assert time.monotonic() - start < 1.0 and [p["version"] for p in points] == [0, 4]
+    assert "version 2 not scored: rollout worker 0 went from version 1 to 3 without loading it" in caplog.text
+    # a resumed worker's first version leaves nothing behind it; an answered version is kept
+    later = HeldoutServer(cfg, {"builtin": ["p"]}, None, None, None, connect=lambda: store)
+    later(3)
+    assert later.missed == [] and json.loads(store.read(result_key(2)))["version"] == 2
 
 
 def test_logger_keeps_points_apart_from_steps_and_across_a_resume(tmp_path):
