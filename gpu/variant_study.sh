@@ -65,8 +65,9 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 # CUDA MPS server, so their kernels run side by side instead of in turns of the GPU's time
 # slices. Measured at 4 runs a GPU (2x H200): no gain (mean training time 205 s with MPS for
 # the eta 8 block, 200 s without for eta 4), so it is off by default. It changes no setting
-# of the card (compute mode stays as found) and the server quits when this script exits. The runs' settings are unchanged (a colocated engine's CUDA IPC works
-# between MPS clients on Volta and later), so their seeds pool with those run without it.
+# of the card (compute mode stays as found) and the server quits when this script exits. The
+# runs' settings are unchanged (a colocated engine's CUDA IPC works between MPS clients on Volta
+# and later), so their seeds pool with those run without it.
 if [ "${DARL_MPS:-0}" = 1 ]; then
   if command -v nvidia-cuda-mps-control >/dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/darl_mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/darl_mps/log

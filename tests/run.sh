@@ -34,7 +34,8 @@ if [[ " $* " == *" tests/slurm"* ]] && ! PATH="$PATH:/usr/sbin" command -v slurm
 fi
 if [ "$tiers" = 1 ]; then
   rc=0
-  python -m pytest -m "not gpu and not vllm" -n "${DARL_TEST_WORKERS:-2}" --dist loadfile tests/unit tests/distributed || rc=$?
+  python -m pytest -m "not gpu and not vllm" -n "${DARL_TEST_WORKERS:-2}" --dist loadfile \
+    tests/unit tests/distributed || rc=$?
   python -m pytest -m "not gpu and not vllm" "$@" || rc=$?
   exit "$rc"
 fi

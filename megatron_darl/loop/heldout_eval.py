@@ -119,7 +119,7 @@ class HeldoutServer:
         if last is not None:  # a resumed worker's first version leaves nothing behind it
             for skipped in range(last + 1, version):
                 self._post_missed(skipped, last, version)
-        if self._store.read(request_key(version)) is None or self._store.check([result_key(version)]):
+        if not self._unanswered(version):
             return
         start = time.monotonic()
         try:
@@ -134,9 +134,13 @@ class HeldoutServer:
             log.info("eval: version %d scored in %.1f s: %s", version, point["seconds"],
                      ", ".join(f"{n} avg@{r['n']} {r['avg_at_n']:.3f}" for n, r in point["results"].items()))
 
+    def _unanswered(self, version: int) -> bool:
+        """The trainer asked for ``version`` and no result is posted yet."""
+        return self._store.read(request_key(version)) is not None and not self._store.check([result_key(version)])
+
     def _post_missed(self, version: int, before: int, after: int) -> None:
         """Post ``version`` as not scored when it was requested and has no result yet."""
-        if self._store.read(request_key(version)) is None or self._store.check([result_key(version)]):
+        if not self._unanswered(version):
             return
         why = (f"rollout worker {self.cfg.worker} went from version {before} to {after} without loading it "
                "(it joined that weight sync late)")
