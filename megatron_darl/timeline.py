@@ -7,7 +7,8 @@ Slurm job steps on a cluster), each with its own log. So each process appends it
 monotonic clock), and trainer rank 0 reads them all after the first trained step and after the
 first checkpoint, logs one line of phases and writes ``<run_dir>/launch_timeline.json``
 (``{"t0": unix seconds, "phases": {name: seconds}, "events": {...}}``), which the benchmarks copy
-into their records.
+into their records. A phase whose end a run never reached (the checkpoint load of a fresh run)
+is left out, not zero.
 
 A process records through the module-level ``mark(event)``, like ``logging``: the entry point
 (``launch/``) calls ``start(run_dir, who)`` once, and library code marks milestones without being
@@ -37,7 +38,8 @@ PHASES = (
     ("trainer_imports", "trainer0:process_start", "trainer0:imports"),  # torch, Megatron
     ("model_load", "trainer0:parallel", "trainer0:weights_loaded"),  # build, HF load, conversion
     ("trainer_ready", "t0", "trainer0:trainer_ready"),
-    ("trainer_compile", "trainer0:trainer_ready", "trainer0:warmed_up"),  # warm-up passes
+    ("checkpoint_load", "trainer0:trainer_ready", "trainer0:checkpoint_loaded"),  # resumed runs only
+    ("trainer_compile", "trainer0:warm_up_start", "trainer0:warmed_up"),  # warm-up passes only
     ("engine_start", "rollout*:process_start", "rollout*:engine_ready"),  # per worker, slowest
     ("engine_ready", "t0", "rollout*:engine_ready"),
     ("first_weights", "t0", "rollout*:first_weights"),  # every worker holds valid weights
@@ -181,7 +183,8 @@ def describe(p: Mapping[str, float]) -> str:
     """One line of the phases a user reads first."""
     parts = [f"{label} {p[key]:.1f} s" for label, key in (
         ("processes up", "processes_started_seconds"), ("model load", "model_load_seconds"),
-        ("trainer ready", "trainer_ready_seconds"), ("trainer compile", "trainer_compile_seconds"),
+        ("trainer ready", "trainer_ready_seconds"), ("checkpoint load", "checkpoint_load_seconds"),
+        ("trainer compile", "trainer_compile_seconds"),
         ("engine start", "engine_start_seconds"), ("first weights", "first_weights_seconds"),
         ("first groups", "first_groups_seconds"), ("first step", "first_step_seconds"),
         ("first checkpoint", "first_checkpoint_seconds")) if key in p]

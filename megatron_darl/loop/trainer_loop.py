@@ -72,11 +72,22 @@ class RunAborted(RuntimeError):
 
 class _StopFlag:
     """SIGTERM/SIGINT/SIGUSR1 set a flag; the loop checkpoints at the end of the current step.
-    SIGUSR1 is what ``sbatch --signal=USR1@<seconds>`` sends ahead of a time limit or preemption."""
+    SIGUSR1 is what ``sbatch --signal=USR1@<seconds>`` sends ahead of a time limit or preemption.
+
+    ``arm`` installs the handlers again, and the loop arms at every step boundary: a native
+    library in the process can take a signal over below Python, which then never sees it. On a
+    GPU host, a trainer's first launch on a fresh compile cache had SIGUSR1 caught by another
+    handler (with SIGHUP, SIGQUIT, SIGUSR2, SIGXCPU, SIGXFSZ and SIGSYS, a set Python never
+    installs; LLVM, inside Triton, registers such a set) and trained on through Slurm's USR1."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        self.arm()
+
+    def arm(self) -> None:
+        for s in self.SIGNALS:
             signal.signal(s, self._set)
 
     def _set(self, signum: int, frame) -> None:  # noqa: ARG002 (signal API)
@@ -140,6 +151,7 @@ class TrainerLoop:
             step = int(extra["step"])
             self.backlog.surplus = max(0, self.base_received - step * self.cfg.algorithm.groups_per_step)
         step = self.runner.link.share(step)
+        timeline.mark("checkpoint_loaded")  # its own phase: the load is no trainer compile
         log.info("resumed from %s at step %d, version %d", path, step, resumed.version)
         return step
 
@@ -199,6 +211,7 @@ class TrainerLoop:
         first wait (``PolicyTrainer.warm_up``): it overlaps the engines' start instead of
         sitting in the first step."""
         new = self.cfg.sampling.max_new_tokens
+        timeline.mark("warm_up_start")  # after the resume and the snapshots: the compile alone
         seconds = self.trainer.warm_up([new + 256, new // 2 + 64], **self.runner.train_kwargs)
         timeline.mark("warmed_up")
         if seconds and self.ps.rank == 0:
@@ -222,6 +235,7 @@ class TrainerLoop:
         verdict on a checkpoint before ``step`` (``_save_due``: every rank saves, or none), and
         whether any rank's signal has a deadline (``_stop_deadline``: SIGTERM or SIGINT, which
         Slurm follows with SIGKILL after ``KillWait``; SIGUSR1 has none)."""
+        self.stop.arm()  # a kernel compiled in the last step may have taken the signals over
         due = self.checkpoints.due(step, self.start_step)
         signum = self.stop.signum  # read once: a signal between two reads would stop without its deadline
         deadline = signum in (signal.SIGTERM, signal.SIGINT)

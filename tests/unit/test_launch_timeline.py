@@ -25,7 +25,8 @@ def test_phases_take_the_slowest_worker_and_skip_what_was_not_reached(tmp_path):
     write(folder, "launch", {"process_start": 100.0, "launch": 100.0})
     write(folder, "trainer0", {"process_start": 103.0, "imports": 110.0, "parallel": 111.0,
                                "model_built": 113.0, "weights_loaded": 120.0, "trainer_ready": 125.0,
-                               "warmed_up": 150.0, "first_groups": 190.0, "first_step": 200.0})
+                               "warm_up_start": 125.0, "warmed_up": 150.0, "first_groups": 190.0,
+                               "first_step": 200.0})
     write(folder, "rollout0", {"process_start": 104.0, "engine_ready": 160.0, "first_weights": 160.0})
     write(folder, "rollout1", {"process_start": 105.0, "engine_ready": 175.0, "first_weights": 175.0})
     t0, p = timeline.phases(timeline.read(tmp_path))
@@ -37,7 +38,22 @@ def test_phases_take_the_slowest_worker_and_skip_what_was_not_reached(tmp_path):
     assert p["first_groups_seconds"] == 90.0 and p["first_step_seconds"] == 10.0
     assert p["launch_to_first_step_seconds"] == 100.0
     assert "first_checkpoint_seconds" not in p  # not reached: left out, not zero
+    assert "checkpoint_load_seconds" not in p  # a fresh run loads no checkpoint
+    assert "checkpoint load" not in timeline.describe(p)
     assert "first trained step done 100.0 s after launch" in timeline.describe(p)
+
+
+def test_a_resumed_runs_checkpoint_load_is_its_own_phase_not_compile(tmp_path):
+    write(tmp_path / "timeline", "launch", {"process_start": 100.0, "launch": 100.0})
+    write(tmp_path / "timeline", "trainer0", {"process_start": 103.0, "trainer_ready": 125.0,
+                                              "checkpoint_loaded": 187.0, "warm_up_start": 188.0,
+                                              "warmed_up": 195.0, "first_step": 260.0})
+    _, p = timeline.phases(timeline.read(tmp_path))
+    assert p["checkpoint_load_seconds"] == 62.0
+    assert p["trainer_compile_seconds"] == 7.0  # the warm-up passes alone, not the load before them
+    line = timeline.describe(p)
+    assert "checkpoint load 62.0 s" in line and "trainer compile 7.0 s" in line
+    assert line.index("trainer ready") < line.index("checkpoint load") < line.index("trainer compile")
 
 
 def test_without_a_launcher_t0_is_the_first_process_start(tmp_path):
