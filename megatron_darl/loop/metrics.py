@@ -190,6 +190,7 @@ class MetricsLogger:
         self._wall_offset = float(last.get("wall_seconds", 0.0))
         self._generated = float(last.get("samples_generated", 0.0))
         self._trained = float(last.get("samples_trained", 0.0))
+        self._idle_steps = 0  # steps of this launch that trained no sample (``_say_if_idle``)
         self._start = time.monotonic()
         self._file: LineAppender | None = None  # opened by the first record: no step, no history changed
         self._unopened: list[str] = []  # records before the file could be opened (a full disk)
@@ -246,6 +247,7 @@ class MetricsLogger:
         """Write step ``step``'s metrics everywhere; returns the record as written."""
         self._generated += float(metrics.get("samples_received", 0.0)) + float(metrics.get("samples_degenerate", 0.0))
         self._trained += float(metrics.get("samples_selected", 0.0))
+        self._say_if_idle(step, metrics)
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()},
                   "samples_generated": self._generated, "samples_trained": self._trained,
                   "wall_seconds": self._wall_offset + time.monotonic() - self._start}
@@ -261,6 +263,23 @@ class MetricsLogger:
         except OSError:  # the bar's stream on a full disk: the log line says it (metric_writers)
             pass
         return record
+
+    def _say_if_idle(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Name a step that trained no sample (the first, then every 100th): at a policy that
+        solves none of its prompts every group's samples get one reward, the spec leaves such
+        groups out (``replay.drop_degenerate``), and the run would go on with unchanged weights
+        and nothing in its log to say so."""
+        if "samples_selected" not in metrics or float(metrics["samples_selected"]) > 0:
+            return
+        self._idle_steps += 1
+        if self._idle_steps == 1 or self._idle_steps % 100 == 0:
+            log.warning(
+                "step %d trained no sample (%d such step(s) in this launch): none of the %d groups in "
+                "the buffer could be selected (mean reward %.3f); groups whose samples all got the same "
+                "reward are left out (replay.drop_degenerate) and replay.max_replays caps reuse, so the "
+                "task may be out of the policy's reach or the reward function may return one value",
+                step, self._idle_steps, int(float(metrics.get("buffer_groups", 0.0))),
+                float(metrics.get("reward_mean", 0.0)))
 
     def log_heldout(self, point: Mapping[str, Any]) -> dict[str, Any]:
         """Write one held-out point (``loop.heldout_eval``) as a record of its own: ``kind``

@@ -97,3 +97,19 @@ def test_nonfinite_values_become_null(tmp_path):
     logger.close()
     assert rec["loss"] is None
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] is None
+
+
+def test_a_step_that_trained_no_sample_is_named_once_then_every_hundredth(tmp_path, caplog):
+    cfg = LoopConfig(steps=250, run_dir=str(tmp_path), progress_bar=False, tensorboard=False, plot=False)
+    logger = MetricsLogger(cfg)
+    idle = {"samples_selected": 0.0, "buffer_groups": 16.0, "reward_mean": 0.0, "groups_received": 8.0}
+    with caplog.at_level("WARNING", logger="megatron_darl.loop.metrics"):
+        logger.log(0, {**idle, "samples_selected": 64.0})  # a step that trained
+        for step in range(1, 200):  # 199 idle steps: the 1st and the 100th are named
+            logger.log(step, idle)
+    logger.close()
+    said = [r.getMessage() for r in caplog.records if "trained no sample" in r.getMessage()]
+    assert len(said) == 2
+    assert said[0].startswith("step 1 trained no sample (1 such step(s)") and "16 groups in the buffer" in said[0]
+    assert "replay.drop_degenerate" in said[0] and "mean reward 0.000" in said[0]
+    assert said[1].startswith("step 100 trained no sample (100 such step(s)")
