@@ -119,7 +119,7 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     result["submit_to_first_step_s"] = time.time() - t0
     wait_for(lambda: len(metrics(run)) >= a.cancel_at or _ended(cluster, first), a.timeout,
              f"{a.cancel_at} logged steps")
-    (out / "processes_before_stop.txt").write_text(process_table())  # is the stop signal caught?
+    (out / "processes_before_stop.txt").write_text(process_table() + gpu_memory_table())  # signal caught? GPU room?
     t_cancel = time.time()
     result["cancel_s"] = t_cancel - t0
     cluster.run(["scancel", *(["--batch", "--signal=USR1"] if a.stop == "graceful" else []), str(first)])
@@ -170,6 +170,18 @@ def process_table() -> str:
         rows.append(f"{proc.name} {ppid} {state} {comm!r} {status.get('SigBlk', '?').strip()} "
                     f"{status.get('SigIgn', '?').strip()} {status.get('SigCgt', '?').strip()} {cmd}")
     return "\n".join(rows) + "\n"
+
+
+def gpu_memory_table() -> str:
+    """Each process's memory on each GPU (``nvidia-smi``), "" without one: whether the trainer's
+    parameter snapshots found room is judged against what other processes hold on its device."""
+    if not shutil.which("nvidia-smi"):
+        return ""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60).stdout
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.used,memory.total", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=60).stdout
+    return f"\n# GPUs (index, uuid, used, total)\n{gpus}# compute processes (pid, gpu uuid, used)\n{out}"
 
 
 def keep_logs(run: Path, out: Path) -> list[Path]:
