@@ -99,6 +99,12 @@ def trained_steps(log: Path) -> list[int]:
     return lines or bar
 
 
+def script_of(model: str) -> str:
+    """The sbatch script a case submits: the model's D-ARL script (``tiny``, the CPU check: the
+    4B one, with ``MODEL=tiny`` in its environment)."""
+    return f"slurm/{'qwen3_4b' if model == 'tiny' else model}_darl.sbatch"
+
+
 def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     policy = build_policy(a.model)
     run = WORK / "run_headline"
@@ -110,7 +116,7 @@ def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     env = job_env(cluster, **knobs)
     opts = [f"--nodes={a.nodes}", f"--gpus-per-node={cluster.gpus}", "--time=30", "--exclusive"]
     overrides = [*a.overrides, "loop.checkpoint_interval=0"]
-    script = f"slurm/{'qwen3_4b' if a.model == 'tiny' else a.model}_darl.sbatch"
+    script = script_of(a.model)
     t0 = time.time()
     first = sbatch(cluster, script, [*overrides, f"loop.steps={a.steps}"], env,
                    [*opts, f"--output={out}/job1.out"])
@@ -204,16 +210,23 @@ def scaling(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     study = WORK / "study"
     shutil.rmtree(study, ignore_errors=True)
     env = job_env(cluster, MODEL_PATH=str(policy), DATA="builtin", ROLLOUT=a.engine, DARL_PYTHON=sys.executable,
-                  NODES_LIST=a.nodes_list, SCRIPT=f"slurm/{a.model}_darl.sbatch", STUDY_DIR=str(study),
+                  NODES_LIST=a.nodes_list, SCRIPT=script_of(a.model), STUDY_DIR=str(study),
                   SBATCH_ARGS=f"--gpus-per-node={cluster.gpus} --time=30", WAIT="1",
-                  WAIT_TIMEOUT_S=str(int(a.timeout)))
+                  WAIT_TIMEOUT_S=str(int(a.timeout)), **({"MODEL": "tiny"} if a.model == "tiny" else {}))
     res = subprocess.run(["bash", "slurm/scaling_study.sh", *a.overrides, f"loop.steps={a.steps}"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout + 60)
     (out / "scaling_study.out").write_text(res.stdout[-20000:] + res.stderr[-5000:])
     for f in (study / "report").glob("*"):
         if f.is_file():
             shutil.copy(f, out / f"report_{f.name}")
-    return {"rc": res.returncode, "nodes_list": a.nodes_list, "ok": res.returncode == 0}
+    try:  # the report's rows (samples/s, step seconds by node count): the study's result
+        rows = json.loads((study / "report" / "scaling.json").read_text())
+    except (OSError, ValueError):
+        rows = []
+    wanted = sorted(int(n) for n in a.nodes_list.split())
+    got = sorted(int(r.get("nodes", -1)) for r in rows) if isinstance(rows, list) else []
+    return {"rc": res.returncode, "nodes_list": a.nodes_list, "rows": rows,
+            "ok": res.returncode == 0 and got == wanted}
 
 
 def main(argv: list[str] | None = None) -> int:
