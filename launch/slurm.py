@@ -214,6 +214,7 @@ def write_plan(path: Path, values: Mapping[str, object]) -> Path:
 
 def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, log=print) -> dict:
     """Knobs -> layout -> (conversion) -> resolved run_config.yaml -> the launcher's plan file."""
+    timeline.note("main_start")  # the launcher's imports are done (the launch timeline's phases)
     knobs = Knobs.from_env(env)
     check_user_overrides(user)
     if knobs.model != "tiny" and not knobs.model_path and not any(o.startswith("model.path=") for o in user):
@@ -234,6 +235,7 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
     from launch.validate import check_inputs
 
     cfg = load_run_config(compose_overrides(knobs, layout, user, env, init_ckpt))
+    timeline.note("config_loaded")
     preflight(cfg)
     run_dir = Path(cfg.loop.run_dir)
     # slurm/launch.sh holds the lock file open for the job (LOCK_FD_ENV); locked here, it stays
@@ -245,6 +247,7 @@ def prepare_job(env: Mapping[str, str], user: Sequence[str], plan_path: Path, lo
         check_changes(cfg, state, say=log)
         check_inputs(cfg, max_positions(cfg), say=log)
         config_path = commit_config(cfg, state, say=log)
+        timeline.note("inputs_checked")
         timeline.begin(run_dir)  # this job's launch timeline (megatron_darl/timeline.py)
     except BaseException:
         lock.release()  # the job ends here

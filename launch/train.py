@@ -199,6 +199,7 @@ def _load(args: list[str]) -> RunConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    timeline.note("main_start")  # the launcher's imports are done (the launch timeline's phases)
     try:
         cli = parse_command_line(sys.argv[1:] if argv is None else argv)
     except ValueError as err:
@@ -210,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # before the config: composing it can already say why (cluster.split=auto: launch.split)
     setup_logging("launch.train", verbose="loop.verbose=true" in cli.overrides)
     cfg = _load(cli.overrides)
+    timeline.note("config_loaded")
     if cli.print_config:
         from omegaconf import OmegaConf
 
@@ -226,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with lock:
         try:
             cfg, config_path = settle(cfg)
+            timeline.note("inputs_checked")
         except ValueError as err:
             print(f"launch.train: {err}", file=sys.stderr)
             return ExitCode.USAGE

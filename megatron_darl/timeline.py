@@ -35,6 +35,9 @@ SUMMARY = "launch_timeline.json"
 # latest of all matching processes (the run waits for the slowest), "t0" is the launch.
 PHASES = (
     ("processes_started", "t0", "*:process_start"),  # launcher: config, checks, spawning
+    ("launcher_imports", "t0", "launch:main_start"),  # the launcher's own imports
+    ("launcher_config", "launch:main_start", "launch:config_loaded"),  # Hydra compose, the split
+    ("launcher_checks", "launch:config_loaded", "launch:inputs_checked"),  # preflight, run dir, prompts
     ("trainer_imports", "trainer0:process_start", "trainer0:imports"),  # torch, Megatron
     ("model_load", "trainer0:parallel", "trainer0:weights_loaded"),  # build, HF load, conversion
     ("trainer_ready", "t0", "trainer0:trainer_ready"),
@@ -57,6 +60,7 @@ class _Recorder:
 
 
 _recorder: _Recorder | None = None
+_noted: dict[str, float] = {}  # events a launcher reached before ``begin`` (``note``)
 
 
 def process_start_time() -> float:
@@ -79,6 +83,15 @@ def begin(run_dir: str | Path, who: str = "launch") -> None:
     (Path(run_dir) / SUMMARY).unlink(missing_ok=True)
     start(run_dir, who)
     mark("launch", process_start_time())
+    for event, at in _noted.items():
+        mark(event, at)
+    _noted.clear()
+
+
+def note(event: str) -> None:
+    """This launcher reached ``event`` now, before its launch's timeline exists (``begin`` comes
+    once the run dir is settled, and clears the last launch's files): ``begin`` marks it."""
+    _noted.setdefault(event, time.time())
 
 
 def start(run_dir: str | Path, who: str) -> None:

@@ -92,3 +92,24 @@ def test_mark_without_start_does_nothing_and_a_cut_line_is_skipped(tmp_path, mon
     with (tmp_path / "timeline" / "trainer0.jsonl").open("a") as f:
         f.write('{"who": "trainer0", "ev')  # killed mid-write
     assert timeline.read(tmp_path) == {"trainer0": {"process_start": 1.0}}
+
+
+def test_what_a_launcher_noted_before_its_timeline_began_is_marked_at_its_own_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(timeline, "_recorder", None)
+    monkeypatch.setattr(timeline, "_noted", {})
+    monkeypatch.setattr(timeline, "process_start_time", lambda: 1000.0)  # the launcher's start: t0
+    clock = iter([1002.5, 1003.5, 1007.0, 1008.0])  # imports done, config composed, inputs checked
+    monkeypatch.setattr(timeline.time, "time", lambda: next(clock))
+    for event in ("main_start", "config_loaded", "inputs_checked"):
+        timeline.note(event)
+    timeline.note("config_loaded")  # noted twice: the first time counts, as with mark
+    write(tmp_path / "timeline", "launch", {"process_start": 1.0})  # the last launch's file
+    timeline.begin(tmp_path)
+    monkeypatch.setattr(timeline, "_recorder", None)
+    events = timeline.read(tmp_path)["launch"]
+    assert events == {"process_start": 1000.0, "launch": 1000.0, "main_start": 1002.5,
+                      "config_loaded": 1003.5, "inputs_checked": 1007.0}
+    _, p = timeline.phases(timeline.read(tmp_path))
+    assert p["launcher_imports_seconds"] == 2.5 and p["launcher_config_seconds"] == 1.0
+    assert p["launcher_checks_seconds"] == 3.5
+    assert timeline._noted == {}  # marked once: a second launch in this process notes afresh
