@@ -69,6 +69,7 @@ if recs:
     keys = ("step_seconds", "samples_per_s", "receive_wait_seconds", "prefetch_seconds", "logprob_seconds",
             "backfill_seconds", "train_seconds", "train_forward_backward_seconds", "train_grad_reduce_seconds",
             "train_optimizer_seconds", "logprob_cache_hit_rate", "launch_to_first_step_seconds",
+            "launch_processes_started_seconds", "launch_launcher_imports_seconds", "launch_launcher_checks_seconds",
             "launch_engine_start_seconds", "launch_trainer_compile_seconds", "launch_first_step_seconds",
             "dynamo_compiles_after_first_step")
     print(c.get("variant"), c.get("layout"), c.get("engine"), c.get("groups"), c.get("new_tokens"), c.get("overrides"),
