@@ -99,24 +99,26 @@ def trained_steps(log: Path) -> list[int]:
     return lines or bar
 
 
-def script_of(model: str) -> str:
-    """The sbatch script a case submits: the model's D-ARL script (``tiny``, the CPU check: the
-    4B one, with ``MODEL=tiny`` in its environment)."""
-    return f"slurm/{'qwen3_4b' if model == 'tiny' else model}_darl.sbatch"
+def script_of(model: str) -> tuple[str, dict[str, str]]:
+    """The sbatch script a case submits and the knobs it needs for ``model``: the model's D-ARL
+    script (``tiny``, the CPU check: the 4B one, with ``MODEL=tiny``)."""
+    if model == "tiny":
+        return "slurm/qwen3_4b_darl.sbatch", {"MODEL": "tiny"}
+    return f"slurm/{model}_darl.sbatch", {}
 
 
 def headline(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     policy = build_policy(a.model)
+    script, model_knobs = script_of(a.model)
     run = WORK / "run_headline"
     shutil.rmtree(run, ignore_errors=True)
     knobs = {"MODEL_PATH": str(policy), "OUTPUT_DIR": str(run), "DATA": "builtin", "ROLLOUT": a.engine,
-             "DARL_PYTHON": sys.executable, "GRACE_S": "60", **({"MODEL": "tiny"} if a.model == "tiny" else {})}
+             "DARL_PYTHON": sys.executable, "GRACE_S": "60", **model_knobs}
     if a.rollout_nodes is not None:
         knobs["ROLLOUT_NODES"] = str(a.rollout_nodes)
     env = job_env(cluster, **knobs)
     opts = [f"--nodes={a.nodes}", f"--gpus-per-node={cluster.gpus}", "--time=30", "--exclusive"]
     overrides = [*a.overrides, "loop.checkpoint_interval=0"]
-    script = script_of(a.model)
     t0 = time.time()
     first = sbatch(cluster, script, [*overrides, f"loop.steps={a.steps}"], env,
                    [*opts, f"--output={out}/job1.out"])
@@ -207,12 +209,13 @@ def _ended(cluster: LocalSlurm, job: int) -> bool:
 
 def scaling(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     policy = build_policy(a.model)
+    script, model_knobs = script_of(a.model)
     study = WORK / "study"
     shutil.rmtree(study, ignore_errors=True)
     env = job_env(cluster, MODEL_PATH=str(policy), DATA="builtin", ROLLOUT=a.engine, DARL_PYTHON=sys.executable,
-                  NODES_LIST=a.nodes_list, SCRIPT=script_of(a.model), STUDY_DIR=str(study),
+                  NODES_LIST=a.nodes_list, SCRIPT=script, STUDY_DIR=str(study),
                   SBATCH_ARGS=f"--gpus-per-node={cluster.gpus} --time=30", WAIT="1",
-                  WAIT_TIMEOUT_S=str(int(a.timeout)), **({"MODEL": "tiny"} if a.model == "tiny" else {}))
+                  WAIT_TIMEOUT_S=str(int(a.timeout)), **model_knobs)
     res = subprocess.run(["bash", "slurm/scaling_study.sh", *a.overrides, f"loop.steps={a.steps}"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout + 60)
     (out / "scaling_study.out").write_text(res.stdout[-20000:] + res.stderr[-5000:])
