@@ -1,5 +1,6 @@
 """``python -m launch.slurm prepare --plan FILE [hydra overrides]``: one Slurm job's plan.
 ``python -m launch.slurm latest-step --run-dir DIR``: the step its newest resume point holds.
+``python -m launch.slurm trained-steps --run-dir DIR``: how many steps its ``summary.json`` counts.
 ``python -m launch.slurm outcome --run-dir DIR``: the lines the quick start ends with (``launch/outcome.py``).
 
 ``slurm/launch.sh`` calls this once per allocation, on the batch host (the first node). It reads
@@ -278,6 +279,19 @@ def latest_step(run_dir: str | Path) -> int:
     return checkpoint_step(found) if found is not None else 0
 
 
+def trained_steps(run_dir: str | Path) -> int:
+    """How many steps ``run_dir``'s ``summary.json`` says were trained, across restarts (0 when it
+    has none). A run with ``loop.save_at_end=false`` finishes past its newest checkpoint, so the
+    launcher asks this, not ``latest_step``, whether the job is done."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        return int(json.loads(path.read_text()).get("steps", 0))
+    except FileNotFoundError:
+        return 0
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: not a run summary ({err})") from err
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -285,12 +299,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     prep.add_argument("--plan", required=True, help="shell fragment to write (sourced by launch.sh)")
     latest = sub.add_parser("latest-step", help="print the step of the run dir's newest complete checkpoint (0: none)")
     latest.add_argument("--run-dir", required=True, help="the job's run dir (OUTPUT_DIR)")
+    trained = sub.add_parser("trained-steps", help="print how many steps the run dir's summary.json counts (0: none)")
+    trained.add_argument("--run-dir", required=True, help="the job's run dir (OUTPUT_DIR)")
     end = sub.add_parser("outcome", help="print the lines the quick start ends with, for the run dir")
     end.add_argument("--run-dir", required=True, help="the job's run dir (OUTPUT_DIR)")
     args, overrides = parser.parse_known_args(argv)
     overrides = [o for o in overrides if o != "--"]
     if args.command == "latest-step":
         print(latest_step(args.run_dir))
+        return 0
+    if args.command == "trained-steps":
+        print(trained_steps(args.run_dir))
         return 0
     if args.command == "outcome":
         from launch.outcome import outcome

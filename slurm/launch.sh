@@ -170,7 +170,8 @@ if [ "$rc" != 0 ]; then
   exit "$rc"
 fi
 last=$("$PY" -m launch.slurm latest-step --run-dir "$RUN_DIR")  # the newest complete checkpoint's step
-if [ "$last" -ge "$STEPS" ]; then
+trained=$("$PY" -m launch.slurm trained-steps --run-dir "$RUN_DIR")  # past it with loop.save_at_end=false
+if [ "$last" -ge "$STEPS" ] || [ "$trained" -ge "$STEPS" ]; then
   echo "[slurm] done: $RUN_DIR ($STEPS steps)"
   timeout 120 "$PY" -m launch.slurm outcome --run-dir "$RUN_DIR"  # the lines the quick start ends with
 elif [ "$STOP_SIGNAL" = USR1 ] && [ "$REQUEUE" = 1 ]; then

@@ -89,7 +89,9 @@ def test_warning_signal_checkpoints_and_the_job_requeues_itself(slurm_cluster, w
     env = job_env(slurm_cluster, MODEL="tiny", OUTPUT_DIR=str(run), REQUEUE="1")
     out = tmp_path / "job.out"
     opts = ["--nodes=2", *CPU_OPTS, f"--output={out}", "--open-mode=append"]
-    job = sbatch(slurm_cluster, SCRIPT, ["experiment=smoke", f"loop.steps={steps}"], env, opts)
+    # no end checkpoint: the requeued job must still see that it finished, not ask for a resubmission
+    job = sbatch(slurm_cluster, SCRIPT, ["experiment=smoke", f"loop.steps={steps}", "loop.save_at_end=false"],
+                 env, opts)
     wait_for(lambda: len(metrics(run)) >= 2, 150, "two logged steps")
     res = slurm_cluster.run(["scancel", "--batch", "--signal=USR1", str(job)])
     assert res.returncode == 0, res.stderr
@@ -107,7 +109,9 @@ def test_warning_signal_checkpoints_and_the_job_requeues_itself(slurm_cluster, w
     text = out.read_text()
     k = int(re.search(rf"checkpointed at step (\d+) of {steps}: requeueing", text).group(1))
     assert 2 <= k < steps
-    assert f"job {job} (restart 1)" in text and "done:" in text
+    assert f"job {job} (restart 1)" in text and f"[slurm] done: {run} ({steps} steps)" in text
+    assert "resubmit" not in text.split("(restart 1)")[-1]
+    assert k in _checkpoints(run) and _checkpoints(run)[-1] < steps  # the stop saved; the end did not
     first, second = log_dirs(run)
     assert (first.name, second.name) == (f"job{job}_0", f"job{job}_1")
     assert _step_lines((second / "trainer-0.log").read_text()) == list(range(k, steps))

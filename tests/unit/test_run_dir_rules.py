@@ -10,7 +10,7 @@ import pytest
 
 from launch.config import load_run_config
 from launch.resume_changes import RULES, Rule, check_resume, leaves, rule_of
-from launch.slurm import latest_step
+from launch.slurm import latest_step, trained_steps
 from megatron_darl.checkpoint.resume_points import complete_checkpoints, latest_checkpoint, partial_checkpoints
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.metrics import SUPERSEDED, MetricsLogger
@@ -30,6 +30,16 @@ def test_only_final_names_with_their_marker_are_resume_points(tmp_path):
     assert latest_step(tmp_path) == 10 and latest_step(tmp_path / "nothing") == 0  # Slurm's answer too
     assert [p.name for p in partial_checkpoints(tmp_path)] == ["step_000004", "step_000012.tmp"]
     assert complete_checkpoints(tmp_path / "nothing") == [] and latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_a_run_that_finished_past_its_newest_checkpoint_counts_its_summary_steps(tmp_path):
+    """With ``loop.save_at_end=false`` the last steps have no checkpoint: the job is still done."""
+    assert trained_steps(tmp_path) == 0
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 40, "wall_seconds": 9.0}))
+    assert trained_steps(tmp_path) == 40 and latest_step(tmp_path) == 0
+    (tmp_path / "summary.json").write_text("[1, 2")
+    with pytest.raises(ValueError, match="summary.json: not a run summary"):
+        trained_steps(tmp_path)
 
 
 def _table(doc: str) -> dict[str, str]:
