@@ -212,16 +212,19 @@ def scaling(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
     script, model_knobs = script_of(a.model)
     study = WORK / "study"
     shutil.rmtree(study, ignore_errors=True)
+    budget = a.timeout * len(a.nodes_list.split())  # the runs take the nodes one after the other
     env = job_env(cluster, MODEL_PATH=str(policy), DATA="builtin", ROLLOUT=a.engine, DARL_PYTHON=sys.executable,
                   NODES_LIST=a.nodes_list, SCRIPT=script, STUDY_DIR=str(study),
                   SBATCH_ARGS=f"--gpus-per-node={cluster.gpus} --time=30", WAIT="1",
-                  WAIT_TIMEOUT_S=str(int(a.timeout)), **model_knobs)
+                  WAIT_TIMEOUT_S=str(int(budget)), **model_knobs)
     res = subprocess.run(["bash", "slurm/scaling_study.sh", *a.overrides, f"loop.steps={a.steps}"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout + 60)
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=budget + 60)
     (out / "scaling_study.out").write_text(res.stdout[-20000:] + res.stderr[-5000:])
     for f in (study / "report").glob("*"):
         if f.is_file():
             shutil.copy(f, out / f"report_{f.name}")
+    for f in study.glob("*.out"):  # each run's batch output, kept whether or not the study finished
+        shutil.copy(f, out / f"study_{f.name}")
     try:  # the report's rows (samples/s, step seconds by node count): the study's result
         rows = json.loads((study / "report" / "scaling.json").read_text())
     except (OSError, ValueError):
@@ -247,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop", choices=["scancel", "graceful"], default="scancel",
                    help="scancel: SIGTERM to every step, SIGKILL KillWait later; graceful: "
                         "scancel --batch --signal=USR1 (the launcher stops the trainer, no deadline)")
-    p.add_argument("--timeout", type=float, default=480.0, help="seconds a job may take")
+    p.add_argument("--timeout", type=float, default=480.0, help="seconds a job may take (scaling: each run)")
     p.add_argument("--no-end-checkpoint", dest="end_checkpoint", action="store_false",
                    help="headline: the resumed job writes no final checkpoint (device time)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/darl_slurm_out")))

@@ -18,7 +18,8 @@ names the engine and update mode its run resolved; older ones guessed the engine
 ``engine.backend=`` override and called a ``rollout@_global_=vllm`` run ``hf``, so for them both
 are read from the overrides again (the update mode: ``finish``, both presets' default, unless
 ``worker.update_mode=`` was given). Records of the shared-GPU layout ``gpu1`` (trainer
-and rollout on one GPU: no split) and those without GPU counts are left out. The batch is the one
+and rollout on one GPU: no split), those without GPU counts, and A/B runs of any other knob are
+left out. The batch is the one
 asked for (``groups_requested``: older records of a 3:1 split ran 32 groups as 33, its DP size's
 multiple).
 """
@@ -67,11 +68,21 @@ def _key(r: dict[str, Any]) -> tuple:
             c["trainer_gpus"], c["rollout_gpus"])
 
 
+# overrides the harness itself passes (engine, update mode, no end checkpoint): any other knob makes
+# a record an A/B run of that knob, not the default's figure
+HARNESS_OVERRIDES = ("loop.save_at_end=", "rollout=", "rollout@_global_=", "engine.backend=", "worker.update_mode=")
+
+
+def is_ab_run(record: dict[str, Any]) -> bool:
+    """Whether the record's run changed a knob beyond the harness's (``trainer.overlap_grad_reduce=true``)."""
+    return any(not o.startswith(HARNESS_OVERRIDES) for o in record["config"].get("overrides") or [])
+
+
 def with_split(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records that name a trainer:rollout split (not: before GPU counts, CPU, or trainer and
-    rollout sharing one GPU)."""
+    """The records that name a trainer:rollout split and ran the defaults (not: before GPU counts,
+    CPU, trainer and rollout sharing one GPU, or an A/B run of another knob)."""
     return [r for r in records if r["config"].get("trainer_gpus") and r["config"].get("rollout_gpus")
-            and r["config"].get("layout") != "gpu1"]
+            and r["config"].get("layout") != "gpu1" and not is_ab_run(r)]
 
 
 def load(results: Path) -> list[dict[str, Any]]:

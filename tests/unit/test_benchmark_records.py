@@ -193,6 +193,8 @@ def test_scaling_report_gives_each_split_its_ratio_to_one_to_one_and_darl_over_d
     _profile(tmp_path, "h", "darl", (1, 1), 8.0, 5.0, engine="hf")  # the regression guard
     _profile(tmp_path, "i", "darl", (2, 2), 16.0, 2.5, engine="hf")
     _profile(tmp_path, "j", "darl", (1, 1), 99.0, 1.0, layout="gpu1")  # one shared GPU: not a split
+    _profile(tmp_path, "l", "darl", (2, 2), 99.0, 1.0, batch=(8, 8, 512), date="2026-12-02T00:00:00+00:00",
+             overrides=["rollout=vllm", "trainer.overlap_grad_reduce=true"])  # newest, but an A/B run
     # an older record that named a vLLM run hf: its overrides tell
     _profile(tmp_path, "k", "darl", (1, 1), 11.0, 3.6, engine="hf", commit="c0", date="2026-11-01T00:00:00+00:00",
              update_mode=None, overrides=["rollout@_global_=vllm"])
