@@ -309,7 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(latest_step(args.run_dir))
         return 0
     if args.command == "trained-steps":
-        print(trained_steps(args.run_dir))
+        try:
+            print(trained_steps(args.run_dir))
+        except ValueError as err:  # the job's end then reads the checkpoints alone
+            print(f"launch.slurm: {err}", file=sys.stderr)
+            print(0)
         return 0
     if args.command == "outcome":
         from launch.outcome import outcome

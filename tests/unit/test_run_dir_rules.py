@@ -11,6 +11,7 @@ import pytest
 from launch.config import load_run_config
 from launch.resume_changes import RULES, Rule, check_resume, leaves, rule_of
 from launch.slurm import latest_step, trained_steps
+from launch.slurm import main as slurm_main
 from megatron_darl.checkpoint.resume_points import complete_checkpoints, latest_checkpoint, partial_checkpoints
 from megatron_darl.loop.config import LoopConfig
 from megatron_darl.loop.metrics import SUPERSEDED, MetricsLogger
@@ -32,7 +33,7 @@ def test_only_final_names_with_their_marker_are_resume_points(tmp_path):
     assert complete_checkpoints(tmp_path / "nothing") == [] and latest_checkpoint(tmp_path / "nothing") is None
 
 
-def test_a_run_that_finished_past_its_newest_checkpoint_counts_its_summary_steps(tmp_path):
+def test_a_run_that_finished_past_its_newest_checkpoint_counts_its_summary_steps(tmp_path, capsys):
     """With ``loop.save_at_end=false`` the last steps have no checkpoint: the job is still done."""
     assert trained_steps(tmp_path) == 0
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 40, "wall_seconds": 9.0}))
@@ -40,6 +41,9 @@ def test_a_run_that_finished_past_its_newest_checkpoint_counts_its_summary_steps
     (tmp_path / "summary.json").write_text("[1, 2")
     with pytest.raises(ValueError, match="summary.json: not a run summary"):
         trained_steps(tmp_path)
+    assert slurm_main(["trained-steps", "--run-dir", str(tmp_path)]) == 0  # what launch.sh reads: named, then 0
+    out, err = capsys.readouterr()
+    assert out == "0\n" and "summary.json: not a run summary" in err
 
 
 def _table(doc: str) -> dict[str, str]:
