@@ -32,6 +32,10 @@ from typing import Any, Optional
 
 GUARD_ENGINE = "hf"  # the reference engine: a regression guard, not the production path
 VARIANT_STYLE = {"darl": ("-", "o"), "decoupled": ("--", "s")}  # line, marker; others dash-dot
+ENGINE_OVERRIDES = ("rollout=", "rollout@_global_=", "engine.backend=")
+UPDATE_MODE_OVERRIDES = ("worker.update_mode=",)
+# what the harness itself passes (and no end checkpoint): any other knob makes a record an A/B run
+HARNESS_OVERRIDES = ("loop.save_at_end=", *ENGINE_OVERRIDES, *UPDATE_MODE_OVERRIDES)
 
 
 def _from_overrides(config: dict[str, Any], prefixes: tuple[str, ...], default: str) -> str:
@@ -47,13 +51,12 @@ def record_engine(config: dict[str, Any]) -> str:
     """The engine a record's run used (see the module docstring for older records)."""
     if config.get("update_mode") and config.get("engine"):  # read from the run's own config
         return config["engine"]
-    return _from_overrides(config, ("rollout=", "rollout@_global_=", "engine.backend="),
-                           config.get("engine") or GUARD_ENGINE)
+    return _from_overrides(config, ENGINE_OVERRIDES, config.get("engine") or GUARD_ENGINE)
 
 
 def record_update_mode(config: dict[str, Any]) -> str:
     """The run's ``worker.update_mode``; for older records its override, else both presets' ``finish``."""
-    return config.get("update_mode") or _from_overrides(config, ("worker.update_mode=",), "finish")
+    return config.get("update_mode") or _from_overrides(config, UPDATE_MODE_OVERRIDES, "finish")
 
 
 def batch_label(config: dict[str, Any]) -> str:
@@ -66,11 +69,6 @@ def _key(r: dict[str, Any]) -> tuple:
     c = r["config"]
     return (r["device"], record_engine(c), record_update_mode(c), c.get("variant"), batch_label(c),
             c["trainer_gpus"], c["rollout_gpus"])
-
-
-# overrides the harness itself passes (engine, update mode, no end checkpoint): any other knob makes
-# a record an A/B run of that knob, not the default's figure
-HARNESS_OVERRIDES = ("loop.save_at_end=", "rollout=", "rollout@_global_=", "engine.backend=", "worker.update_mode=")
 
 
 def is_ab_run(record: dict[str, Any]) -> bool:

@@ -75,10 +75,10 @@ class _StopFlag:
     SIGUSR1 is what ``sbatch --signal=USR1@<seconds>`` sends ahead of a time limit or preemption.
 
     ``arm`` installs the handlers again, and the loop arms at every step boundary: a native
-    library in the process can take a signal over below Python, which then never sees it. On a
-    GPU host, a trainer's first launch on a fresh compile cache had SIGUSR1 caught by another
-    handler (with SIGHUP, SIGQUIT, SIGUSR2, SIGXCPU, SIGXFSZ and SIGSYS, a set Python never
-    installs; LLVM, inside Triton, registers such a set) and trained on through Slurm's USR1."""
+    library in the process can take a signal over below Python, which then never sees it. A
+    compile on a fresh cache does so on a GPU host: SIGUSR1 is then caught together with SIGHUP,
+    SIGQUIT, SIGUSR2, SIGXCPU, SIGXFSZ and SIGSYS, a set Python never installs (LLVM, inside
+    Triton, registers such a set), and a handler that passes nothing on would swallow Slurm's USR1."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
