@@ -221,9 +221,7 @@ class ProgressWatch:
         if total + degenerate > self._arrived:
             self._arrived, self.ep.last_group_at = total + degenerate, now
         idle = now - self.ep.last_group_at
-        hb, store = self.ep.heartbeat, self.ep.store
-        gone = [w for w in range(self.num_workers)
-                if (hb.is_lost(WORKER, w) or store.check([Keys.exited(WORKER, w)])) and not self._restarting(w)]
+        gone = [w for w in range(self.num_workers) if self._gone(w)]
         where = f"trainer step {self.step}: {total}/{self.need} groups"
         if self.bound:
             where += " (loop.wait_for_bound: every start the staleness bound allows)"
@@ -236,6 +234,18 @@ class ProgressWatch:
             return (f"{where}; no new group for {idle:.0f} s (loop.receive_timeout_s={self.timeout_s:g}): "
                     f"{self.states()}")
         return ""
+
+    def _gone(self, worker: int) -> bool:
+        """Exited or lost, and not being started again.
+
+        The restart is read first: the heartbeat thread takes a new process's first beat in one
+        step (one more incarnation, no longer lost), so a loss read before that beat and a restart
+        read after it would call a worker gone whose new process just beat.
+        """
+        if self._restarting(worker):
+            return False
+        hb, store = self.ep.heartbeat, self.ep.store
+        return hb.is_lost(WORKER, worker) or store.check([Keys.exited(WORKER, worker)])
 
     def _restarting(self, worker: int) -> int:
         """The launcher's restart number of ``worker`` when its new process has not beaten yet, else 0."""
