@@ -101,8 +101,8 @@ def check_engine(cfg) -> None:
 
 
 def check_task(cfg) -> None:
-    """``data.task`` names a reward the registry has (imported here, not in every child's config load)."""
-    from megatron_darl.rewards.registry import Task
+    """``data.task`` names a reward the registry has (its names only: the verifiers load in the workers)."""
+    from megatron_darl.rewards.config import Task
 
     known = [t.value for t in Task]
     if cfg.data.task not in known:
@@ -124,7 +124,7 @@ def max_positions(cfg) -> int:
 def check_eval(cfg) -> None:
     """``eval.benchmarks`` names known benchmarks whose files are there (a typo would otherwise
     surface in the evaluating worker, after the trainer started)."""
-    from megatron_darl.eval.periodic import check_benchmarks
+    from megatron_darl.eval.benchmarks import check_benchmarks
 
     try:
         check_benchmarks(cfg.eval)

@@ -30,7 +30,6 @@ from launch.resume_changes import LAUNCH_KEYS, Change, check_resume, config_chan
 from megatron_darl.checkpoint.resume_points import (
     COMPLETION_MARKER, checkpoint_step, complete_checkpoints, partial_checkpoints,
 )
-from megatron_darl.loop.metrics import SUPERSEDED
 
 CONFIG_NAME = "run_config.yaml"
 log = logging.getLogger("launch.run_dir")
@@ -72,6 +71,8 @@ def inspect_run_dir(cfg, say=log.warning, knobs=("loop.run_dir", "pass loop.resu
             f"no {COMPLETION_MARKER}): not a resume point")
     resume_from = complete[-1] if cfg.loop.resume and complete else None
     if cfg.loop.resume and resume_from is None and records:
+        from megatron_darl.loop.metrics import SUPERSEDED  # here: that module imports torch
+
         say(f"loop.resume=true but {run_dir} holds no complete checkpoint: the run starts at step 0; the "
             f"{records} earlier step record(s) move to {SUPERSEDED} at its first step")
     if resume_from is not None:

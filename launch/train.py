@@ -37,8 +37,6 @@ from megatron_darl import timeline
 from megatron_darl.checkpoint.resume_points import latest_checkpoint
 from megatron_darl.exit_codes import ExitCode
 from megatron_darl.ports import free_port
-from megatron_darl.transport import WORKER, TransportTimeout, connect_store
-from megatron_darl.transport.store import Keys
 
 log = logging.getLogger("launch.train")
 
@@ -133,6 +131,10 @@ class RestartNotice:
     def __call__(self, spec: ProcSpec, restart: int) -> None:
         if spec.role != ROLLOUT:
             return
+        # imported here, with the children up: the store's module imports torch (seconds)
+        from megatron_darl.transport import WORKER, TransportTimeout, connect_store
+        from megatron_darl.transport.store import Keys
+
         try:
             if self._store is None:
                 self._store = connect_store(self._control, who="launch.train")
@@ -146,6 +148,9 @@ class RestartNotice:
 
 
 def _num_gpus() -> int:
+    """The GPUs this process sees; on a host without NVIDIA's driver, 0 without importing torch."""
+    if not Path("/dev/nvidiactl").exists():
+        return 0
     try:
         import torch
 

@@ -92,7 +92,7 @@ def check_inputs(cfg, max_position_embeddings: int, say=log.warning) -> int:
             the dataset that has too few prompts.
     """
     from megatron_darl.data import MalformedRowError, load_dataset
-    from megatron_darl.data.prompt_fit import fit_prompts
+    from megatron_darl.data.prompt_fit import fit_prompts, prompt_tokenizer
     from megatron_darl.rewards import reference_check
 
     try:
@@ -101,10 +101,7 @@ def check_inputs(cfg, max_position_embeddings: int, say=log.warning) -> int:
         raise ValueError(f"{exc} (data.skip_malformed=true skips bad rows, counted)") from None
     records = loaded.records
     if cfg.model.path:  # the tokenizer is the policy's (model.hf_config alone: random init, none)
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        fit = fit_prompts(cfg, records, tokenizer, max_position_embeddings)
+        fit = fit_prompts(cfg, records, prompt_tokenizer(cfg.model.path), max_position_embeddings)
         records = fit.records
         if fit.dropped:
             say(f"data.overlong_prompts=drop: {len(fit.dropped)} of {len(loaded.records)} prompts are longer "

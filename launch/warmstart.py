@@ -1,20 +1,8 @@
-"""Supervised warm start for the embedded default: the initial tiny policy, cached on disk.
+"""The embedded default's initial policy, cached on disk: one fit per setting, shared by every run.
 
-RL from a random policy on the built-in task has no signal (every reward is 0, every group is
-degenerate), so when no initial checkpoint is given, the embedded default first fits a tiny
-Qwen3-architecture model to the task's step-by-step reference solutions for a few hundred
-steps, stopping while it is still imperfect so the RL phase has something to improve.
-
-What RL improves is chosen on purpose: only ``answer_line_prob`` of the supervised targets end
-with the rewarded ``answer: N`` line (the rest stop after the worked steps), so the initial
-policy writes the verifiable final line only some of the time, like a base model that has not
-yet learned a task's answer format. Fitting a tiny model's arithmetic further by RL does not
-work on a CPU budget (measured: online GRPO from a 1M-parameter policy at 0.62 sampled accuracy
-lowered held-out accuracy at every setting tried, Adam 3e-5 to 1e-3 and SGD 0.1 to 0.3: the
-model memorises its batches rather than sharpening), whereas a consistent format signal is learned within tens of steps, which is the
-same signal R1-style RL gets first on real models. The
-result is an ordinary Hugging Face checkpoint (config, safetensors, the task's tokenizer) in a
-cache directory keyed by everything that determines it, so a second run reuses it.
+The fit itself is ``launch/warmstart_fit.py`` (why the tiny policy is warm-started, and how).
+Here is only the cache, keyed by everything that determines the policy: a launch that finds its
+policy there (every launch after the first) asks a file's existence and imports no torch.
 """
 
 from __future__ import annotations
@@ -25,15 +13,11 @@ import hashlib
 import json
 import shutil
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
-import torch
-
-from megatron_darl.data.builtin import build_builtin_tokenizer, builtin_prompts, reference_solution
-from megatron_darl.models.config import TinyModelConfig, WarmStartConfig
+from megatron_darl.models.config import WarmStartConfig
 
 
 def cache_key(cfg: WarmStartConfig) -> str:
@@ -42,93 +26,6 @@ def cache_key(cfg: WarmStartConfig) -> str:
     payload.pop("cache_dir")
     payload.pop("device")
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _hf_config(cfg: TinyModelConfig, tokenizer):
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, rms_norm_eps=1e-6,
-        tie_word_embeddings=cfg.tie_word_embeddings, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-
-
-def _builtin_sequences(cfg: WarmStartConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, target ids + EOS) of the built-in task's worked solutions."""
-    records = builtin_prompts(cfg.num_prompts, cfg.prompt_seed, max_operands=cfg.max_operands,
-                              max_value=cfg.max_value)
-    seqs = []
-    keep_answer = torch.rand(len(records), generator=torch.Generator().manual_seed(cfg.seed + 1))
-    for rec, u in zip(records, keep_answer.tolist()):
-        prompt = tokenizer(rec.prompt, add_special_tokens=True)["input_ids"]
-        target = reference_solution(rec)
-        if u >= cfg.answer_line_prob:  # worked steps only: no "answer: N" line, reward 0
-            target = target.rsplit("\n", 1)[0]
-        answer = tokenizer(target, add_special_tokens=False)["input_ids"]
-        seqs.append((prompt, answer + [tokenizer.eos_token_id]))
-    return seqs
-
-
-def shuffled_batches(seqs: list[tuple[list[int], list[int]]], batch_size: int, seed: int, pad_id: int,
-                     device: torch.device):
-    """Endless shuffled batches of (prompt, target) pairs: (ids (B, L), labels (B, L) with -100
-    outside the targets)."""
-    gen = torch.Generator().manual_seed(seed)
-    while True:
-        for idx in torch.randperm(len(seqs), generator=gen).split(batch_size):
-            chunk = [seqs[i] for i in idx.tolist()]
-            width = max(len(p) + len(a) for p, a in chunk)
-            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            labels = torch.full_like(ids, -100)
-            for row, (p, a) in enumerate(chunk):
-                ids[row, : len(p) + len(a)] = torch.tensor(p + a)
-                labels[row, len(p): len(p) + len(a)] = torch.tensor(a)
-            yield ids.to(device), labels.to(device)
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def fit_sequences(cfg: WarmStartConfig, out_dir: Path, sequences: Callable[[Any], list],
-                  log=print, tag: str = "warmstart") -> Path:
-    """Fit the tiny policy to ``sequences(tokenizer)`` (prompt, target) pairs and save it (HF
-    format, with the built-in tokenizer) to ``out_dir``."""
-    from transformers import Qwen3ForCausalLM
-
-    device = _resolve_device(cfg.device)
-    tokenizer = build_builtin_tokenizer(out_dir)
-    torch.manual_seed(cfg.seed)
-    model = Qwen3ForCausalLM(_hf_config(cfg.model, tokenizer)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps, eta_min=cfg.lr * 0.1)
-    batches = shuffled_batches(sequences(tokenizer), cfg.batch_size, cfg.seed, tokenizer.pad_token_id, device)
-    start = time.time()
-    for step in range(1, cfg.steps + 1):
-        ids, labels = next(batches)
-        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
-                     labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 50 == 0 or step == cfg.steps:
-            log(f"[{tag}] step {step}/{cfg.steps} loss {loss.item():.3f} ({time.time() - start:.0f}s)")
-    model.save_pretrained(str(out_dir), safe_serialization=True)
-    return out_dir
-
-
-def fit_policy(cfg: WarmStartConfig, out_dir: Path, log=print) -> Path:
-    """Fit the tiny policy to the built-in task and save it (HF format, with tokenizer) to ``out_dir``."""
-    return fit_sequences(cfg, out_dir, lambda tokenizer: _builtin_sequences(cfg, tokenizer), log=log)
 
 
 def cached_fit(cfg: WarmStartConfig, key: str, fit: Callable[[Path], Path], what: str, log=print,
@@ -182,5 +79,9 @@ def _key_lock(path: Path, on_wait: Callable[[], None]) -> Iterator[None]:
 
 def ensure_warm_policy(cfg: WarmStartConfig, log=print) -> Path:
     """The cached warm-started policy for ``cfg``, fitted first when absent (``cached_fit``)."""
-    return cached_fit(cfg, cache_key(cfg), lambda tmp: fit_policy(cfg, tmp, log=log),
-                      "the initial policy", log=log)
+    def fit(tmp: Path) -> Path:
+        from launch.warmstart_fit import fit_policy  # torch, only when the cache has no policy
+
+        return fit_policy(cfg, tmp, log=log)
+
+    return cached_fit(cfg, cache_key(cfg), fit, "the initial policy", log=log)

@@ -31,7 +31,8 @@ from megatron_darl.data.config import DataConfig, load_data_config  # noqa: E402
 from megatron_darl.data.countdown import format_example  # noqa: E402
 from megatron_darl.data.loaders import load_dataset  # noqa: E402
 from megatron_darl.data.records import PromptRecord  # noqa: E402
-from launch.warmstart import cached_fit, fit_sequences  # noqa: E402
+from launch.warmstart import cached_fit  # noqa: E402
+from launch.warmstart_fit import fit_sequences  # noqa: E402
 from megatron_darl.models.config import WarmStartConfig
 
 REPO = Path(__file__).resolve().parents[1]

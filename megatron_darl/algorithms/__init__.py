@@ -2,86 +2,44 @@
 
 Nothing here knows about process groups, configs or Megatron, so another RL pipeline can import
 these functions into its own loss (docs/algorithm.md shows how).
+
+Names are imported on first use (PEP 562): every process checks its run config, whose choices
+are named in ``spec`` (no tensor code), and the launcher must not pull in torch with them.
 """
 
-from megatron_darl.algorithms.advantages import grpo_advantages, rewards_equal
-from megatron_darl.algorithms.importance import (
-    CapMode, MixtureForm, behavior_weights, capped_tokens, mixture_log_density, prefix_mixture_log_density,
-    prefix_posterior, version_alpha,
-)
-from megatron_darl.algorithms.loss import MAX_LOG_RATIO, PolicyLossInputs, PolicyLossStats, policy_loss
-from megatron_darl.algorithms.regularizers import (
-    KLEstimator, RegularizedLossInputs, RegularizerStats, kl_estimate, regularizer_loss,
-)
-from megatron_darl.algorithms.scores import (
-    RATIO_SCORES,
-    SCORES,
-    ScoreKind,
-    ess_score,
-    fifo_score,
-    oldest_score,
-    group_scores,
-    kl_score,
-    random_score,
-    score_samples,
-    score_tokens,
-    variance_score,
-)
-from megatron_darl.algorithms.selection import select_groups
-from megatron_darl.algorithms.variants import (
-    VARIANTS,
-    BatchWeights,
-    RatioBase,
-    Variant,
-    VariantSpec,
-    WeightRule,
-    batch_behavior_weights,
-    needs_logprob_pass,
-    variant_spec,
-    with_rollout_is,
-)
+from __future__ import annotations
 
-__all__ = [
-    "MAX_LOG_RATIO",
-    "RATIO_SCORES",
-    "SCORES",
-    "VARIANTS",
-    "BatchWeights",
-    "CapMode",
-    "KLEstimator",
-    "MixtureForm",
-    "PolicyLossInputs",
-    "PolicyLossStats",
-    "RegularizedLossInputs",
-    "RegularizerStats",
-    "RatioBase",
-    "ScoreKind",
-    "Variant",
-    "VariantSpec",
-    "WeightRule",
-    "batch_behavior_weights",
-    "behavior_weights",
-    "capped_tokens",
-    "ess_score",
-    "fifo_score",
-    "oldest_score",
-    "grpo_advantages",
-    "rewards_equal",
-    "kl_estimate",
-    "group_scores",
-    "kl_score",
-    "mixture_log_density",
-    "prefix_mixture_log_density",
-    "prefix_posterior",
-    "needs_logprob_pass",
-    "policy_loss",
-    "random_score",
-    "regularizer_loss",
-    "score_samples",
-    "score_tokens",
-    "select_groups",
-    "variance_score",
-    "variant_spec",
-    "version_alpha",
-    "with_rollout_is",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "CapMode": "spec", "KLEstimator": "spec", "MixtureForm": "spec", "RATIO_SCORES": "spec",
+    "RatioBase": "spec", "ScoreKind": "spec", "VARIANTS": "spec", "Variant": "spec", "VariantSpec": "spec",
+    "WeightRule": "spec", "needs_logprob_pass": "spec", "variant_spec": "spec", "with_rollout_is": "spec",
+    "grpo_advantages": "advantages", "rewards_equal": "advantages",
+    "behavior_weights": "importance", "capped_tokens": "importance", "mixture_log_density": "importance",
+    "prefix_mixture_log_density": "importance", "prefix_posterior": "importance", "version_alpha": "importance",
+    "MAX_LOG_RATIO": "loss", "PolicyLossInputs": "loss", "PolicyLossStats": "loss", "policy_loss": "loss",
+    "RegularizedLossInputs": "regularizers", "RegularizerStats": "regularizers", "kl_estimate": "regularizers",
+    "regularizer_loss": "regularizers",
+    "SCORES": "scores", "ess_score": "scores", "fifo_score": "scores", "group_scores": "scores",
+    "kl_score": "scores", "oldest_score": "scores", "random_score": "scores", "score_samples": "scores",
+    "score_tokens": "scores", "variance_score": "scores",
+    "select_groups": "selection",
+    "BatchWeights": "variants", "batch_behavior_weights": "variants",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

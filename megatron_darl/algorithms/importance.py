@@ -25,24 +25,11 @@ loss's token count keeps it).
 
 from __future__ import annotations
 
-import enum
 import math
 
 import torch
 
-
-class MixtureForm(str, enum.Enum):
-    """Which conditional of the behavior mixture a token's weight divides by (``mis.form``)."""
-
-    PREFIX = "prefix"  # q(y_j | y_<j) of the sequence mixture: exact (the objective)
-    TOKEN = "token"  # sum_k alpha_k pi_k(y_j | y_<j): exact at the first token only (ablation)
-
-
-class CapMode(str, enum.Enum):
-    """How a behavior weight above its cap c is bounded (``mis.cap_mode``)."""
-
-    CLIP = "clip"  # w = min(r, c): truncated importance sampling
-    MASK = "mask"  # w = r if r <= c else 0: AReaL's decoupled-PPO cap (token dropped)
+from megatron_darl.algorithms.spec import CapMode
 
 
 def version_alpha(version_tokens: torch.Tensor) -> torch.Tensor:

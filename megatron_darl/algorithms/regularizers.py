@@ -20,23 +20,15 @@ tuned there means the same here. The gradient flows through ``log pi_theta`` onl
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 
 from megatron_darl.algorithms.loss import PolicyLossInputs
+from megatron_darl.algorithms.spec import KLEstimator
 
 K3_LOG_RATIO_CLAMP = 20.0  # |log pi_ref - log pi_theta| clamped before exp (verl)
 K3_VALUE_CLAMP = 10.0  # k3 clamped to [-10, 10] (verl)
-
-
-class KLEstimator(str, enum.Enum):
-    """Per-token estimators of KL(pi_theta || pi_ref) (verl's names; module docstring)."""
-
-    K1 = "k1"
-    K2 = "k2"
-    K3 = "k3"
 
 
 def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: KLEstimator | str) -> torch.Tensor:

@@ -17,25 +17,11 @@ padded ``(N, T)`` rows and packs them first.
 
 from __future__ import annotations
 
-import enum
 from typing import Callable
 
 import torch
 
-
-class ScoreKind(str, enum.Enum):
-    """How a buffered sample is scored for selection (``selection.score``)."""
-
-    CHI2 = "chi2"  # D-ARL: mean (r - 1)^2, variance of the token IS weight around 1
-    KL = "kl"  # mean k3 estimator (r - 1) - log r of KL(mu || pi_t)
-    ESS = "ess"  # 1 - ESS(r) / n: shortfall of the normalised effective sample size
-    RANDOM = "random"  # uniform noise: no filter (ablation)
-    FIFO = "fifo"  # -behavior version: freshest first
-    OLDEST = "oldest"  # +behavior version: oldest first (arrival order, a plain async queue)
-
-
-# Scores that read the token ratio pi_t / mu, i.e. need the trainer's log-prob pass at t.
-RATIO_SCORES = frozenset({ScoreKind.CHI2, ScoreKind.KL, ScoreKind.ESS})
+from megatron_darl.algorithms.spec import ScoreKind
 
 
 def _flatten(

@@ -1,129 +1,24 @@
-"""Algorithm variants as data (docs/algorithm.md, section 6), and the one call the loop makes per batch.
+"""The one call the loop makes per batch: the behavior side of a selected batch.
 
-Every variant is the same code path with a different ``VariantSpec``: which score ranks the
-buffer, which weight rule corrects for the behavior policy, which log-probs the PPO ratio is
-taken against. ``batch_behavior_weights`` turns a
-selected batch into the per-token weights and ratio base that ``policy_loss`` takes, so the
-training loop never branches on the variant.
-
-| variant        | score  | weights      | ratio base |
-|----------------|--------|--------------|------------|
-| sync           | fifo   | none         | proximal   |
-| async          | fifo   | none         | behavior   |
-| decoupled      | fifo   | own behavior | proximal   |
-| darl           | chi2   | mixture      | proximal   |
-| darl_nofilter  | random | mixture      | proximal   |
-| darl_nomis     | chi2   | own behavior | proximal   |
-
-The window K, the staleness bound eta and the replay cap of each preset are stated once, in
-``configs/algorithm/<variant>.yaml`` (``replay.k``, ``algorithm.max_staleness``,
-``replay.max_replays``); eta <= K - 1 keeps every arriving sample inside the window.
-
-Rollout importance sampling (``with_rollout_is``, verl's "decoupled mode" with token TIS) is a
-transform of a spec without behavior weights: the weight becomes the capped ratio
-``pi_t / mu_{v_i}`` and the PPO ratio is taken against ``pi_t``. Keeping the ratio against
-``mu`` would apply the correction twice (``rho`` already is ``pi_theta / mu``). ``needs_logprob_pass``
-tells the loop whether a spec reads the trainer's log-probs at t at all (naive ``async`` does not).
+Every variant is the same code path with a different ``VariantSpec`` (``spec.py``: which score
+ranks the buffer, which weight rule corrects for the behavior policy, which log-probs the PPO
+ratio is taken against). ``batch_behavior_weights`` turns a selected batch into the per-token
+weights and ratio base that ``policy_loss`` takes, so the training loop never branches on the
+variant.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 from dataclasses import dataclass
 
 import torch
 
 from megatron_darl.algorithms.importance import (
-    CapMode, MixtureForm, behavior_weights, capped_tokens, mixture_log_density, prefix_mixture_log_density,
-    version_alpha,
+    behavior_weights, capped_tokens, mixture_log_density, prefix_mixture_log_density, version_alpha,
 )
-from megatron_darl.algorithms.scores import RATIO_SCORES, ScoreKind
-
-
-class Variant(str, enum.Enum):
-    """Algorithm variants, one ``configs/algorithm/<value>.yaml`` each."""
-
-    SYNC = "sync"
-    ASYNC = "async"
-    DECOUPLED = "decoupled"
-    DARL = "darl"
-    DARL_NOFILTER = "darl_nofilter"
-    DARL_NOMIS = "darl_nomis"
-
-
-class WeightRule(str, enum.Enum):
-    """How the behavior-policy mismatch is corrected."""
-
-    NONE = "none"  # w = 1
-    OWN_BEHAVIOR = "own_behavior"  # w = min(pi_t / mu_{v_i}, c): decoupled PPO
-    MIXTURE = "mixture"  # w = min(pi_t / sum_k alpha_k pi_k, c): D-ARL MIS
-
-
-class RatioBase(str, enum.Enum):
-    """Which log-probs the PPO ratio rho = pi_theta / pi_base is taken against."""
-
-    BEHAVIOR = "behavior"  # the engine's log mu_{v_i} (naive async)
-    PROXIMAL = "proximal"  # the trainer's log pi_t (decoupled PPO, D-ARL)
-
-
-@dataclass(frozen=True)
-class VariantSpec:
-    """What distinguishes one variant from another; everything else is shared code."""
-
-    score: ScoreKind  # ranks buffered groups for selection
-    weight_rule: WeightRule  # behavior correction in the loss
-    ratio_base: RatioBase  # denominator of the PPO ratio
-
-
-VARIANTS: dict[Variant, VariantSpec] = {
-    Variant.SYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.PROXIMAL),
-    Variant.ASYNC: VariantSpec(ScoreKind.FIFO, WeightRule.NONE, RatioBase.BEHAVIOR),
-    Variant.DECOUPLED: VariantSpec(ScoreKind.FIFO, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL),
-    Variant.DARL: VariantSpec(ScoreKind.CHI2, WeightRule.MIXTURE, RatioBase.PROXIMAL),
-    Variant.DARL_NOFILTER: VariantSpec(ScoreKind.RANDOM, WeightRule.MIXTURE, RatioBase.PROXIMAL),
-    Variant.DARL_NOMIS: VariantSpec(ScoreKind.CHI2, WeightRule.OWN_BEHAVIOR, RatioBase.PROXIMAL),
-}
-
-
-def needs_logprob_pass(spec: VariantSpec) -> bool:
-    """Whether the variant reads log pi_t of its candidates (score, weights or ratio base).
-
-    False for naive ``async`` (fifo score, no weights, ratio against the engine's log-probs):
-    its step needs no forward pass besides the train step's own.
-    """
-    return (spec.score in RATIO_SCORES or spec.weight_rule is not WeightRule.NONE
-            or spec.ratio_base is RatioBase.PROXIMAL)
-
-
-def with_rollout_is(spec: VariantSpec) -> VariantSpec:
-    """The spec with rollout importance sampling (``algorithm.rollout_is``) switched on.
-
-    Only for specs without behavior weights (``sync``, ``async``): the weight becomes the capped
-    ratio pi_t / mu_{v_i} of the trainer's log-probs against the engine's, and the PPO ratio is
-    taken against pi_t (verl's decoupled mode with token-level TIS). For ``sync`` this corrects
-    the engine/trainer mismatch only; for ``async`` it is the decoupled-PPO objective.
-    """
-    if spec.weight_rule is not WeightRule.NONE:
-        raise ValueError(
-            f"rollout IS applies to variants without behavior weights; this one already weights "
-            f"tokens by the capped ratio pi_t / {spec.weight_rule.value} (set mis.clip instead)"
-        )
-    return dataclasses.replace(spec, weight_rule=WeightRule.OWN_BEHAVIOR,
-                               ratio_base=RatioBase.PROXIMAL)
-
-
-def variant_spec(variant: Variant | str | VariantSpec) -> VariantSpec:
-    """The spec of a variant given by Enum, name, or an already-built spec."""
-    if isinstance(variant, VariantSpec):
-        return variant
-    try:
-        return VARIANTS[Variant(variant)]
-    except ValueError:
-        names = ", ".join(v.value for v in Variant)
-        raise ValueError(
-            f"unknown algorithm variant {variant!r}; expected one of: {names}"
-        ) from None
+from megatron_darl.algorithms.spec import (
+    CapMode, MixtureForm, RatioBase, Variant, VariantSpec, WeightRule, variant_spec,
+)
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from megatron_darl.checkpoint import checksums
+from megatron_darl.checkpoint.resume_points import METADATA_NAME  # noqa: F401 (the format's own name)
 from megatron_darl.models.qwen3.hf_io import copy_side_files
 
-METADATA_NAME = "megatron_darl.json"
 FORMAT_VERSION = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one: a loadable tokenizer
 

@@ -8,12 +8,19 @@ prompt past that budget must never reach the engine: one 1 MB prompt drives a wo
 silently. With ``data.overlong_prompts: refuse`` (the default) the launcher stops before any
 process starts, naming the file and line; with ``drop`` such prompts are skipped by the launcher
 and by every worker alike (same tokenizer, same template, same budget), counted and logged.
+
+The launcher counts through ``prompt_tokenizer``: a policy whose tokenizer is a plain
+``tokenizer.json`` with no chat template (the built-in tasks' tokenizer) is read with
+``tokenizers`` alone, the library HF's fast tokenizer encodes with, since importing
+``transformers`` costs the launch seconds (it imports torch) before any process starts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from megatron_darl.data.templates import encode_prompt
@@ -29,6 +36,41 @@ class PromptFit:
     token_ids: list[list[int]]  # chat-templated prompt ids of each kept record
     budget: int  # most prompt tokens allowed
     dropped: list[str] = field(default_factory=list)  # "where (n tokens)" of each dropped prompt
+
+
+_PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # HF's wrappers of a tokenizer.json
+
+
+class FileTokenizer:
+    """A ``tokenizer.json`` without a chat template, encoded as HF's fast tokenizer encodes it (its
+    post-processor adds the special tokens)."""
+
+    chat_template = None
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
+
+
+def prompt_tokenizer(model_dir: str | Path):
+    """The tokenizer to count ``model_dir``'s prompts with: a ``FileTokenizer`` when its
+    ``tokenizer_config.json`` names a plain fast tokenizer with no chat template and no BOS/EOS
+    switches of its own, else ``transformers.AutoTokenizer``."""
+    root = Path(model_dir)
+    config = root / "tokenizer_config.json"
+    if ((root / "tokenizer.json").is_file() and config.is_file()
+            and not any((root / name).exists() for name in ("chat_template.jinja", "chat_template.json"))):
+        settings = json.loads(config.read_text())
+        if (settings.get("tokenizer_class") in _PLAIN_CLASSES and not settings.get("chat_template")
+                and not {"add_bos_token", "add_eos_token"} & set(settings)):
+            return FileTokenizer(root / "tokenizer.json")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def prompt_budget(cfg, max_position_embeddings: int) -> tuple[int, str]:

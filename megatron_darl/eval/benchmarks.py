@@ -4,6 +4,8 @@
 mapping, prompt template, reward task) and the file path relative to the benchmark directory.
 A path can be overridden per benchmark (``tools/eval.py --<name>-path``); a missing file is an
 error that names the file, ``tools/prepare_data.py`` (which fetches it) and the flag that sets it.
+``check_benchmarks`` is the launcher's check of ``eval.benchmarks``: names and files only, so it
+lives here, away from the harness (which imports math-verify and torch).
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from megatron_darl.data.config import DataConfig, load_data_config
-from megatron_darl.eval.config import BenchmarkConfig
+from megatron_darl.data.locations import benchmark_home
+from megatron_darl.eval.config import BenchmarkConfig, PeriodicEvalConfig
+
+HELDOUT = "heldout"  # the run's own generated task, held out (``eval/periodic.py``)
+REPO = Path(__file__).resolve().parents[2]
+TABLE = REPO / "configs" / "eval" / "benchmarks.yaml"
 
 
 def load_benchmark_table(path: str | Path) -> dict[str, BenchmarkConfig]:
@@ -54,3 +61,28 @@ def resolve_benchmark(
         )
     preset = data_dir / f"{bench.data}.yaml"
     return load_data_config(preset, {"name": name, "path": str(file)})
+
+
+def known_benchmarks(table: Path = TABLE) -> list[str]:
+    """Every name ``eval.benchmarks`` accepts."""
+    return [HELDOUT, *load_benchmark_table(table)]
+
+
+def check_benchmarks(cfg: PeriodicEvalConfig, table: Path = TABLE) -> None:
+    """Every name is known and its file is there (``ValueError`` / ``FileNotFoundError`` naming the key)."""
+    known = known_benchmarks(table)
+    for name in cfg.benchmarks:
+        if name not in known:
+            raise ValueError(f"eval.benchmarks: {name!r} is not a benchmark; known: {', '.join(known)} "
+                             f"(configs/eval/benchmarks.yaml)")
+        if name != HELDOUT:
+            try:
+                benchmark_data(name, table)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"eval.benchmarks: {err}") from None
+
+
+def benchmark_data(name: str, table: Path = TABLE) -> DataConfig:
+    """The ``DataConfig`` of a benchmark of the table, its file resolved under ``benchmark_home()``."""
+    bench = load_benchmark_table(table)[name]
+    return resolve_benchmark(name, bench, REPO / "configs" / "data", benchmark_home())

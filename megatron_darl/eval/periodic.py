@@ -24,20 +24,15 @@ import dataclasses
 import logging
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from megatron_darl.data.loaders import load_dataset
-from megatron_darl.data.locations import benchmark_home
-from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
+from megatron_darl.eval.benchmarks import HELDOUT, TABLE, benchmark_data
 from megatron_darl.eval.config import EvalConfig, PeriodicEvalConfig
 from megatron_darl.eval.harness import BenchmarkResult, evaluate_benchmark, take_limit
 from megatron_darl.rewards import reference_check
 
 log = logging.getLogger(__name__)
-HELDOUT = "heldout"  # the run's own generated task, held out
-REPO = Path(__file__).resolve().parents[2]
-TABLE = REPO / "configs" / "eval" / "benchmarks.yaml"
 
 
 def is_due(cfg: PeriodicEvalConfig, version: int, final: bool) -> bool:
@@ -48,34 +43,10 @@ def is_due(cfg: PeriodicEvalConfig, version: int, final: bool) -> bool:
             or (cfg.every_n_steps > 0 and version > 0 and version % cfg.every_n_steps == 0))
 
 
-def known_benchmarks(table: Path = TABLE) -> list[str]:
-    """Every name ``eval.benchmarks`` accepts."""
-    return [HELDOUT, *load_benchmark_table(table)]
-
-
-def check_benchmarks(cfg: PeriodicEvalConfig, table: Path = TABLE) -> None:
-    """Every name is known and its file is there (``ValueError`` / ``FileNotFoundError`` naming the key)."""
-    known = known_benchmarks(table)
-    for name in cfg.benchmarks:
-        if name not in known:
-            raise ValueError(f"eval.benchmarks: {name!r} is not a benchmark; known: {', '.join(known)} "
-                             f"(configs/eval/benchmarks.yaml)")
-        if name != HELDOUT:
-            try:
-                _benchmark_data(name, table)
-            except FileNotFoundError as err:
-                raise FileNotFoundError(f"eval.benchmarks: {err}") from None
-
-
 def planned(cfg: PeriodicEvalConfig, data) -> list[str]:
     """The benchmarks a run with ``data`` evaluates: ``eval.benchmarks`` less a ``heldout`` its
     dataset has none of (the trainer asks for points only when this is not empty)."""
     return [n for n in cfg.benchmarks if n != HELDOUT or heldout_data(data) is not None]
-
-
-def _benchmark_data(name: str, table: Path):
-    bench = load_benchmark_table(table)[name]
-    return resolve_benchmark(name, bench, REPO / "configs" / "data", benchmark_home())
 
 
 def heldout_data(data) -> Any:
@@ -113,7 +84,7 @@ def heldout_sets(cfg: PeriodicEvalConfig, data, reward=None) -> dict[str, list]:
                 continue
             records = _heldout_records(data, cfg.limit)
         else:
-            bench = _benchmark_data(name, TABLE)
+            bench = benchmark_data(name, TABLE)
             records = take_limit(load_dataset(bench, reference_check(bench.task, reward)).records, cfg.limit)
         if not records:
             raise ValueError(f"eval.benchmarks: {name!r} has no prompts to evaluate")

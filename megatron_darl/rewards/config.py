@@ -4,6 +4,9 @@ Why a module of its own: every process of a run converts the composed config to 
 and that must not import math-verify (sympy: a third of a second) or the sandbox just to know
 the defaults. So the settings live here and the verifiers import them, not the other way round.
 
+``Task`` names the reward families a dataset can ask for (``data.task``), here for the same reason:
+the launcher checks the name before any verifier is needed.
+
 ``reward.fn`` names a user's own reward function (``megatron_darl.rewards.custom``); the
 ``math`` and ``code`` parts hold the built-in verifiers' settings, with the defaults they have
 always had.
@@ -13,10 +16,22 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 # sandbox.py is stdlib-only and loadable from its file alone, so SandboxConfig stays beside run_sandboxed
 from megatron_darl.rewards.sandbox import SandboxConfig
+
+
+class Task(str, Enum):
+    """Reward families a dataset can name in ``DataConfig.task``."""
+
+    MATH = "math"  # MATH-500, AIME, LightEval-style math: \boxed / patterns + math-verify
+    GSM8K = "gsm8k"  # GSM8K: "#### N" or \boxed, compared with math-verify
+    HUMANEVAL = "humaneval"  # function completion checked by the record's check()
+    STDIO = "stdio"  # stdin/stdout programs (LiveCodeBench)
+    BUILTIN = "builtin"  # the built-in arithmetic task, exact match on "answer: N"
+    COUNTDOWN = "countdown"  # the built-in countdown task: a correct chain from the numbers to the target
 
 
 @dataclass

@@ -8,30 +8,18 @@ branch on benchmarks themselves. One table keyed by the ``Task`` enum; every ent
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Callable
 
 from megatron_darl.data.records import PromptRecord
 from megatron_darl.rewards.builtin_answer import builtin_reward
 from megatron_darl.rewards.code_exec import humaneval_reward_with, stdio_reward_with
-from megatron_darl.rewards.config import RewardConfig
+from megatron_darl.rewards.config import RewardConfig, Task
 from megatron_darl.rewards.countdown import record_reward as countdown_record_reward
 from megatron_darl.rewards.custom import CustomReward
-from megatron_darl.rewards.math_answer import math_reward_with, reference_problem
+from megatron_darl.rewards.math_answer import math_reward_with
 from megatron_darl.rewards.sandbox import sandbox_mode
 
 RewardFn = Callable[[PromptRecord, str], float]
-
-
-class Task(str, Enum):
-    """Reward families a dataset can name in ``DataConfig.task``."""
-
-    MATH = "math"  # MATH-500, AIME, LightEval-style math: \boxed / patterns + math-verify
-    GSM8K = "gsm8k"  # GSM8K: "#### N" or \boxed, compared with math-verify
-    HUMANEVAL = "humaneval"  # function completion checked by the record's check()
-    STDIO = "stdio"  # stdin/stdout programs (LiveCodeBench)
-    BUILTIN = "builtin"  # the built-in arithmetic task, exact match on "answer: N"
-    COUNTDOWN = "countdown"  # the built-in countdown task: a correct chain from the numbers to the target
 
 
 def _math(record: PromptRecord, response: str, cfg: RewardConfig) -> float:
@@ -94,20 +82,6 @@ def get_reward_fn(task: str, cfg: RewardConfig | None = None) -> RewardFn:
         return entry(record, response, cfg)
 
     return reward_fn
-
-
-def reference_check(task: str, cfg: RewardConfig | None = None) -> Callable[[str], str | None] | None:
-    """The load-time check of ``task``'s references (``data.load_dataset(cfg, check_reference=)``):
-    why a reference cannot be graded, or None; None for tasks whose references need no check, and
-    when ``cfg.fn`` names the run's own reward (its references are whatever that function reads)."""
-    if (cfg is not None and cfg.fn) or task not in (Task.MATH.value, Task.GSM8K.value):
-        return None
-
-    def check(reference: str) -> str | None:
-        problem = reference_problem(reference)
-        return None if problem is None else f"math reference {problem}"
-
-    return check
 
 
 def score(record: PromptRecord, response: str, cfg: RewardConfig | None = None) -> float:

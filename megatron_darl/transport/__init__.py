@@ -7,31 +7,45 @@ run's ledger, which keeps the staleness counters and takes only authenticated re
 on standalone data-plane groups (``process_group``): a pair group per (worker, hub) for sample
 payloads (``channel``, ``links``), a broadcast group per PP stage for weights (``weight_sync``),
 or CUDA IPC handles (``cuda_ipc``) for a worker on its leader's GPU.
+
+Names are imported on first use (PEP 562): the run config reads ``config`` and ``shape`` in every
+process, the launcher's included, and that must not pull in torch with the channel.
 """
 
-from megatron_darl.transport.channel import SampleHub, SampleSender
-from megatron_darl.transport.config import (
-    ChannelConfig, ControlPlaneConfig, HeartbeatConfig, TransportConfig, WeightSyncConfig,
-)
-from megatron_darl.transport.frames import GroupFrame, GroupMeta, ReceivedGroup, frame_group, unframe_group
-from megatron_darl.transport.heartbeat import Heartbeat, PeerLoss
-from megatron_darl.transport.process_group import DataPlaneGroup, build_group
-from megatron_darl.transport.shape import StalenessBound, Topology
-from megatron_darl.transport.staleness import StalenessGate, StartTicket, release_reservations
-from megatron_darl.transport.store import (
-    TRAINER, WORKER, MemberInfo, TransportTimeout, connect_store, post_exit, published_version, register,
-    request_stop, serve_store, stop_requested, wait_for_exits,
-)
-from megatron_darl.transport.weight_receiver import WeightReceiver
-from megatron_darl.transport.weight_sync import SyncReport, WeightLoadError, WeightSender, WeightSyncFailed
+from __future__ import annotations
 
-__all__ = [
-    "ChannelConfig", "ControlPlaneConfig", "DataPlaneGroup", "GroupFrame", "GroupMeta", "Heartbeat",
-    "HeartbeatConfig", "MemberInfo", "PeerLoss", "ReceivedGroup", "SampleHub",
-    "SampleSender", "StalenessBound", "StalenessGate", "StartTicket", "SyncReport", "TRAINER", "TransportConfig",
-    "Topology", "TransportTimeout", "WORKER", "WeightLoadError", "WeightReceiver", "WeightSender", "WeightSyncConfig",
-    "WeightSyncFailed", "build_group",
-    "connect_store", "frame_group", "post_exit", "published_version", "register",
-    "release_reservations",
-    "request_stop", "serve_store", "stop_requested", "unframe_group", "wait_for_exits",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "SampleHub": "channel", "SampleSender": "channel",
+    "ChannelConfig": "config", "ControlPlaneConfig": "config", "HeartbeatConfig": "config",
+    "TransportConfig": "config", "WeightSyncConfig": "config",
+    "GroupFrame": "frames", "GroupMeta": "frames", "ReceivedGroup": "frames", "frame_group": "frames",
+    "unframe_group": "frames",
+    "Heartbeat": "heartbeat", "PeerLoss": "heartbeat",
+    "DataPlaneGroup": "process_group", "build_group": "process_group",
+    "StalenessBound": "shape", "Topology": "shape",
+    "StalenessGate": "staleness", "StartTicket": "staleness", "release_reservations": "staleness",
+    "MemberInfo": "store", "TRAINER": "store", "TransportTimeout": "store", "WORKER": "store",
+    "connect_store": "store", "post_exit": "store", "published_version": "store", "register": "store",
+    "request_stop": "store", "serve_store": "store", "stop_requested": "store", "wait_for_exits": "store",
+    "WeightReceiver": "weight_receiver",
+    "SyncReport": "weight_sync", "WeightLoadError": "weight_sync", "WeightSender": "weight_sync",
+    "WeightSyncFailed": "weight_sync",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -18,7 +18,8 @@ import pytest
 from megatron_darl import counters
 from megatron_darl.data.config import DataConfig, FieldMapConfig
 from megatron_darl.data.loaders import MalformedRowError, load_records
-from megatron_darl.rewards.registry import get_reward_fn, reference_check
+from megatron_darl.rewards.registry import get_reward_fn
+from megatron_darl.rewards.references import reference_check
 from megatron_darl.data.records import PromptRecord
 
 REPO = Path(__file__).resolve().parents[2]

@@ -212,7 +212,7 @@ def test_on_resume_reward_timeouts_may_change_what_is_rewarded_may_not(tmp_path)
 
 
 def test_a_custom_reward_s_references_are_not_held_to_the_task_s_math_check():
-    from megatron_darl.rewards.registry import reference_check
+    from megatron_darl.rewards.references import reference_check
 
     assert "has no answer" in reference_check("math")("see the rubric ####")  # nothing math-verify can grade
     assert reference_check("math", RewardConfig(fn="my_rewards:judge")) is None

@@ -1,6 +1,7 @@
 """Qwen3 dense models on Megatron-core and their Hugging Face weight mapping.
 
-Public API (importing this package does not import Megatron; building a model does):
+Public API (importing this package imports neither torch nor Megatron; names load on first use,
+PEP 562, so the launcher reads a model's shape without them):
 - ``Qwen3Spec``, ``spec_from_hf``, ``transformer_config_from_hf``, ``padded_vocab_size``,
   ``check_layout``, ``load_preset``: architecture and Megatron config (``config.py``).
 - ``build_qwen3_model``, ``qwen3_layer_spec``: the GPTModel per pipeline stage (``model.py``).
@@ -10,34 +11,33 @@ Public API (importing this package does not import Megatron; building a model do
 - ``forward_logits``, ``mask_padded_vocab_``, ``gather_vocab_logits``: logits (``logits.py``).
 """
 
-from megatron_darl.models.qwen3.config import (
-    Qwen3Spec,
-    check_layout,
-    load_preset,
-    padded_vocab_size,
-    spec_from_hf,
-    transformer_config_from_hf,
-)
-from megatron_darl.models.qwen3.logits import (
-    causal_mask,
-    forward_logits,
-    gather_vocab_logits,
-    mask_padded_vocab_,
-)
-from megatron_darl.models.qwen3.mapping import (
-    hf_to_megatron_shard,
-    iter_megatron_shard,
-    megatron_to_hf_stage,
-    stage_hf_names,
-    stage_layers,
-)
-from megatron_darl.models.qwen3.model import build_qwen3_model, qwen3_layer_spec
-from megatron_darl.models.qwen3.weights import load_hf_checkpoint, load_hf_weights
+from __future__ import annotations
 
-__all__ = [
-    "Qwen3Spec", "build_qwen3_model", "causal_mask", "check_layout", "forward_logits",
-    "gather_vocab_logits", "hf_to_megatron_shard", "iter_megatron_shard", "load_hf_checkpoint",
-    "load_hf_weights", "load_preset", "mask_padded_vocab_", "megatron_to_hf_stage",
-    "padded_vocab_size", "qwen3_layer_spec", "spec_from_hf", "stage_hf_names", "stage_layers",
-    "transformer_config_from_hf",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "Qwen3Spec": "config", "check_layout": "config", "load_preset": "config", "padded_vocab_size": "config",
+    "spec_from_hf": "config", "transformer_config_from_hf": "config",
+    "causal_mask": "logits", "forward_logits": "logits", "gather_vocab_logits": "logits",
+    "mask_padded_vocab_": "logits",
+    "hf_to_megatron_shard": "mapping", "iter_megatron_shard": "mapping", "megatron_to_hf_stage": "mapping",
+    "stage_hf_names": "mapping", "stage_layers": "mapping",
+    "build_qwen3_model": "model", "qwen3_layer_spec": "model",
+    "load_hf_checkpoint": "weights", "load_hf_weights": "weights",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -13,9 +13,10 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
 SUPPORTED_MODEL_TYPES = ("qwen3",)
@@ -158,20 +159,24 @@ def transformer_config_from_hf(
     hf_config: Any,
     tp: int = 1,
     pp: int = 1,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     on_cpu: bool = False,
     **overrides: Any,
 ):
     """Megatron ``TransformerConfig`` for a Qwen3 HF config at this layout and dtype.
 
     ``overrides`` are passed to ``TransformerConfig`` last (recompute, init options...), and are
-    dropped with a ``ValueError`` if this megatron-core version does not know them.
+    dropped with a ``ValueError`` if this megatron-core version does not know them. ``dtype``
+    defaults to float32. torch is imported here, not with the module: the launcher reads model
+    shapes (``spec_from_hf``) before it needs torch.
     """
     import dataclasses
 
+    import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    dtype = torch.float32 if dtype is None else dtype
     spec = hf_config if isinstance(hf_config, Qwen3Spec) else spec_from_hf(hf_config)
     check_layout(spec, tp, pp)
     kwargs: dict[str, Any] = dict(
