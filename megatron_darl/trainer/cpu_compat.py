@@ -7,6 +7,12 @@ few entry points once per process and installs a ``TorchFunctionMode`` that rewr
 arguments to CPU. It is only imported (by ``megatron_darl.trainer.parallel``) when no GPU is
 used; the GPU path never touches it.
 
+Megatron is imported here too, on CPU, with ``torch.compile`` a no-op decorator
+(``import_megatron``): Megatron wraps its fused kernels in ``torch.compile`` at import, and the
+wrapping alone imports inductor, about 2.5 s of the 4.5 s Megatron import that every CPU trainer
+process pays. Those kernels are the fusions a CPU run switches off
+(``transformer_config_from_hf(on_cpu=True)``); one called anyway runs eagerly.
+
 Caveat: torch function modes are *thread-local*. ``apply_cpu_compat()`` enters the mode on the
 calling thread only; a worker thread that allocates Megatron tensors must call
 ``enter_cpu_device_mode()`` itself.
@@ -15,6 +21,7 @@ calling thread only; a worker thread that allocates Megatron tensors must call
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 
 import torch
@@ -112,6 +119,23 @@ def enter_cpu_device_mode() -> None:
         stack = contextlib.ExitStack()
         stack.enter_context(CpuDeviceMode())
         _LOCAL.stack = stack
+
+
+def import_megatron() -> None:
+    """Import ``megatron.core`` with ``torch.compile`` a no-op decorator (once per process; a
+    process that imported Megatron already keeps what it has)."""
+    if "megatron.core" in sys.modules:
+        return
+    real = torch.compile
+
+    def no_compile(model=None, **kwargs):
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = no_compile
+    try:
+        import megatron.core  # noqa: F401
+    finally:
+        torch.compile = real
 
 
 def apply_cpu_compat() -> None:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from megatron_darl.ports import free_port
 from megatron_darl.trainer.config import ParallelConfig
-from megatron_darl.trainer.cpu_compat import apply_cpu_compat
+from megatron_darl.trainer.cpu_compat import apply_cpu_compat, import_megatron
 
 
 @dataclass
@@ -104,11 +104,13 @@ def init_parallel(
     Returns:
         The ``ParallelState`` of this rank. On CPU, ``cpu_compat`` is applied first.
     """
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        import_megatron()  # without its import-time torch.compile wrappers (cpu_compat)
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
 
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
-    on_cpu = not torch.cuda.is_available()
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if not on_cpu else "gloo")
     if on_cpu == (backend == "nccl"):
         raise ValueError(
             f"ParallelConfig.backend={cfg.backend!r} with CUDA "

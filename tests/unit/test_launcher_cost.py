@@ -1,15 +1,16 @@
-"""What the launcher pays before its first child starts, and the prompt count it does that with.
+"""What a launch pays before its first step: the launcher before its children, a CPU trainer's imports.
 
 A launch's children import torch, Megatron and the engine anyway; the launcher's own checks
 (config, run dir, dataset, prompt lengths) must not, or every launch waits for those imports twice
 over (about 4 s of a CPU launch's 5, measured, before the children started). The prompt-length check
 reads a plain ``tokenizer.json`` through ``tokenizers`` alone, and must count exactly what HF's tokenizer
-counts.
+counts. A CPU trainer imports Megatron without the inductor its import-time compile wrappers pull in.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -80,3 +81,23 @@ def test_a_tokenizer_with_a_template_or_its_own_switches_goes_through_transforme
     messages = [{"role": "user", "content": "1 + 2"}]
     assert encode_prompt(templated, messages) == \
         encode_prompt(AutoTokenizer.from_pretrained(str(tmp_path / "template")), messages)
+
+
+_CPU_TRAINER_START = """
+import sys, torch
+from megatron_darl.trainer.parallel import init_single_process
+real = torch.compile
+ps = init_single_process()
+from megatron.core import jit
+print("inductor", "torch._inductor.compile_fx" in sys.modules, "restored", torch.compile is real,
+      "fuser", jit.jit_fuser(len) is len, "world", ps.world_size)
+"""
+
+
+def test_a_cpu_trainer_imports_megatron_without_inductor():
+    """Megatron's import-time ``torch.compile`` wrappers import inductor (2.5 s a CPU trainer process)
+    for fusions a CPU run switches off: the trainer imports it with the wrapper a no-op, and
+    ``torch.compile`` is itself again afterwards."""
+    out = subprocess.run([sys.executable, "-c", _CPU_TRAINER_START], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert "inductor False restored True fuser True world 1" in out.stdout, out.stdout + out.stderr[-3000:]
