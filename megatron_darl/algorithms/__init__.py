@@ -9,8 +9,7 @@ are named in ``spec`` (no tensor code), and the launcher must not pull in torch 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from megatron_darl.lazy import lazy_exports
 
 _HOMES = {
     "CapMode": "spec", "KLEstimator": "spec", "MixtureForm": "spec", "RATIO_SCORES": "spec",
@@ -29,17 +28,4 @@ _HOMES = {
     "BatchWeights": "variants", "batch_behavior_weights": "variants",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _HOMES, globals())

@@ -12,8 +12,7 @@ process, and that must not pull in math-verify (sympy) or the sandbox with it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from megatron_darl.lazy import lazy_exports
 
 _HOMES = {
     "CodeRewardConfig": "config", "extract_code": "code_exec", "humaneval_reward": "code_exec",
@@ -28,17 +27,4 @@ _HOMES = {
     "SandboxUnavailableError": "sandbox", "run_sandboxed": "sandbox", "sandbox_mode": "sandbox",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _HOMES, globals())

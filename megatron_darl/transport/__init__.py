@@ -14,8 +14,7 @@ process, the launcher's included, and that must not pull in torch with the chann
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from megatron_darl.lazy import lazy_exports
 
 _HOMES = {
     "SampleHub": "channel", "SampleSender": "channel",
@@ -35,17 +34,4 @@ _HOMES = {
     "WeightSyncFailed": "weight_sync",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _HOMES, globals())

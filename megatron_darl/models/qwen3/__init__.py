@@ -13,8 +13,7 @@ PEP 562, so the launcher reads a model's shape without them):
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from megatron_darl.lazy import lazy_exports
 
 _HOMES = {
     "Qwen3Spec": "config", "check_layout": "config", "load_preset": "config", "padded_vocab_size": "config",
@@ -27,17 +26,4 @@ _HOMES = {
     "load_hf_checkpoint": "weights", "load_hf_weights": "weights",
 }
 
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _HOMES, globals())
