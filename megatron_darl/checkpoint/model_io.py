@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from megatron_darl.checkpoint import checksums
-from megatron_darl.checkpoint.resume_points import METADATA_NAME  # noqa: F401 (the format's own name)
+from megatron_darl.checkpoint.resume_points import COMPLETION_MARKER as METADATA_NAME
 from megatron_darl.models.qwen3.hf_io import copy_side_files
 
 FORMAT_VERSION = 1

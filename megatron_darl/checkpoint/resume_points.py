@@ -1,11 +1,11 @@
 """Which checkpoints of a run directory are resume points: one answer for the launcher and the loop.
 
 A checkpoint is written to ``step_NNNNNN.tmp`` and renamed to ``step_NNNNNN`` only after its
-last file, the completion marker ``megatron_darl.json`` (``METADATA_NAME``, the format's metadata), is in
-place. A kill, a full disk or a lost mount can leave a ``.tmp`` directory, or (copied by hand,
-damaged) a final-named directory without the marker. Neither is a resume point, for the launcher
-(which tells the workers to wait for resumed weights) and the trainer alike: both ask
-``complete_checkpoints``, so they never disagree on whether a run resumes.
+last file, the completion marker ``megatron_darl.json`` (the format's metadata,
+``model_io.METADATA_NAME``), is in place. A kill, a full disk or a lost mount can leave a ``.tmp``
+directory, or (copied by hand, damaged) a final-named directory without the marker. Neither is a
+resume point, for the launcher (which tells the workers to wait for resumed weights) and the
+trainer alike: both ask ``complete_checkpoints``, so they never disagree on whether a run resumes.
 
 Completeness is judged from names and the marker's presence only, never from file contents, so
 checksums or retention rules of the checkpoint writer do not change the answer. The marker's
@@ -18,9 +18,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-METADATA_NAME = "megatron_darl.json"  # a checkpoint's metadata file (model_io), written last
 CHECKPOINTS_DIR = "checkpoints"  # under the run dir
-COMPLETION_MARKER = METADATA_NAME  # the last file a checkpoint write puts in place
+COMPLETION_MARKER = "megatron_darl.json"  # a checkpoint's metadata (model_io): its write's last file
 _FINAL = re.compile(r"step_(\d+)")  # a final name: no suffix
 
 
