@@ -45,6 +45,11 @@
 # trains its 100 steps in 160-265 s (1.6-2.6 s a step) and scores its 5 points in 45-62 s.
 # 22 runs at once (11 a GPU) did not finish in 540 s. $OUT/progress.txt says how far each run
 # got when a call ends.
+# Measured on one H200 (16 cores, 5c72442): 4 runs at once take 410 s on a fresh machine and
+# 336-341 s on a warm one, 3 runs 338 s (the host's cores, not the GPU, bound a run-step), so a
+# seed is six calls there, e.g. --staleness 1 --variants sync,async,decoupled,darl --parallel 4
+# --runs-per-gpu 4, then darl_once,darl_nomis,darl_nofilter,darl_keta; about 2,100 s of device
+# time a seed, more than one session's 1,800: send its calls back to back, four in a session.
 set -u
 OUT=${OUT:-/tmp/darl_vs_out}
 mkdir -p "$OUT"
