@@ -11,13 +11,18 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import shutil
+import socket
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
 
 from megatron_darl.models.config import WarmStartConfig
+
+LOCK_WAIT_S = 1800.0  # longest a run waits for another's fit (the 57M task fit takes about a minute)
 
 
 def cache_key(cfg: WarmStartConfig) -> str:
@@ -29,14 +34,15 @@ def cache_key(cfg: WarmStartConfig) -> str:
 
 
 def cached_fit(cfg: WarmStartConfig, key: str, fit: Callable[[Path], Path], what: str, log=print,
-               tag: str = "warmstart") -> Path:
+               tag: str = "warmstart", lock_wait_s: float = LOCK_WAIT_S) -> Path:
     """``cfg.cache_dir/key``, made by ``fit(tmp_dir)`` first when absent.
 
     Fitting writes to a temporary sibling directory of this process, renamed into place only on
     success, so an interrupted run never leaves a half-written policy in the cache. Runs started
     at once on one cache (a study's first runs, the ranks of a job) take a file lock per key: one
     fits, the others wait for it and reuse its policy; leftovers of a fit that died are removed
-    under the lock.
+    under the lock. A wait longer than ``lock_wait_s`` raises ``TimeoutError`` naming the lock
+    file and the process holding it (a hung fit must not hang every run behind it).
     """
     root = Path(cfg.cache_dir).expanduser()
     final = root / key
@@ -44,7 +50,8 @@ def cached_fit(cfg: WarmStartConfig, key: str, fit: Callable[[Path], Path], what
         log(f"[{tag}] reusing cached initial policy {final}")
         return final
     root.mkdir(parents=True, exist_ok=True)
-    with _key_lock(root / f".{key}.lock", lambda: log(f"[{tag}] waiting for another run fitting {final}")):
+    with _key_lock(root / f".{key}.lock", lambda: log(f"[{tag}] waiting for another run fitting {final}"),
+                   lock_wait_s):
         if (final / "config.json").exists():
             log(f"[{tag}] reusing cached initial policy {final} (fitted by another run)")
             return final
@@ -63,14 +70,30 @@ def cached_fit(cfg: WarmStartConfig, key: str, fit: Callable[[Path], Path], what
 
 
 @contextlib.contextmanager
-def _key_lock(path: Path, on_wait: Callable[[], None]) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` for the block (released when the process dies, too)."""
+def _key_lock(path: Path, on_wait: Callable[[], None], wait_s: float) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` for the block (released when the process dies, too),
+    waited for at most ``wait_s``; the holder writes its host and pid into the file for the
+    message of a run that gives up on it."""
     with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        deadline, waiting = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    on_wait()
+                    waiting = True
+                if time.monotonic() > deadline:
+                    handle.seek(0)
+                    holder = handle.read().strip() or "a process that wrote no name"
+                    raise TimeoutError(f"{path}: held by {holder} for over {wait_s:.0f} s (a fit that "
+                                       "hangs?); ending that process frees it") from None
+                time.sleep(0.2)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
         try:
             yield
         finally:

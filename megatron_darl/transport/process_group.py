@@ -41,9 +41,15 @@ class DataPlaneGroup:
         """In-place broadcast from group rank ``root`` with the group timeout; errors say ``what``."""
         self.broadcast_async(tensor, root, what)()
 
-    def broadcast_async(self, tensor: torch.Tensor, root: int, what: str) -> Callable[[], None]:
-        """Start an in-place broadcast; returns a function that waits for it (with the timeout)."""
+    def broadcast_async(self, tensor: torch.Tensor, root: int, what: str,
+                        given_up: Callable[[], str | None] | None = None) -> Callable[[], None]:
+        """Start an in-place broadcast; returns a function that waits for it (with the timeout),
+        on a gloo group while asking ``given_up`` as ``broadcast_watched`` does, when given: the
+        root of a broadcast one member walked away from (it posted its failure) would otherwise
+        wait until that member's end of the pair closes, or for the group timeout."""
         work = self._start_broadcast(tensor, root, what)
+        if given_up is not None and self.backend == "gloo":
+            return lambda: self._wait_watched(work, what, given_up, 1.0)
 
         def wait() -> None:
             try:
@@ -75,7 +81,9 @@ class DataPlaneGroup:
         if self.backend != "gloo":
             self.broadcast(tensor, root, what)
             return
-        work = self._start_broadcast(tensor, root, what)
+        self._wait_watched(self._start_broadcast(tensor, root, what), what, given_up, first_look_s)
+
+    def _wait_watched(self, work, what: str, given_up: Callable[[], str | None], first_look_s: float) -> None:
         try:
             start, nap, next_look = time.monotonic(), 0.0005, first_look_s
             while not work.is_completed():

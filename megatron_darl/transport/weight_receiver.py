@@ -24,7 +24,6 @@ from functools import partial
 from typing import Callable, Iterable
 
 import torch
-import torch.distributed as dist
 
 from megatron_darl.transport.buckets import BucketEntry, unpack
 from megatron_darl.transport.config import ControlPlaneConfig, WeightSyncConfig

@@ -37,7 +37,10 @@ stops instead of training on while every worker waits for weights that never com
 A member that dies in a round (lost by heartbeat, or another process of its id beats in its
 place: restarted) is that worker's loss, not the sync's: it is named, the round's other members
 are served again, and the publish goes on without it; a restarted process is a new member (its
-own tries) that the leader serves like any late worker.
+own tries) that the leader serves like any late worker. The leader's wait on a gloo bucket
+watches its members: one that posted its failure of the round (it walked away from the
+broadcast) or died ends the round at once, so the leader does not wait for that member's socket
+to close or for the collective timeout.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import json
 import logging
 import socket
 import time
+from functools import partial
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -286,7 +290,7 @@ class WeightSender:
                 self._groups[group_key] = (epoch, group)
             elif cached is not None:
                 group = cached[1]
-            report.buckets, report.bytes = self._stream(offer, sent, attempt, source, ipc, group)
+            report.buckets, report.bytes = self._stream(offer, sent, attempt, source, ipc, bcast, group)
         except TransportTimeout as exc:
             log.error("weight sync v%d stage %d round %d failed, members %s: %s",
                       sent, self.stage, attempt, members, exc)
@@ -382,8 +386,8 @@ class WeightSender:
     # ---- streaming ----------------------------------------------------------------------------
     def _stream(self, offer: int, version: int, attempt: int,
                 source: Iterable[tuple[str, torch.Tensor]] | StagedWeights, ipc: list[int],
-                group: DataPlaneGroup | None) -> tuple[int, int]:
-        state = {"n": 0, "attempt": attempt, "offer": offer, "version": version}
+                bcast: list[int], group: DataPlaneGroup | None) -> tuple[int, int]:
+        state = {"n": 0, "attempt": attempt, "offer": offer, "version": version, "bcast": bcast}
         try:
             return self._stream_buckets(self._packed(source, ipc, group), state, ipc, group)
         except TransportTimeout:
@@ -422,7 +426,8 @@ class WeightSender:
             state["n"] = n
             waits = []
             if group is not None:
-                waits.append(group.broadcast_async(buf, 0, f"v{state['version']} stage {self.stage} bucket {n - 1}"))
+                waits.append(group.broadcast_async(buf, 0, f"v{state['version']} stage {self.stage} bucket {n - 1}",
+                                                   given_up=partial(self._left, offer, attempt, state["bcast"])))
             if ipc:
                 waits.append(lambda index=n - 1: self._await_done(offer, attempt, index, ipc))
             pending = lambda waits=waits, keep=buf: [w() for w in waits]  # noqa: E731 - buf lives until done
@@ -430,6 +435,18 @@ class WeightSender:
             pending()
         self._store.set(SyncKeys.bucket(offer, self.stage, attempt, n), json.dumps({"last": True}))
         return n, total
+
+    def _left(self, offer: int, attempt: int, members: list[int]) -> str | None:
+        """Why a broadcast member of this attempt will not take the rest of it, or None: it posted
+        its failure (it walked away: its end of the group is no longer read) or it is gone."""
+        self._hb.refresh(self._store)
+        for w in members:
+            key = SyncKeys.result(offer, self.stage, attempt, w)
+            if self._store.check([key]) and self._store.get(key) != b"1":
+                return f"{describe_peer(self._store, WORKER, w)} left it (posted its failure of this attempt)"
+            if self._dead(w):
+                return self._failure(offer, w)
+        return None
 
     def _await_done(self, offer: int, attempt: int, index: int, ipc: list[int]) -> None:
         """Wait until every IPC member read bucket ``index``; a lost or failed one ends the attempt."""

@@ -1,7 +1,9 @@
 """``DataPlaneGroup.broadcast_watched``: a receiving member of a gloo broadcast walks away as soon
 as the sender says it gave up, instead of waiting out the group's timeout (a weight sync whose
-leader lost another member held the remaining ones 300 s). Real gloo groups over the run's store,
-one thread per member."""
+leader lost another member held the remaining ones 300 s); and the root's watched wait
+(``broadcast_async(given_up=...)``) ends as soon as a member says it left, not when that member's
+socket happens to close (a weight-sync leader sat 16-60 s in a bucket its members had left).
+Real gloo groups over the run's store, one thread per member."""
 
 from __future__ import annotations
 
@@ -61,3 +63,15 @@ def test_a_broadcast_that_completes_never_asks_and_delivers():
     for t in threads:
         t.join(10)
     assert all(torch.equal(g, data) for g in got) and asked == []
+
+
+def test_the_root_stops_sending_once_a_member_says_it_left():
+    root, _a, _b = _groups("ws/test/root_watch", 3, timeout_s=30.0)
+    left = threading.Event()
+    threading.Timer(1.5, left.set).start()  # a member posts its failure 1.5 s in
+    data = torch.zeros(64 << 20, dtype=torch.uint8)  # more than the sockets buffer: unread, it never completes
+    start = time.monotonic()
+    wait = root.broadcast_async(data, 0, "bucket 0", given_up=lambda: "rollout 1 left it" if left.is_set() else None)
+    with pytest.raises(TransportTimeout, match="given up: rollout 1 left it"):
+        wait()
+    assert 1.5 <= time.monotonic() - start < 5.0, time.monotonic() - start

@@ -77,3 +77,52 @@ def test_a_dead_fit_leaves_nothing_a_later_run_trips_on(tmp_path: Path):
 
     assert cached_fit(cfg, "k1", fits, "a test policy", log=lambda m: None) == cache / "k1"
     assert sorted(p.name for p in cache.iterdir()) == [".k1.lock", "k1"]
+
+
+HOLDER = r"""
+import json, sys, time
+from pathlib import Path
+from launch.warmstart import cached_fit
+from megatron_darl.models.config import WarmStartConfig
+
+cache, release = Path(sys.argv[1]), Path(sys.argv[2])
+
+def fit(tmp: Path) -> Path:
+    (cache.parent / "fitting").touch()
+    while not release.exists():  # a fit that does not end until the test lets it
+        time.sleep(0.05)
+    (tmp / "config.json").write_text("{}")
+    return tmp
+
+print(cached_fit(WarmStartConfig(cache_dir=str(cache)), "k7", fit, "a test policy", log=lambda m: None))
+"""
+
+
+def test_a_run_behind_a_hung_fit_gives_up_naming_the_holder(tmp_path: Path):
+    from launch.warmstart import cached_fit
+    from megatron_darl.models.config import WarmStartConfig
+
+    cache, release = tmp_path / "cache", tmp_path / "release"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(cache), str(release)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "fitting").exists():
+            assert holder.poll() is None and time.monotonic() < deadline, holder.stderr.read()
+            time.sleep(0.05)
+        cfg, waits = WarmStartConfig(cache_dir=str(cache)), []
+        began = time.monotonic()
+        try:
+            cached_fit(cfg, "k7", lambda tmp: tmp, "a test policy", log=waits.append, lock_wait_s=0.5)
+            raise AssertionError("a run behind a fit that never ends returned")
+        except TimeoutError as exc:
+            message = str(exc)
+        assert 0.5 <= time.monotonic() - began < 30
+        assert str(cache / ".k7.lock") in message and f"pid {holder.pid} on " in message, message
+        assert len(waits) == 1 and "waiting for another run" in waits[0]
+        release.touch()  # the fit ends: the next run reuses its policy
+        out, err = holder.communicate(timeout=60)
+        assert holder.returncode == 0, err[-2000:]
+        assert cached_fit(cfg, "k7", lambda tmp: tmp, "a test policy", log=lambda m: None) == cache / "k7"
+    finally:
+        holder.kill()

@@ -38,6 +38,7 @@ def parse() -> argparse.Namespace:
         ("hb-timeout", float, 4.0), ("join-timeout", float, 2.0), ("timeout", float, 60.0),
         ("drain-timeout", float, 30.0), ("channel", str, "dataplane"), ("refuse-stale", int, 0),
         ("out", str, ""), ("model-dir", str, ""), ("secret", str, ""), ("source", str, "tests.distributed.procs.sources:hf_stages"),
+        ("await-workers", int, 0),
     ]:
         p.add_argument(f"--{name}", type=typ, default=default)
     return p.parse_args()
@@ -77,6 +78,8 @@ def main() -> int:
     hub = SampleHub(store, control, channel, topology, a.rank) if a.rank < a.hubs else None
     source = load_source(a.source)
     per_hub = a.gps // a.hubs
+    if a.await_workers and a.rank == 0:
+        _await_workers(a, hb, store)
     for step in range(1, a.steps + 1):
         hb.step = step
         if hub is not None:
@@ -101,6 +104,18 @@ def main() -> int:
     hb.close()
     dist.destroy_process_group()
     return 0
+
+
+def _await_workers(a: argparse.Namespace, hb: Heartbeat, store) -> None:
+    """``--await-workers``: every worker beats before the first step, for a scenario that needs
+    them all in v1's sync (the loop itself serves whoever is live; a later one joins a later
+    version)."""
+    deadline = time.monotonic() + a.timeout
+    while missing := [w for w in range(a.workers) if not hb.is_alive(WORKER, w)]:
+        if time.monotonic() > deadline:
+            raise TransportTimeout(f"workers {missing} not beating {a.timeout:.0f} s after the trainer started")
+        time.sleep(0.05)
+        hb.refresh(store)
 
 
 def _receive(a: argparse.Namespace, hub: SampleHub, store, n: int, step: int) -> None:
