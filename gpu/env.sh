@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Sourced by the gpu/*_run.sh scripts on the GPU machine: the carried wheels (.whl:
-# megatron-core, hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended) installed once
-# into /tmp/site, vLLM from /tmp/vsite when staged (../shared/vllm-kit), and the environment every
-# run there wants.
+# Sourced by the gpu/*_run.sh scripts on the GPU machine: the carried wheels (.whl, made here by
+# gpu/wheels.sh: megatron-core, hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended)
+# installed once into /tmp/site, vLLM from /tmp/vsite when staged (../shared/vllm-kit), and the
+# environment every run there wants.
 if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/megatron ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl || { echo "[device] installing .whl failed"; exit 1; }

@@ -3,7 +3,8 @@
 #
 #   DARL_COMMIT=<sha> bash gpu/variant_study.sh SECONDS [benchmarks/variant_study.py args...]
 #
-# (carry .whl: megatron-core, hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended.)
+# (carry .whl, made by gpu/wheels.sh: megatron-core, hydra-core, omegaconf, antlr4, math-verify,
+# latex2sympy2_extended.)
 # A study outlasts one call, and a GPU warm start is not bitwise reproducible across machines, so
 # everything a later call needs stays in /tmp/darl_vs on the machine, which keeps it while warm:
 # the fitted initial policy (warmstart/), the partial file of finished runs (partial.json) and the
