@@ -2,7 +2,7 @@
 as the sender says it gave up, instead of waiting out the group's timeout (a weight sync whose
 leader lost another member held the remaining ones 300 s); and the root's watched wait
 (``broadcast_async(given_up=...)``) ends as soon as a member says it left, not when that member's
-socket happens to close (a weight-sync leader sat 16-60 s in a bucket its members had left).
+socket happens to close (a weight-sync leader can otherwise sit in a bucket its members left).
 Real gloo groups over the run's store, one thread per member."""
 
 from __future__ import annotations
