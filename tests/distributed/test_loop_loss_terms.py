@@ -1,11 +1,12 @@
 """The main job on CPU with both optional loss terms on (entropy bonus, KL to the initial policy).
 
-Two steps of ``experiment=smoke`` with ``algorithm.entropy_coef`` and ``algorithm.kl_coef`` set: the
-run completes, every step logs ``entropy`` (in (0, log V]) and ``kl_ref`` (exactly 0 at step 0,
-where the policy still is the reference, and >= 0 for k3), reference rows were computed, and the
-checkpoint carries the reference weights (snapshot v0) a resume needs. At TP = 2 (slow) a run (sync:
-its steps do not depend on timing) logs what TP = 1 logs: the entropy's extra all-reduce, the
-reference pass and the regularised inputs' broadcast to the hub's TP peer.
+Two steps of ``experiment=smoke`` with ``algorithm.entropy_coef`` and ``algorithm.kl_coef`` set (and
+``replay.fill_batch``, so that each step trains): the run completes, every step logs ``entropy``
+(in (0, log V]) and ``kl_ref`` (exactly 0 at step 0, where the policy still is the reference, and
+>= 0 for k3), reference rows were computed, and the checkpoint carries the reference weights
+(snapshot v0) a resume needs. At TP = 2 (slow) a run (sync: its steps do not depend on timing)
+logs what TP = 1 logs: the entropy's extra all-reduce, the reference pass and the regularised
+inputs' broadcast to the hub's TP peer.
 """
 
 import json
@@ -15,7 +16,10 @@ import pytest
 
 from tests.distributed.test_loop_smoke import run_smoke
 
-TERMS = ("algorithm.entropy_coef=0.001", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=k3")
+# replay.fill_batch: every step trains B groups of unequal rewards (at 2 groups of 4 from the tiny
+# policy, a step of two all-zero groups trains nothing, and has no entropy to log)
+TERMS = ("algorithm.entropy_coef=0.001", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=k3",
+         "replay.fill_batch=true")
 
 
 @pytest.fixture(scope="module")
