@@ -16,16 +16,15 @@ import pytest
 
 from tests.distributed.test_loop_smoke import run_smoke
 
-# replay.fill_batch: every step trains B groups of unequal rewards (at 2 groups of 4 from the tiny
-# policy, a step of two all-zero groups trains nothing, and has no entropy to log)
-TERMS = ("algorithm.entropy_coef=0.001", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=k3",
-         "replay.fill_batch=true")
+TERMS = ("algorithm.entropy_coef=0.001", "algorithm.kl_coef=0.001", "algorithm.kl_estimator=k3")
 
 
 @pytest.fixture(scope="module")
 def tp1(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("terms_tp1")
-    return run_dir, run_smoke(run_dir, *TERMS, steps=2)
+    # replay.fill_batch: every step trains B groups of unequal rewards (at 2 groups of 4 from the
+    # tiny policy, a step of two all-zero groups trains nothing, and has no entropy to log)
+    return run_dir, run_smoke(run_dir, *TERMS, "replay.fill_batch=true", steps=2)
 
 
 def test_smoke_run_with_entropy_and_kl_terms_logs_both(tp1):
