@@ -330,13 +330,18 @@ class WeightSender:
         while len(results) < len(members) and time.monotonic() < deadline:
             self._hb.refresh(self._store)
             for w in members:
-                key = SyncKeys.result(offer, self.stage, attempt, w)
-                if w not in results and self._store.check([key]):
-                    results[w] = self._store.get(key) == b"1"
-                elif w not in results and (self._dead(w) or self._gave_up(offer, w)):
-                    results[w] = False
+                if w not in results and (loaded := self._outcome(offer, attempt, w)) is not None:
+                    results[w] = loaded
             time.sleep(self._control.poll_interval_s)
         return [w for w in members if not results.get(w, False)]
+
+    def _outcome(self, offer: int, attempt: int, worker: int) -> bool | None:
+        """Whether ``worker`` loaded this attempt: what it posted, False once it gave up the offer
+        or is gone, None while neither is known."""
+        key = SyncKeys.result(offer, self.stage, attempt, worker)
+        if self._store.check([key]):
+            return self._store.get(key) == b"1"
+        return False if self._dead(worker) or self._gave_up(offer, worker) else None
 
     def _gave_up(self, offer: int, worker: int) -> bool:
         """The worker posted that it failed this offer (e.g. its engine could not load it)."""
@@ -440,13 +445,8 @@ class WeightSender:
         """Why a broadcast member of this attempt will not take the rest of it, or None: it posted
         its failure (it walked away: its end of the group is no longer read) or it is gone."""
         self._hb.refresh(self._store)
-        for w in members:
-            key = SyncKeys.result(offer, self.stage, attempt, w)
-            if self._store.check([key]) and self._store.get(key) != b"1":
-                return f"{describe_peer(self._store, WORKER, w)} left it (posted its failure of this attempt)"
-            if self._dead(w):
-                return self._failure(offer, w)
-        return None
+        gone = [w for w in members if self._outcome(offer, attempt, w) is False]
+        return f"{self._failure(offer, gone[0])} (it left this attempt)" if gone else None
 
     def _await_done(self, offer: int, attempt: int, index: int, ipc: list[int]) -> None:
         """Wait until every IPC member read bucket ``index``; a lost or failed one ends the attempt."""
