@@ -11,8 +11,9 @@ prefix and rebuilt rather than repaired.
 from __future__ import annotations
 
 import datetime as _dt
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -31,6 +32,7 @@ class DataPlaneGroup:
     backend: str  # "gloo" or "nccl"
     name: str  # store prefix, used in errors
     timeout_s: float  # timeout of every collective on it
+    _works: list = field(default_factory=list, repr=False)  # collectives started, not seen over
 
     @property
     def device(self) -> torch.device:
@@ -65,9 +67,23 @@ class DataPlaneGroup:
         opts.rootRank, opts.rootTensor = root, 0
         opts.timeout = _dt.timedelta(seconds=self.timeout_s)
         try:
-            return self.pg.broadcast([tensor], opts)
+            work = self.pg.broadcast([tensor], opts)
         except (RuntimeError, dist.DistError) as exc:
             raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
+        self._works = [w for w in self._works if not w.is_completed()] + [work]
+        return work
+
+    def retire(self) -> None:
+        """Let go of this group without waiting for it. A gloo group's destructor joins its
+        threads, and one still in a collective that a member walked away from holds them until
+        that member's end closes or the group timeout: dropping the last reference there would
+        stall the caller (a stage leader between rounds, a worker before it posts its result) for
+        up to the whole timeout. A daemon thread keeps the group until its collectives are over,
+        so whoever drops the last reference does so at once; one still waiting at exit is left."""
+        works, self._works = [w for w in self._works if not w.is_completed()], []
+        if works:
+            threading.Thread(target=_hold_until_done, args=(self, works), daemon=True,
+                             name=f"retire {self.name}").start()
 
     def broadcast_watched(self, tensor: torch.Tensor, root: int, what: str,
                           given_up: Callable[[], str | None], first_look_s: float = 1.0) -> None:
@@ -99,6 +115,13 @@ class DataPlaneGroup:
             work.wait()  # raises the collective's own error, if any
         except (RuntimeError, dist.DistError) as exc:
             raise TransportTimeout(f"{self.name} rank {self.rank}: broadcast of {what} failed: {exc}") from exc
+
+
+def _hold_until_done(group: DataPlaneGroup, works: list) -> None:
+    """Keep ``group`` alive until ``works`` are over (each ends by the group timeout at most)."""
+    deadline = time.monotonic() + group.timeout_s + 60
+    while any(not w.is_completed() for w in works) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def resolve_backend(backend: str) -> str:

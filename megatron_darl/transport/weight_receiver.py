@@ -174,7 +174,8 @@ class WeightReceiver:
         except TransportTimeout as exc:
             log.error("%s failed: %s", what, exc)
             self._late = False
-            self._groups = {k: g for k, g in self._groups.items() if k[0] != stage}
+            for key in [k for k in self._groups if k[0] == stage]:
+                self._groups.pop(key).retire()
             return False
 
     def _group(self, stage: int, epoch: int, members: list[int], backend: str) -> DataPlaneGroup:

@@ -296,7 +296,8 @@ class WeightSender:
                       sent, self.stage, attempt, members, exc)
         failed = self._member_results(offer, attempt, members)
         if failed:  # a member died or failed: its end of every group it is in is gone
-            self._groups = {k: v for k, v in self._groups.items() if not set(k[1]) & set(failed)}
+            for key in [k for k in self._groups if set(k[1]) & set(failed)]:
+                self._groups.pop(key)[1].retire()
         return failed
 
     def _ready_info(self, offer: int, worker: int, rnd: int = 0) -> dict:

@@ -51,9 +51,12 @@ def test_every_worker_holds_the_export_bitwise_and_acked(tmp_path):
     assert any(m.startswith("rollout 2 (") for m in coordinator[1]["missing"])
     stage1 = sc.records("sync1.jsonl")
     assert [r["members"] for r in stage1] == [[0, 1, 2], [0, 1], [0, 1]] and all(r["buckets"] >= 2 for r in stage1)
-    # no leader sits in a broadcast its members left: v2 ends about when the dead one is named
-    # (heartbeat timeout 4 s), not when its socket closes or at the 60 s collective timeout
-    assert all(r["seconds"] < 15 for r in coordinator + stage1), [r["seconds"] for r in coordinator + stage1]
+    # no leader sits in a broadcast its members left, nor in letting go of its group: v2's rounds
+    # end about when the dead one is named (heartbeat timeout 4 s), not when its socket closes or
+    # at the 60 s collective timeout (v1's acks wait for workers that start late under load)
+    rounds = [r["transfer_seconds"] for r in coordinator + stage1]
+    assert all(s < 10 for s in rounds) and all(r["seconds"] < 15 for r in coordinator[1:] + stage1), \
+        [(r["transfer_seconds"], r["seconds"]) for r in coordinator + stage1]
     # every sample is tagged with the version it was generated with, never newer than published
     for rec in sc.records("hub0.jsonl"):
         assert rec["min_token_version"] >= rec["start_version"]

@@ -2,11 +2,13 @@
 as the sender says it gave up, instead of waiting out the group's timeout (a weight sync whose
 leader lost another member held the remaining ones 300 s); and the root's watched wait
 (``broadcast_async(given_up=...)``) ends as soon as a member says it left, not when that member's
-socket happens to close (a weight-sync leader can otherwise sit in a bucket its members left).
-Real gloo groups over the run's store, one thread per member."""
+socket happens to close (a weight-sync leader can otherwise sit in a bucket its members left);
+and a group left in such a broadcast is let go at once (``retire``), not in a destructor that
+waits out the group timeout. Real gloo groups over the run's store, one thread per member."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -75,3 +77,22 @@ def test_the_root_stops_sending_once_a_member_says_it_left():
     with pytest.raises(TransportTimeout, match="given up: rollout 1 left it"):
         wait()
     assert 1.5 <= time.monotonic() - start < 5.0, time.monotonic() - start
+
+
+def test_a_group_left_in_an_abandoned_broadcast_is_let_go_at_once():
+    # the members keep their ends open and never read: the root's collective stays pending until
+    # the 30 s group timeout, and a gloo group's destructor waits for it
+    root, _a, _b = _groups("ws/test/retire", 3, timeout_s=30.0)
+    data = torch.zeros(64 << 20, dtype=torch.uint8)
+    wait = root.broadcast_async(data, 0, "bucket 0", given_up=lambda: "rollout 1 left it")
+    given_up = False
+    try:
+        wait()
+    except TransportTimeout:
+        given_up = True
+    assert given_up
+    start = time.monotonic()
+    root.retire()
+    del root, wait  # the last references in this thread
+    gc.collect()
+    assert time.monotonic() - start < 2.0, time.monotonic() - start
