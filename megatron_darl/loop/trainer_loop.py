@@ -53,7 +53,7 @@ from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
 from megatron_darl.samples import SampleGroup
 from megatron_darl.step.planner import ShardPlanner
-from megatron_darl.step.regularize import ensure_reference, keep_versions
+from megatron_darl.step.regularize import ensure_reference, keep_versions, term_stats
 from megatron_darl.step.runner import StepClock, StepRunner, uses_snapshots
 from megatron_darl.step.stats import StepStats
 from megatron_darl.trainer.parallel import ParallelState
@@ -402,7 +402,7 @@ class TrainerLoop:
             **self.ep.heartbeat.peer_counters(),  # rollout-side events, e.g. reward_errors
             **worker_health(self.ep, self.made.numel()),  # workers alive, lost, restarted; groups dropped
             **{f"groups_received_w{w}": float(n) for w, n in enumerate(per_worker.tolist())},
-            **{k: v for k, v in result.stats.items()},
+            **term_stats(result.stats),  # the loss's stats; the terms' over the trained tokens
             # the hub's train step by phase: what of it DP does not divide (the gradient reduce)
             **{f"train_{phase}_seconds": v for phase, v in result.phase_seconds.items()},
         }

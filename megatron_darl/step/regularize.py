@@ -9,13 +9,13 @@ the step's loss, batches and passes are exactly those of the plain policy loss. 
   reference log-probs;
 * ``entropy_coef > 0``: the train step's last stage also returns the per-token entropy
   (``trainer.logprobs``, one more all-reduced sum per row); the metric ``entropy`` is its token
-  mean;
+  mean over the step's trained tokens (``term_stats``; left out of a step that trained none);
 * ``kl_coef > 0``: the reference is the initial policy, version 0, kept by the trainer as one more
   parameter snapshot for the whole run (``ensure_reference``; it goes into checkpoints with the
   window's snapshots, so a resumed run has it). Each step scores the selected samples that lack a
   reference row under it, in one pass with the same machinery as backfill (``ref_rows`` counts
   them); a replayed sample reuses its row, which is dropped once the sample left the buffer. The
-  metric ``kl_ref`` is the token mean of the estimator.
+  metric ``kl_ref`` is the token mean of the estimator, over the trained tokens too.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 REFERENCE_VERSION = 0  # the initial policy
 LOSS_STATS = ("clip_frac_low", "clip_frac_high", "mean_ratio", "mean_weight")  # policy_loss stats logged
+TRAINED_SHARE = "trained_token_share"  # a micro-batch's tokens of trained samples over all its tokens
 
 
 def terms_on(algorithm: AlgorithmConfig) -> bool:
@@ -61,13 +62,36 @@ def regularized_loss_fn(algorithm: AlgorithmConfig):
         extra, reg = regularizer_loss(logp, entropy, x.logp_ref if kl_on else None, x.token_mask,
                                       a.entropy_coef, a.kl_coef, a.kl_estimator, num_tokens=1.0)
         out = {k: float(getattr(stats, k)) for k in LOSS_STATS}
+        # the trainer weights a stat by the micro-batch's tokens, stand-ins included: the terms'
+        # means go out scaled by their trained share, which ``term_stats`` divides out again
+        share = float(x.token_mask.sum()) / max(int(logp.shape[0]), 1)
+        if entropy is not None or kl_on:
+            out[TRAINED_SHARE] = share
         if entropy is not None:
-            out["entropy"] = float(reg.entropy)
+            out["entropy"] = float(reg.entropy) * share
         if kl_on:
-            out["kl_ref"] = float(reg.kl)
+            out["kl_ref"] = float(reg.kl) * share
         return loss + extra, out
 
     return loss_fn
+
+
+def term_stats(stats: dict[str, float]) -> dict[str, float]:
+    """The step's stats with the terms' means over its trained tokens: ``regularized_loss_fn``'s
+    share-scaled means divided by the step's trained share (their token-weighted means, as the
+    trainer reduces every stat). A step that trained no token has no entropy or KL to report,
+    so both are left out rather than logged as 0."""
+    out = dict(stats)
+    share = out.pop(TRAINED_SHARE, None)
+    if share is None:
+        return out
+    for key in ("entropy", "kl_ref"):
+        if key in out:
+            if share > 0:
+                out[key] /= share
+            else:
+                del out[key]
+    return out
 
 
 def ensure_reference(trainer, only: bool) -> None:

@@ -12,7 +12,9 @@ from megatron_darl.algorithms import (
 )
 from megatron_darl.step.config import AlgorithmConfig, ReplayConfig
 from megatron_darl.step.planner import ShardPlanner
-from megatron_darl.step.regularize import REFERENCE_VERSION, ReferenceRows, regularized_loss_fn, terms_on
+from megatron_darl.step.regularize import (
+    REFERENCE_VERSION, TRAINED_SHARE, ReferenceRows, regularized_loss_fn, term_stats, terms_on,
+)
 from megatron_darl.step.runner import loss_fn_for
 from megatron_darl.trainer.batch import TrainBatch
 from tests.unit.test_step_planner import fake_logprobs, make_group, true_logp
@@ -96,8 +98,42 @@ def test_loss_fn_with_terms_adds_them_and_with_coefs_zero_is_bitwise_the_plain_l
     pol, _ = policy_loss(lp, base.logp_base, base.weights, base.advantages, None, 0.2, 0.2, num_tokens=1.0)
     direct = pol + 0.1 * ((lp - ref.float()) * mask).sum() - 0.01 * (e * mask).sum()
     torch.testing.assert_close(loss_c, direct, atol=1e-6, rtol=0)
-    torch.testing.assert_close(stats_c["kl_ref"], float(((lp.detach() - ref.float()) * mask).sum() / 10), atol=1e-6, rtol=0)
-    torch.testing.assert_close(stats_c["entropy"], float(e[:10].detach().mean()), atol=1e-6, rtol=0)
+    terms = term_stats(stats_c)  # one micro-batch: the trainer's token-weighted mean is its own
+    torch.testing.assert_close(terms["kl_ref"], float(((lp.detach() - ref.float()) * mask).sum() / 10), atol=1e-6, rtol=0)
+    torch.testing.assert_close(terms["entropy"], float(e[:10].detach().mean()), atol=1e-6, rtol=0)
+    assert TRAINED_SHARE not in terms
+
+
+def _step_stats(records):
+    """The trainer's reduction of micro-batch stats (``PolicyTrainer._step_result``): each stat's
+    mean weighted by the micro-batch's tokens, stand-ins included."""
+    total = sum(n for n, _ in records)
+    return {k: sum(n * st[k] for n, st in records) / total for k in records[0][1]}
+
+
+def test_the_terms_are_logged_over_the_trained_tokens_and_left_out_of_a_step_that_trained_none():
+    """A micro-batch of stand-ins only (a DP shard short of groups) must not pull the step's
+    entropy or KL towards 0, and a step of stand-ins only logs neither."""
+    on = regularized_loss_fn(AlgorithmConfig(entropy_coef=0.01, kl_coef=0.1, kl_estimator="k1"))
+    g = torch.Generator().manual_seed(3)
+    pieces, records = [], []
+    for n, trained in ((12, 9), (8, 0), (6, 6)):
+        logp, ref, ent = _tokens(n, seed=n)
+        base = PolicyLossInputs(logp.detach().float(), torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g))
+        mask = (torch.arange(n) < trained).float()
+        inputs = RegularizedLossInputs(*dataclasses.astuple(base), mask, ref.float())
+        _, stats = on(logp.detach().float(), _slice_batch(n, inputs), ent.detach().float())
+        records.append((n, stats))
+        pieces.append((ent[:trained].detach(), (logp.detach() - ref)[:trained]))
+    terms = term_stats(_step_stats(records))
+    entropy = torch.cat([p[0] for p in pieces]).mean()
+    kl = torch.cat([p[1] for p in pieces]).mean()
+    assert terms["entropy"] == pytest.approx(float(entropy), abs=1e-5)
+    assert terms["kl_ref"] == pytest.approx(float(kl), abs=1e-5)
+    assert terms["entropy"] > float(torch.cat([p[0] for p in pieces]).sum()) / 26 + 0.1  # not diluted
+    idle = term_stats(_step_stats([records[1]]))
+    assert "entropy" not in idle and "kl_ref" not in idle and TRAINED_SHARE not in idle
+    assert term_stats({"mean_ratio": 1.0}) == {"mean_ratio": 1.0}  # no terms: the stats as they came
 
 
 def test_config_refuses_bad_terms():
