@@ -10,13 +10,18 @@ import json
 from pathlib import Path
 
 
-def outcome(run_dir: Path) -> str:
-    """The end-of-run lines: reward before -> after, and where the summary and the plot are."""
+def outcome(run_dir: Path, planned: int | None = None) -> str:
+    """The end-of-run lines: reward before -> after, and where the summary and the plot are; a run
+    that stopped before its ``planned`` steps (a stop request) says so, and how to go on."""
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         return f"done: {run_dir} (no summary.json: no step finished)"
     s = json.loads(summary_path.read_text())
-    lines = [f"done: {s['steps']} steps in {s['wall_seconds']:.0f} s, run dir {run_dir}"]
+    if planned is not None and s["steps"] < planned:
+        lines = [f"stopped: {s['steps']} of {planned} steps in {s['wall_seconds']:.0f} s, run dir {run_dir} "
+                 "(loop.resume=true goes on from its newest checkpoint)"]
+    else:
+        lines = [f"done: {s['steps']} steps in {s['wall_seconds']:.0f} s, run dir {run_dir}"]
     if s.get("reward_first") is not None:
         lines.append(f"reward: {s['reward_first']:.3f} (first {s['reward_window_steps']} steps) -> "
                      f"{s['reward_last']:.3f} (last {s['reward_window_steps']} steps)")

@@ -113,7 +113,8 @@ class Launcher:
 
     def __init__(self, specs: Sequence[ProcSpec], grace_s: float = 30.0,
                  rollout_failure: str = "continue", poll_s: float = 0.1, pass_fds: Sequence[int] = (),
-                 rollout_restarts: int = 0, on_restart: Callable[[ProcSpec, int], None] | None = None) -> None:
+                 rollout_restarts: int = 0, on_restart: Callable[[ProcSpec, int], None] | None = None,
+                 on_stop: Callable[[int], None] | None = None) -> None:
         if not any(s.role == TRAINER for s in specs):
             raise ValueError("need at least one trainer process")
         self.specs, self.grace_s, self.poll_s = list(specs), grace_s, poll_s
@@ -122,6 +123,7 @@ class Launcher:
         self.rollout_restarts = rollout_restarts  # per worker
         self.restarts: dict[int, int] = {}  # rollout worker id -> times started again
         self._on_restart = on_restart or (lambda spec, n: None)
+        self._on_stop = on_stop or (lambda signum: None)  # before a stop signal is forwarded
         self.children: list[_Child] = []
         self._signal: int | None = None
 
@@ -244,6 +246,7 @@ class Launcher:
         rest; each gets ``grace_s`` before SIGKILL."""
         signum = self._signal
         log.warning("signal %d: forwarding to the trainer ranks, grace %.0f s", signum, self.grace_s)
+        self._on_stop(signum)
         for child in self._role(TRAINER):
             _signal_proc(child.proc, signum)
         self._wait_role(TRAINER, self.grace_s)

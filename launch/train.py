@@ -36,6 +36,7 @@ from launch.validate import check_inputs
 from megatron_darl import timeline
 from megatron_darl.checkpoint.resume_points import latest_checkpoint
 from megatron_darl.exit_codes import ExitCode
+from megatron_darl.loop.stop_request import clear_request, write_request
 from megatron_darl.ports import free_port
 
 log = logging.getLogger("launch.train")
@@ -258,16 +259,19 @@ def _run(cfg: RunConfig, config_path: Path, run_dir: Path, lock: RunLock) -> int
              "(worker logs in logs/)", cfg.algorithm.variant, cfg.loop.steps, cfg.model.name, cfg.data.name,
              cfg.cluster.trainer_ranks, cfg.cluster.rollout_workers, run_dir)
     notice = RestartNotice(cfg, secret)
+    clear_request(run_dir)  # a stop request is for the launch in progress (stop_request.py)
     try:
         result = Launcher(specs, grace_s=cfg.cluster.grace_s, rollout_failure=cfg.cluster.rollout_failure,
                           pass_fds=(lock.fd,),  # the children hold the run dir's lock too
-                          rollout_restarts=cfg.cluster.rollout_restarts, on_restart=notice).run()
+                          rollout_restarts=cfg.cluster.rollout_restarts, on_restart=notice,
+                          # a stop signal forwarded is written down too: the trainer may not see it
+                          on_stop=lambda signum: write_request(run_dir, signum)).run()
     finally:
         notice.close()
     for failure in result.failures:
         log.error("%s", failure)
     if result.code == 0:
-        print(outcome(run_dir), flush=True)
+        print(outcome(run_dir, cfg.loop.steps), flush=True)
     else:
         first = result.failures[0].splitlines()[0] if result.failures else f"signal {result.signal}"
         log.error("run failed (exit %d): %s", result.code, first)

@@ -78,6 +78,10 @@ TRAINER_PID=""
 on_signal() {  # forward to the trainer step; it checkpoints and raises the stop flag
   STOP_SIGNAL=$1
   echo "[slurm] $(date +%T) batch got SIG$1: forwarding to the trainer step"
+  # written down too (megatron_darl/loop/stop_request.py): a rank compiling a kernel when the
+  # signal lands may never see it, and Slurm's warning signal comes once
+  [ -n "${RUN_DIR:-}" ] && printf 'SIG%s\n' "$1" >"$RUN_DIR/.stop_request.tmp" \
+    && mv -f "$RUN_DIR/.stop_request.tmp" "$RUN_DIR/stop_request"
   [ -n "$TRAINER_PID" ] && kill -"$1" "$TRAINER_PID" 2>/dev/null
 }
 trap 'on_signal USR1' USR1
@@ -99,6 +103,7 @@ unset run_secret
 trap 'rm -f "$DARL_RUN_SECRET_FILE"' EXIT
 # shellcheck disable=SC1091
 source "$LOG_DIR/plan.sh"
+rm -f "$RUN_DIR/stop_request"  # a request is for the job in progress (a requeued job resumes)
 if [ "$FINISHED" = 1 ]; then
   echo "[slurm] $RUN_DIR already finished ($START_STEP of $STEPS steps): nothing to do"; exit 0
 fi

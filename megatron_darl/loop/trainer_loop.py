@@ -51,6 +51,7 @@ from megatron_darl.loop.endpoints import (
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
 from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
+from megatron_darl.loop.stop_request import RequestWatch
 from megatron_darl.samples import SampleGroup
 from megatron_darl.step.planner import ShardPlanner
 from megatron_darl.step.regularize import ensure_reference, keep_versions, term_stats
@@ -78,13 +79,23 @@ class _StopFlag:
     library in the process can take a signal over below Python, which then never sees it. A
     compile on a fresh cache does so on a GPU host: SIGUSR1 is then caught together with SIGHUP,
     SIGQUIT, SIGUSR2, SIGXCPU, SIGXFSZ and SIGSYS, a set Python never installs (LLVM, inside
-    Triton, registers such a set), and a handler that passes nothing on would swallow Slurm's USR1."""
+    Triton, registers such a set), and a handler that passes nothing on would swallow Slurm's USR1.
+    A signal swallowed in between is not lost: who forwards it also writes it into the run dir's
+    stop request (``stop_request.py``), which rank 0 reads through ``watch``."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
-    def __init__(self) -> None:
+    def __init__(self, watch: RequestWatch | None = None) -> None:
         self.signum: int | None = None
+        self.watch = watch or RequestWatch(None)  # None: no request file looked at (ranks but 0)
         self.arm()
+
+    def requested(self, now: bool = False) -> int | None:
+        """The stop signal, from a handler or the request file (read ``now``, else at most once
+        per ``watch.every_s``)."""
+        if self.signum is None:
+            self.signum = self.watch.check() if now else self.watch.poll()
+        return self.signum
 
     def arm(self) -> None:
         for s in self.SIGNALS:
@@ -125,7 +136,7 @@ class TrainerLoop:
                 seed_store(endpoints.store, self.base_received, self.base_made.tolist())
             self._request_heldout()  # the version the workers start from (before they may load it)
             mark_ready(endpoints.store)
-        self.stop = _StopFlag()
+        self.stop = _StopFlag(RequestWatch(cfg.loop.run_dir if ps.rank == 0 else None))
         self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
         self.sync: SyncReport | None = None  # the last weight sync that finished (stage leaders)
         self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
@@ -198,6 +209,7 @@ class TrainerLoop:
             if not self.diverged and (self.cfg.loop.save_at_end or not finished):
                 self._stop_agreed(step)  # a signal that cut the last receive: agree its deadline too
                 saved = self.checkpoints.save(step, deadline=self._stop_deadline)
+            self.stop.watch.done()  # a stop request was for this launch, which ends here (rank 0)
             self._finish_publish()
             self._stop_agreed(step)  # a failure in the last step's publish: every rank learns it
         finally:
@@ -237,7 +249,7 @@ class TrainerLoop:
         Slurm follows with SIGKILL after ``KillWait``; SIGUSR1 has none)."""
         self.stop.arm()  # a kernel compiled in the last step may have taken the signals over
         due = self.checkpoints.due(step, self.start_step)
-        signum = self.stop.signum  # read once: a signal between two reads would stop without its deadline
+        signum = self.stop.requested(now=True)  # once: a signal between two reads would stop without its deadline
         deadline = signum in (signal.SIGTERM, signal.SIGINT)
         flag = torch.tensor([int(signum is not None), int(bool(self.fatal)), int(due), int(deadline)],
                             dtype=torch.int64)
@@ -346,7 +358,7 @@ class TrainerLoop:
         received = receive_groups(self.ep, self.ps, self.backlog.need(), self.cfg.loop.receive_timeout_s, step,
                                   self.cfg.transport.control.poll_interval_s,
                                   self.cfg.topology.workers,
-                                  stop=lambda: self.stop.signum is not None or (
+                                  stop=lambda: self.stop.requested() is not None or (
                                       publisher is not None and publisher.failure() is not None),
                                   idle=lambda groups: prefetch and self.runner.prefetch(groups, step),
                                   max_degenerate=self.cfg.replay.max_degenerate(self.cfg.algorithm.groups_per_step),

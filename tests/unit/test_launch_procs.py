@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from launch.procs import ROLLOUT, TRAINER, Launcher, ProcSpec
+from megatron_darl.loop.stop_request import write_request
 
 
 def alive(pid: int) -> bool:
@@ -101,6 +102,32 @@ def test_sigterm_is_forwarded_and_children_can_clean_up(tmp_path):
     timer.join()
     assert result.code == 128 + signal.SIGTERM and result.signal == signal.SIGTERM
     assert flag.exists()  # the trainer saw SIGTERM (it would checkpoint here)
+    assert not any(alive(p) for p in all_pids(tmp_path))
+
+
+def test_a_stop_signal_the_trainer_never_sees_still_reaches_it_through_the_stop_request(tmp_path):
+    """A trainer whose SIGUSR1 is taken over below Python (here: ignored, as a native library's
+    handler that passes nothing on) still stops: the launcher writes the signal into the run
+    dir's stop request before it forwards it, and the trainer reads that file."""
+    seen = tmp_path / "trainer0.stop_seen"
+    trainer = (
+        "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+        "from megatron_darl.loop.stop_request import read_request, request_path\n"
+        f"while read_request(request_path({str(tmp_path)!r})) is None:\n"
+        "    time.sleep(0.05)\n"
+        f"open({str(seen)!r}, 'w').write(str(int(read_request(request_path({str(tmp_path)!r})))))\n"
+    )
+    specs = [child(tmp_path, TRAINER, 0, trainer), child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n")]
+    specs[0].env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), time.sleep(0.3),
+                                             os.kill(os.getpid(), signal.SIGUSR1)))
+    timer.start()
+    start = time.monotonic()
+    result = Launcher(specs, grace_s=20.0, on_stop=lambda signum: write_request(tmp_path, signum)).run()
+    timer.join()
+    assert result.code == 128 + signal.SIGUSR1
+    assert seen.read_text() == str(int(signal.SIGUSR1))  # the trainer stopped on the request
+    assert time.monotonic() - start < 15  # it left on its own, not at the grace's SIGKILL
     assert not any(alive(p) for p in all_pids(tmp_path))
 
 

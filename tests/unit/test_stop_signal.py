@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from megatron_darl.loop.stop_request import RequestWatch, write_request
 from megatron_darl.loop.trainer_loop import _StopFlag
 
 
@@ -49,3 +50,15 @@ def test_a_signal_a_native_library_took_over_reaches_the_flag_once_it_is_armed_a
     assert _raised(flag, signum, within_s=0.3) is None  # and the signal is lost
     flag.arm()
     assert _raised(flag, signum) == signum
+
+
+def test_a_signal_lost_before_the_flag_is_armed_again_is_read_from_the_stop_request(saved_handlers, tmp_path):
+    """What the launcher wrote down when it forwarded the signal stops the loop at the next step
+    boundary (``requested(now=True)``), though the signal itself never reached Python."""
+    flag = _StopFlag(RequestWatch(tmp_path, every_s=3600.0))
+    assert flag.requested(now=True) is None
+    _took_over(signal.SIGUSR1)
+    write_request(tmp_path, signal.SIGUSR1)  # the launcher's side: written, then forwarded
+    assert _raised(flag, signal.SIGUSR1, within_s=0.3) is None  # lost below Python
+    assert flag.requested() is None  # within the watch's interval: not looked at yet
+    assert flag.requested(now=True) == signal.SIGUSR1 == flag.signum
