@@ -1,6 +1,6 @@
 """The docs hold together: every relative link and anchor of README.md and docs/*.md resolves,
-every picture lives in docs/img/ and is shown by a page, and no file cites the DESIGN.md that a
-clone does not have."""
+every picture lives in docs/img/ and is shown by a page, every figure of the README's status
+table is found where it was measured, and no file cites the DESIGN.md that a clone does not have."""
 
 from __future__ import annotations
 
@@ -42,6 +42,28 @@ def test_readme_keeps_the_quick_start_commands():
     readme = (REPO / "README.md").read_text()
     for command in ("bash launch/quickstart.sh", "bash tests/run.sh"):
         assert re.search(rf"^{re.escape(command)}\s", readme, re.M), command
+
+
+FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:e-\d+)?)(?:-(\d+(?:\.\d+)?))?(x?)(?![\w.])")
+
+
+def test_every_figure_of_the_readme_status_table_is_in_status_md_or_the_page_its_row_links():
+    """One source per number: the README's status rows quote docs/status.md (or the page a row
+    links to), so a figure re-measured there and not here, or typed here alone, fails."""
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| component | state |"):]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    assert len(rows) >= 8, rows
+    stray = []
+    for row in rows:
+        summary = row.strip("|").split("|")[2]
+        pages = [REPO / "docs" / "status.md", *(REPO / link for link in LINK.findall(summary) if ".md" in link)]
+        sources = "".join(p.read_text() for p in pages if p.suffix == ".md")
+        for low, high, unit in FIGURE.findall(LINK.sub("]", summary)):
+            for figure in filter(None, (low, high)):
+                if not re.search(rf"(?<![\w.]){re.escape(figure + unit)}(?![\d])", sources):
+                    stray.append(f"{row.split('|')[1].strip()}: {figure}{unit}")
+    assert not stray, stray
 
 
 def test_nothing_cites_design_md():
