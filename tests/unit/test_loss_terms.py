@@ -99,7 +99,8 @@ def test_loss_fn_with_terms_adds_them_and_with_coefs_zero_is_bitwise_the_plain_l
     direct = pol + 0.1 * ((lp - ref.float()) * mask).sum() - 0.01 * (e * mask).sum()
     torch.testing.assert_close(loss_c, direct, atol=1e-6, rtol=0)
     terms = term_stats(stats_c)  # one micro-batch: the trainer's token-weighted mean is its own
-    torch.testing.assert_close(terms["kl_ref"], float(((lp.detach() - ref.float()) * mask).sum() / 10), atol=1e-6, rtol=0)
+    kl_mean = float(((lp.detach() - ref.float()) * mask).sum() / 10)
+    torch.testing.assert_close(terms["kl_ref"], kl_mean, atol=1e-6, rtol=0)
     torch.testing.assert_close(terms["entropy"], float(e[:10].detach().mean()), atol=1e-6, rtol=0)
     assert TRAINED_SHARE not in terms
 
