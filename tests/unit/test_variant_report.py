@@ -102,7 +102,28 @@ def test_the_final_accuracy_carries_a_95_percent_t_interval_over_seeds():
     record["metrics"]["darl_keta_eta8"]["window_k"] = 9
     rows = variant_report.accuracy_table(record).splitlines()
     assert rows[0].startswith("| case | max staleness | K | seeds | test acc. start | test acc. final [95% CI] |")
-    assert rows[3].startswith("| darl_k9 | 8 | 9 | 5 | 0.000 ± 0.000 | 0.140 [0.101, 0.179] | -0.060 |")
+    # the gap to sync pairs seeds 0 and 1 (sync has no seed 2-4): -0.10, -0.08, t(0.975, 1) = 12.706
+    assert rows[3].startswith("| darl_k9 | 8 | 9 | 5 | 0.000 ± 0.000 | 0.140 [0.101, 0.179] | "
+                              "-0.090 [-0.217, +0.037] (2 of 5 paired) |")
+
+
+def test_the_gap_to_sync_pairs_the_runs_of_one_seed_and_one_warm_start():
+    """Seeds far apart (0.10-0.30) and a case 0.02-0.04 under sync in each: the paired interval
+    excludes 0 where the two cases' own intervals overlap widely. A run whose seed has no sync
+    run, or whose block fitted another warm start, pairs with nothing."""
+    sync = _case("sync", 0, [0.20, 0.10, 0.30, 0.25])
+    case = _case("async", 8, [0.17, 0.08, 0.26, 0.5, 0.9])
+    for r in sync["runs"] + case["runs"]:
+        r["warmstart"] = "task-a:fit1"
+    case["runs"][3]["warmstart"] = "task-a:fit2"  # seed 3's block on another machine
+    case["runs"][4]["seed"] = 7
+    gap = variant_report.paired_gap(case, sync)
+    assert (gap["n"], gap["of"], gap["mean"]) == (3, 5, pytest.approx(-0.03))
+    assert gap["half"] == pytest.approx(4.303 * 0.01 / 3 ** 0.5, rel=1e-6) and gap["hi"] < 0
+    assert variant_report.t_interval([0.20, 0.10, 0.30])["half"] > 0.2  # unpaired: 0.248 each side
+    row = variant_report.accuracy_table(_record([sync, case])).splitlines()[3]
+    assert "| -0.030 [-0.055, -0.005] (3 of 5 paired) |" in row
+    assert variant_report.paired_gap(case, None)["mean"] is None
 
 
 def test_a_missing_cell_reads_as_a_dash_and_one_staleness_has_no_sweep(tmp_path):
