@@ -33,6 +33,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # so helpers import th
 _idle: queue.Queue = queue.Queue()
 _lock = threading.Lock()
 _live: set = set()  # every helper not yet killed
+_WAIT_POLL_S = 0.05  # all helpers busy: how often a waiting check looks for room again
 
 
 class _Helper:
@@ -59,12 +60,20 @@ class _Helper:
 
 
 def _acquire(max_helpers: int) -> _Helper:
-    with _lock:
-        if _idle.empty() and len(_live) < max_helpers:
-            helper = _Helper()
-            _live.add(helper)
-            return helper
-    return _idle.get()  # all helpers busy: wait for one
+    """An idle helper, or a new one while fewer than ``max_helpers`` live. All busy: wait, and
+    look again every ``_WAIT_POLL_S``, since a busy helper past its timeout is killed rather than
+    put back, and the room it leaves is only seen by looking (each busy one ends within its
+    caller's hard timeout, so the wait is bounded by theirs)."""
+    while True:
+        with _lock:
+            if _idle.empty() and len(_live) < max_helpers:
+                helper = _Helper()
+                _live.add(helper)
+                return helper
+        try:
+            return _idle.get(timeout=_WAIT_POLL_S)
+        except queue.Empty:
+            continue
 
 
 def _discard(helper: _Helper) -> None:

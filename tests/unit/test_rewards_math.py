@@ -5,6 +5,7 @@ and 0.0 against a changed answer. Runs over the shared benchmark files; skips wi
 import json
 import os
 import re
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -159,6 +160,34 @@ def test_off_main_thread_checks_run_in_helpers_with_the_same_verdicts():
     with ThreadPoolExecutor(2) as pool:
         threaded = list(pool.map(lambda r: math_reward(r, "\\frac{1}{2}"), responses))
     assert threaded == inline == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_a_check_waiting_for_a_helper_gets_one_when_the_busy_helpers_time_out():
+    """With every helper busy, a check waits; when the busy ones are killed at their timeout (no
+    helper goes back idle), the room they leave must start a helper for it, not leave it waiting
+    for an idle one that will never come (a rollout worker's reward thread hung so)."""
+    import threading
+
+    from megatron_darl.rewards import math_pool
+
+    math_pool.shutdown()
+    slow = "\\boxed{" + "+".join(f"x_{i}" for i in range(3000)) + "}"
+    hasty = MathRewardConfig(isolation="process", hard_timeout_seconds=0.3, pool_workers=1)
+    got: dict[str, float] = {}
+    stuck = threading.Thread(target=lambda: got.setdefault("slow", math_reward_with(slow, "7", hasty)))
+    stuck.start()
+    deadline = time.monotonic() + 10
+    while not math_pool._live and time.monotonic() < deadline:  # the one helper is taken
+        time.sleep(0.01)
+    patient = MathRewardConfig(isolation="process", pool_workers=1)  # a new helper's start fits its timeout
+    waiting = threading.Thread(target=lambda: got.setdefault("next", math_reward_with("\\boxed{7}", "7", patient)),
+                               daemon=True)
+    waiting.start()
+    stuck.join(30)
+    waiting.join(30)
+    assert not waiting.is_alive(), "the waiting check never got a helper"
+    assert got == {"slow": 0.0, "next": 1.0}
+    math_pool.shutdown()
 
 
 def test_helper_past_its_hard_timeout_scores_zero_and_is_replaced():
