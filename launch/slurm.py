@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Mapping, Sequence
 
 from launch.slurm_layout import Knobs, Layout, plan_layout
 from megatron_darl import timeline
+from megatron_darl.checkpoint import CONVERT_TIMEOUT_S
 from megatron_darl.exit_codes import ExitCode
 
 # Overrides ``cluster_overrides`` derives from the layout and knobs; a user override of one of
@@ -107,15 +109,18 @@ def cached_conversion(src: Path, tp: int, pp: int, dtype: str, cache_root: Path,
     log(f"[slurm] converting {src} to a Megatron checkpoint (tp={tp}, pp={pp}, {dtype}) into {final}")
     argv = [sys.executable, str(REPO / "tools" / "convert_hf_to_megatron.py"), "--hf-dir", str(src),
             "--out-dir", str(tmp), "--tp", str(tp), "--pp", str(pp), "--dtype", dtype, "--no-progress"]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(f"CONVERT=1: converting MODEL_PATH={src} did not end within {CONVERT_TIMEOUT_S:.0f} s "
+                         "(a stalled filesystem?)") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ValueError(f"CONVERT=1: converting MODEL_PATH={src} failed: {last}")
     try:
         tmp.rename(final)
     except OSError:  # another job finished the same conversion first
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     return final
 

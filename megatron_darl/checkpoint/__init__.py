@@ -19,3 +19,7 @@ weights use directly. Nothing is imported here, so the launcher's cheap checks s
 It imports ``models`` (the Qwen3 spec and mapping) and nothing else of ours: the trainer object
 it saves is passed in, so the trainer can load its initial weights through it.
 """
+
+# one conversion (tools/convert_*.py, run as a process by hf_dir and by Slurm's CONVERT=1) may take
+# this long; far past a healthy one: a conversion on a stalled filesystem would never end
+CONVERT_TIMEOUT_S = 7200.0

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from megatron_darl.checkpoint import CONVERT_TIMEOUT_S
 from megatron_darl.checkpoint.model_io import METADATA_NAME, CheckpointDamaged, missing_tokenizer
 
 
@@ -49,7 +50,11 @@ def resolve_hf_dir(model: str | Path, tmp_dir: str | Path, converter: str | Path
         raise FileNotFoundError(f"{model} is a Megatron checkpoint but converter {converter} is missing")
     out = Path(tmp_dir) / "hf"
     cmd = [sys.executable, str(converter), "--megatron-dir", str(model), "--out-dir", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"converting {model} did not end within {CONVERT_TIMEOUT_S:.0f} s ({' '.join(cmd)}): "
+                           "a stalled filesystem?") from None
     refusal = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode != 0 and " is damaged: " in refusal:  # the loader's one line: a user's input
         raise CheckpointDamaged(f"--model {model}: refused: {refusal.split(': error: ', 1)[-1]}")

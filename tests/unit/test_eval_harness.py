@@ -13,6 +13,7 @@ import torch
 
 from megatron_darl.data import build_builtin_tokenizer, builtin_prompts, reference_solution
 from megatron_darl.data.records import PromptRecord
+from megatron_darl.checkpoint import hf_dir
 from megatron_darl.checkpoint.hf_dir import is_megatron_checkpoint, resolve_hf_dir
 from megatron_darl.eval.benchmarks import load_benchmark_table, resolve_benchmark
 from megatron_darl.eval.harness import evaluate_benchmark, write_results
@@ -154,7 +155,7 @@ def test_benchmark_table_and_missing_file_names_the_flag(tmp_path):
     assert isinstance(table["gsm8k"], BenchmarkConfig)
 
 
-def test_megatron_checkpoint_is_detected_and_converted(tmp_path):
+def test_megatron_checkpoint_is_detected_and_converted(tmp_path, monkeypatch):
     hf = tmp_path / "hf_model"
     hf.mkdir()
     assert resolve_hf_dir(hf, tmp_path / "t1", tmp_path / "none.py") == hf
@@ -177,6 +178,10 @@ def test_megatron_checkpoint_is_detected_and_converted(tmp_path):
     fake.write_text("raise SystemExit('boom')")
     with pytest.raises(RuntimeError, match="boom"):
         resolve_hf_dir(meg, tmp_path / "t4", fake)
+    fake.write_text("import time\ntime.sleep(60)\n")  # a conversion on a stalled filesystem
+    monkeypatch.setattr(hf_dir, "CONVERT_TIMEOUT_S", 0.5)
+    with pytest.raises(RuntimeError, match=r"did not end within 0 s .*stalled filesystem"):
+        resolve_hf_dir(meg, tmp_path / "t6", fake)
     with pytest.raises(FileNotFoundError, match="--model"):
         resolve_hf_dir(tmp_path / "nowhere", tmp_path / "t5", fake)
 
