@@ -89,11 +89,12 @@ def t_interval(values: list[float | None]) -> dict:
     return out
 
 
-def _fmt_ci(ci: dict, digits: int = 3) -> str:
+def _fmt_ci(ci: dict, digits: int = 3, sign: str = "") -> str:
+    """``mean [lo, hi]`` (the mean alone for one value); ``sign="+"`` for a difference."""
     if ci.get("mean") is None:
         return "-"
-    text = f"{ci['mean']:.{digits}f}"
-    return text + (f" [{ci['lo']:.{digits}f}, {ci['hi']:.{digits}f}]" if ci.get("half") is not None else "")
+    text = f"{ci['mean']:{sign}.{digits}f}"
+    return text + (f" [{ci['lo']:{sign}.{digits}f}, {ci['hi']:{sign}.{digits}f}]" if ci.get("half") is not None else "")
 
 
 def case_name(m: dict) -> str:
@@ -119,8 +120,8 @@ def samples_to(m: dict, target: float) -> dict:
 
 
 def _pair_key(run: dict) -> tuple:
-    """Runs that start alike: one seed from one warm-start fit (a GPU fit is not bitwise
-    reproducible, so blocks of a seed run on other machines start from other policies)."""
+    """Runs that start alike: one seed from one warm-start fit (the records' GPU fits were not
+    bitwise reproducible, so blocks of a seed on other machines started from other policies)."""
     return run.get("seed"), run.get("warmstart")
 
 
@@ -136,17 +137,15 @@ def paired_gap(m: dict, sync: dict | None) -> dict:
 
 
 def _fmt_gap(ci: dict) -> str:
-    if ci.get("mean") is None:
-        return "-"
-    text = f"{ci['mean']:+.3f}"
-    text += f" [{ci['lo']:+.3f}, {ci['hi']:+.3f}]" if ci.get("half") is not None else ""
-    return text + (f" ({ci['n']} of {ci['of']} paired)" if ci["n"] < ci["of"] else "")
+    """A paired gap, and how many runs paired when not all did."""
+    text = _fmt_ci(ci, sign="+")
+    return text + (f" ({ci['n']} of {ci['of']} paired)" if ci["mean"] is not None and ci["n"] < ci["of"] else "")
 
 
 def accuracy_table(record: dict) -> str:
-    """Per case: final accuracy with its 95% t-interval over seeds, the gap to sync paired by start
-    (``paired_gap``: same seed and warm start), samples to 3/4 of sync's gain and realized staleness (the headline
-    columns), then the rest.
+    """Per case: final accuracy with its 95% t-interval over seeds, the gap to sync paired by
+    start (``paired_gap``: same seed and warm start), samples to 3/4 of sync's gain and realized
+    staleness (the headline columns), then the rest.
 
     Two targets: 3/4 of sync's gain (``sync_gain_target``: sync's mean initial accuracy plus 3/4
     of its mean gain), the sample-efficiency measure that reads on any record, and the study's
