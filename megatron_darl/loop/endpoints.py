@@ -183,6 +183,15 @@ class Backlog:
         """A step started with ``received`` new groups."""
         self.surplus = max(0, self.surplus + received - self.per_step)
 
+    def keep_at_most(self, untrained: int) -> None:
+        """The buffers hold only ``untrained`` trainable groups never trained (after eviction): a
+        surplus group that left the window untrained (a freshest-first rule passed it over until
+        it aged out) or arrived already out of it is no group for the next step, which would
+        otherwise wait for too few and train fewer than B. Not with ``ahead``: there the surplus
+        counts starts against the bound, and a start is not given back when its group expires."""
+        if not self.ahead:
+            self.surplus = min(self.surplus, max(0, untrained))
+
 
 @dataclass
 class Received:

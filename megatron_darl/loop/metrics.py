@@ -99,6 +99,7 @@ def step_metrics(stats: StepStats, trainer: Mapping[str, float] | None = None) -
         "times_selected_max": g("times_selected_max"),  # most times any selected group was trained
         "cache_bytes": g("cache_bytes"),
         "buffer_groups": g("buffer_groups"),
+        "buffer_untrained": g("groups_untrained"),  # of them: selectable and never trained yet
         # log-prob rows filled this step: exact (parameter snapshots) and approximated (nearest)
         "backfill_snapshot": g("backfill_snapshot"),
         "backfill_nearest": g("backfill_nearest"),

@@ -160,7 +160,8 @@ class TrainerLoop:
             self.base_received = int(extra["groups_received"])
             self.base_made = torch.as_tensor(extra["worker_groups"], dtype=torch.int64)
             step = int(extra["step"])
-            self.backlog.surplus = max(0, self.base_received - step * self.cfg.algorithm.groups_per_step)
+            self.backlog.surplus = int(extra.get("backlog_surplus",  # absent in an older checkpoint
+                                                 max(0, self.base_received - step * self.cfg.algorithm.groups_per_step)))
         step = self.runner.link.share(step)
         timeline.mark("checkpoint_loaded")  # its own phase: the load is no trainer compile
         log.info("resumed from %s at step %d, version %d", path, step, resumed.version)
@@ -173,7 +174,7 @@ class TrainerLoop:
         made = torch.maximum(self.base_made, self.ps.dp_max(self.made.clone()))
         return None if self.planner is None else {
             "planner": self.planner.state_dict(), "step": next_step,
-            "groups_received": received, "worker_groups": made.tolist()}
+            "groups_received": received, "worker_groups": made.tolist(), "backlog_surplus": self.backlog.surplus}
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -301,7 +302,9 @@ class TrainerLoop:
         clock.lap("publish_seconds")
         if self.planner is not None:  # the hub: end the step, log it
             self.planner.evict(self.trainer.version, plan.stats)
-            self._log(step, t, plan.stats, result, clock.laps, time.monotonic() - start)
+            reduced = plan.stats.reduce(self.ps.dp_sum, self.ps.dp_max)
+            self.backlog.keep_at_most(int(reduced.groups_untrained))  # a group that expired untrained
+            self._log(step, t, reduced, result, clock.laps, time.monotonic() - start)
         if self.heldout is not None:
             for point in self.heldout.poll():
                 self.logger.log_heldout(point)
@@ -390,9 +393,9 @@ class TrainerLoop:
         for g in groups:
             self.step_groups[g.worker_id] += 1
 
-    def _log(self, step: int, t: int, stats: StepStats, result: StepResult, laps: dict[str, float],
+    def _log(self, step: int, t: int, reduced: StepStats, result: StepResult, laps: dict[str, float],
              wall_s: float) -> None:
-        reduced = stats.reduce(self.ps.dp_sum, self.ps.dp_max)
+        """Rank 0 logs the step from the DP-reduced ``reduced``; every hub takes part in the sums."""
         per_worker, self.step_groups = self.ps.dp_sum(self.step_groups), torch.zeros_like(self.step_groups)
         compiles = float(self.ps.dp_max(torch.tensor([float(compiled_frames())]))[0])  # every hub
         if self.logger is None:

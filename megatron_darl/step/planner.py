@@ -174,6 +174,7 @@ class ShardPlanner:
         stats.rows_evicted = float(self.cache.evict(self.buffer.evict(version)))
         stats.groups_evicted = float(before - len(self.buffer))
         stats.buffer_groups, stats.cache_bytes = float(len(self.buffer)), float(self.cache.bytes())
+        stats.groups_untrained = float(sum(1 for e in self.buffer.candidates() if e.times_selected == 0))
         for src, n in self.cache.source_counts().items():
             setattr(stats, f"cache_rows_{src}", float(n))
 

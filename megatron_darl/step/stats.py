@@ -107,6 +107,7 @@ class StepStats:
     w_neg_clipped: float = _sum()
     # eviction, at the end of the step
     groups_evicted: float = _sum()
+    groups_untrained: float = _sum()  # selectable groups left in the buffer that were never trained
     rows_evicted: float = _sum()
     buffer_groups: float = _sum()
     cache_bytes: float = _sum()

@@ -1,6 +1,6 @@
 """Dynamic sampling end to end: the real main job on CPU (``launch.train experiment=smoke``,
 trainer and rollout worker as separate processes over the real transport) with
-``replay.fill_batch=true`` on the naive ``async`` variant (each group trained once, oldest first).
+``replay.fill_batch=true`` on the naive ``async`` variant (each group trained once, freshest first).
 
 On the smoke task a good share of groups have equal rewards. With the filter every step trains B
 groups (without it, a step trains the non-degenerate ones of the B that arrived: measured 1 of 2

@@ -171,3 +171,37 @@ def test_launch_refuses_the_combination_before_anything_starts(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, lines)
     assert "replay.fill_batch" in lines[0] and "replay.drop_degenerate" in lines[0]
     assert not run_dir.exists()
+
+
+def test_a_surplus_group_that_expires_untrained_is_no_longer_counted_for_the_next_step():
+    """Naive async trains the freshest first: a group received beyond B waits while two new ones
+    arrive each step, ages out of the window untrained, and the next step must wait for B new
+    ones, not B minus a group that is gone (it trained 1 of 2 in a CI run)."""
+    from megatron_darl.step.config import AlgorithmConfig
+    from megatron_darl.step.planner import ShardPlanner
+    from tests.unit.test_step_planner import fake_logprobs, make_group
+
+    planner = ShardPlanner(AlgorithmConfig(variant="async", groups_per_step=2, max_staleness=2),
+                           ReplayConfig(k=3, max_replays=1))
+    backlog = Backlog(per_step=2)
+    arrivals = [[make_group(1, 0), make_group(2, 0), make_group(3, 0)],  # one beyond B
+                [make_group(4, 1), make_group(5, 1)], [make_group(6, 2), make_group(7, 2)]]
+    untrained = []
+    for step, groups in enumerate(arrivals):
+        backlog.took(len(groups))
+        plan = planner.step(groups, step, step, fake_logprobs)
+        assert plan.stats.groups_selected == 2
+        planner.evict(step + 1, plan.stats)
+        backlog.keep_at_most(int(plan.stats.groups_untrained))
+        untrained.append((int(plan.stats.groups_untrained), step_metrics(plan.stats)["buffer_untrained"]))
+    assert untrained == [(1, 1.0), (1, 1.0), (0, 0.0)]  # the version-0 leftover left the window at version 3
+    assert backlog.need() == 2
+    assert Backlog(per_step=2, surplus=1).need() == 1  # without the cap: one group, and a step of 1
+
+
+def test_the_cap_leaves_the_bound_counted_need_alone():
+    """With ``loop.wait_for_bound`` the surplus counts starts against the bound, which an expired
+    group does not give back: no replacement could come, so the need stays."""
+    backlog = Backlog(per_step=8, ahead=3, surplus=24)
+    backlog.keep_at_most(0)
+    assert (backlog.surplus, backlog.need()) == (24, 8)
