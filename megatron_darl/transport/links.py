@@ -187,6 +187,7 @@ class InLink:
             if g.meta.seq != seq + i or g.group.worker_id != self.worker:
                 raise ValueError(f"key {key}: group {i} of {head.count} holds seq {g.meta.seq} of worker "
                                  f"{g.group.worker_id}, expected seq {seq + i} of worker {self.worker}")
+        self.transfers += 1  # before the hand-over: whoever holds a group sees its transfer counted
         self.handing_over = True  # before the ledger hears of them
         try:
             for g in self._admitted(store, got):
@@ -197,7 +198,6 @@ class InLink:
         # between (a restarting worker reads a missing key above the ack as a free seq)
         store.set(Keys.sample_ack(self.hub, self.worker), str(seq + head.count - 1))
         store.delete_key(key)
-        self.transfers += 1
         return head.count
 
     def _admitted(self, store: ControlStore, got: list[ReceivedGroup]) -> list[ReceivedGroup]:
