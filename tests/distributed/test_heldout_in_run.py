@@ -38,4 +38,4 @@ def test_heldout_points_at_start_every_two_versions_and_end(tmp_path):
     count = f" ({len(versions)} points in metrics.jsonl)" if len(versions) > 2 else ""
     assert f"at version 4{count}\n" in proc.stdout
     assert worker_log.count("eval: version") == 3, worker_log[-2000:]  # scored, or named as gone past
-    assert max(r["wall_seconds"] for r in rows) < 120  # no wait for a point that cannot come
+    assert max(r["wall_seconds"] for r in rows) < 400  # no wait for a point that cannot come (eval.timeout_s: 600)

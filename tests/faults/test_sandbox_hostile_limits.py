@@ -125,7 +125,7 @@ def test_sleeping_forever_is_killed_at_the_wall_clock():
     start = time.monotonic()
     result = run_sandboxed(code, "", sandbox_cfg(wall_seconds=1.5))
     assert result.timed_out and not result.ok
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 7.0  # wall 1.5 s + the TERM grace (the sleep: an hour)
     assert survivors(result, wait=0.0) == []
 
 
@@ -164,4 +164,4 @@ def test_stdio_cases_share_one_time_budget():
                            stdio_total_seconds=2.0)
     start = time.monotonic()
     assert stdio_reward_with("import time\ntime.sleep(60)", cases, cfg) == 0.0
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 7.0  # 2 s total + the TERM grace; per case: 20 x 10 s

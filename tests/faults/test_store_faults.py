@@ -107,7 +107,9 @@ def test_a_heartbeat_that_woke_late_does_not_report_a_live_store_host(fault_reco
     port = free_port()
     server = _serve(port, "s3cret")
     control = ControlPlaneConfig(port=port, secret="s3cret", store_timeout_s=10, call_timeout_s=1.0)
-    cfg = HeartbeatConfig(interval_s=0.25, timeout_s=1.0)
+    # a thread that woke late gets two intervals (0.9 s) for an answer: the 0.3 s pause fits with room
+    # for a loaded machine; without that floor the 2 s it was held off would already be a loss
+    cfg = HeartbeatConfig(interval_s=0.45, timeout_s=1.0)
     losses: list = []
     beat = Heartbeat(control, cfg, MemberInfo.here(WORKER, 0), on_loss=losses.append,
                      store_is_peer=(TRAINER, 0)).start()

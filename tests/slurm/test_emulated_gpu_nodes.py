@@ -93,7 +93,7 @@ def test_the_launchers_one_gpu_steps_share_a_node_at_once(tmp_path):
         os.mknod(devices / f"nvidia{k}", 0o600 | 0o020000, os.makedev(195, k))
     root = Path(tempfile.mkdtemp(prefix="emu", dir="/tmp"))
     cluster = LocalSlurm(root, nodes=2, gpus=2, split_host_gpus=True, gpu_device_dir=str(devices))
-    step = "bash -c 'echo $(date +%s.%N) $CUDA_VISIBLE_DEVICES; sleep 3'"
+    step = "bash -c 'echo $(date +%s.%N) $CUDA_VISIBLE_DEVICES; sleep 6; echo $(date +%s.%N) end'"
     job = tmp_path / "job.sh"
     job.write_text("\n".join([
         "#!/bin/bash", gpus_fn,
@@ -108,13 +108,15 @@ def test_the_launchers_one_gpu_steps_share_a_node_at_once(tmp_path):
         assert res.returncode == 0, res.stderr
         info = wait_state(cluster, int(res.stdout.strip().split(";")[0]), timeout=120, output=tmp_path / "out.txt")
         assert info["JobState"] == "COMPLETED", info
-        trainer = [line.split()[1] for line in (tmp_path / "trainer.txt").read_text().splitlines()]
+        trainer = [line.split()[1] for line in (tmp_path / "trainer.txt").read_text().splitlines()
+                   if not line.endswith(" end")]
         assert trainer == ["0,1", "0,1"]
         rollouts = [(tmp_path / f"rollout{w}.txt").read_text() for w in range(2)]
         assert not any("step creation" in r for r in rollouts), rollouts  # neither waited for a GPU
-        started, seen = zip(*(r.split()[-2:] for r in rollouts))
+        started, seen, ended, _ = zip(*(r.split()[-4:] for r in rollouts))
         assert sorted(seen) == ["2", "3"], rollouts  # one GPU each, node2's own
-        assert abs(float(started[0]) - float(started[1])) < 2.5, rollouts  # side by side (3 s steps)
+        spans = [(float(a), float(b)) for a, b in zip(started, ended)]
+        assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], rollouts  # side by side: they overlap
     finally:
         cluster.cancel_all()
         cluster.stop()

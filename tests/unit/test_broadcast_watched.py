@@ -42,9 +42,9 @@ def _groups(name: str, size: int, timeout_s: float):
 def test_a_member_gives_up_when_the_sender_says_so_not_at_the_timeout():
     root, _idle, member = _groups("ws/test/given_up", 3, timeout_s=30.0)
     gave_up = threading.Event()
-    threading.Timer(1.5, gave_up.set).start()  # the leader's "aborted" header, 1.5 s in
     buf = torch.empty(16, dtype=torch.uint8)
-    start = time.monotonic()
+    start = time.monotonic()  # before the timer: its 1.5 s cannot begin earlier
+    threading.Timer(1.5, gave_up.set).start()  # the leader's "aborted" header, 1.5 s in
     with pytest.raises(TransportTimeout, match="given up: the leader aborted"):
         member.broadcast_watched(buf, 0, "bucket 0",
                                  given_up=lambda: "the leader aborted" if gave_up.is_set() else None)
@@ -70,9 +70,9 @@ def test_a_broadcast_that_completes_never_asks_and_delivers():
 def test_the_root_stops_sending_once_a_member_says_it_left():
     root, _a, _b = _groups("ws/test/root_watch", 3, timeout_s=30.0)
     left = threading.Event()
-    threading.Timer(1.5, left.set).start()  # a member posts its failure 1.5 s in
     data = torch.zeros(64 << 20, dtype=torch.uint8)  # more than the sockets buffer: unread, it never completes
-    start = time.monotonic()
+    start = time.monotonic()  # before the timer
+    threading.Timer(1.5, left.set).start()  # a member posts its failure 1.5 s in
     wait = root.broadcast_async(data, 0, "bucket 0", given_up=lambda: "rollout 1 left it" if left.is_set() else None)
     with pytest.raises(TransportTimeout, match="given up: rollout 1 left it"):
         wait()

@@ -88,14 +88,21 @@ def test_dead_rollout_worker_reported_and_run_goes_on(tmp_path):
     assert not any(alive(p) for p in all_pids(tmp_path / "b"))
 
 
+def wait_for_file(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_sigterm_is_forwarded_and_children_can_clean_up(tmp_path):
-    flag = tmp_path / "trainer0.got_term"
+    flag, ready = tmp_path / "trainer0.got_term", tmp_path / "trainer0.ready"
     trap = (
         f"signal.signal(signal.SIGTERM, lambda *a: (open({str(flag)!r}, 'w').write('x'), sys.exit(0)))\n"
+        f"open({str(ready)!r}, 'w').write('x')\n"  # the handler is in place: the signal may come
         "time.sleep(300)\n"
     )
     specs = [child(tmp_path, TRAINER, 0, trap), child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n")]
-    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), time.sleep(0.3),
+    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), wait_for_file(ready),
                                              os.kill(os.getpid(), signal.SIGTERM)))
     timer.start()
     result = Launcher(specs, grace_s=5.0).run()
@@ -109,9 +116,10 @@ def test_a_stop_signal_the_trainer_never_sees_still_reaches_it_through_the_stop_
     """A trainer whose SIGUSR1 is taken over below Python (here: ignored, as a native library's
     handler that passes nothing on) still stops: the launcher writes the signal into the run
     dir's stop request before it forwards it, and the trainer reads that file."""
-    seen = tmp_path / "trainer0.stop_seen"
+    seen, ready = tmp_path / "trainer0.stop_seen", tmp_path / "trainer0.ready"
     trainer = (
         "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+        f"open({str(ready)!r}, 'w').write('x')\n"
         "from megatron_darl.loop.stop_request import read_request, request_path\n"
         f"while read_request(request_path({str(tmp_path)!r})) is None:\n"
         "    time.sleep(0.05)\n"
@@ -119,7 +127,7 @@ def test_a_stop_signal_the_trainer_never_sees_still_reaches_it_through_the_stop_
     )
     specs = [child(tmp_path, TRAINER, 0, trainer), child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n")]
     specs[0].env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), time.sleep(0.3),
+    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), wait_for_file(ready),
                                              os.kill(os.getpid(), signal.SIGUSR1)))
     timer.start()
     start = time.monotonic()

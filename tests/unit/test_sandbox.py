@@ -45,7 +45,7 @@ def test_each_run_gets_its_own_unprivileged_uid():
 def test_infinite_loop_is_killed_within_the_limits():
     start = time.monotonic()
     result = run_sandboxed("while True:\n    pass\n", "", SandboxConfig(wall_seconds=2.0, cpu_seconds=30))
-    assert time.monotonic() - start < 6.0
+    assert time.monotonic() - start < 8.0  # wall 2 s + the TERM grace; the CPU limit alone: 30 s
     assert result.timed_out and not result.ok and result.returncode is None
 
 

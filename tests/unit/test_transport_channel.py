@@ -259,25 +259,25 @@ def test_hubs_take_only_their_shard_and_never_wait_on_a_silent_worker(transport)
         assert all(shard_of(r.group.group_id, 2, 3) == h for r in got[h]) and len(got[h]) == 30
     assert sorted(r.group.group_id for g in got for r in g) == sorted(l * 3 + w for l in range(30) for w in range(2))
     start = time.monotonic()
-    assert hubs[0].poll() == [] and time.monotonic() - start < 0.05  # nothing there: no wait
+    assert hubs[0].poll() == [] and time.monotonic() - start < 1.0  # nothing there: no wait (a wait: 10 s)
     for x in senders + hubs:
         x.close()
 
 
 def test_a_slow_worker_mid_transfer_does_not_hold_up_another():
-    """Worker 1 posts a header, joins its pair and then stalls 2 s before sending the payload;
-    worker 0's groups to the same hub arrive meanwhile."""
+    """Worker 1 posts a header, joins its pair and then stalls, before sending the payload, until
+    worker 0's groups to the same hub have arrived (within the hub's transfer timeout, 10 s)."""
     control, store, topo = _store(workers=2)
     cfg = _cfg("dataplane", max_unacked_per_hub=100)
     hub = SampleHub(store, control, cfg, topo, 0)
     slow = frame_group(_group(1, worker=1), GroupMeta(0, 0, 1)).to_buffer()
-    sent = {}
+    sent, release = {}, threading.Event()
 
     def stalled_worker():
         epoch = store.add(Keys.sample_epoch(0, 1), 1)
         store.set(Keys.sample(0, 1, 0), Header(0, epoch, "gloo", slow.numel(), 1).to_bytes())
         pair = _join_pair(store, 0, 1, epoch)
-        time.sleep(2.0)
+        release.wait(8.0)
         sent["at"] = time.monotonic()
         pair.pg.send([slow], 0, 0).wait()
 
@@ -287,8 +287,9 @@ def test_a_slow_worker_mid_transfer_does_not_hold_up_another():
     fast = SampleSender(store, control, cfg, topo, 0)
     for gid in range(0, 10, 2):
         fast.send(_group(gid), StartTicket(0, 1))
-    got = _take(hub, 5, timeout_s=1.8)  # all of worker 0's, well before worker 1 sends
+    got = _take(hub, 5, timeout_s=7.0)  # all of worker 0's while worker 1's transfer is open
     assert sorted(r.group.group_id for r in got) == [0, 2, 4, 6, 8] and "at" not in sent
+    release.set()
     late = _take(hub, 1, timeout_s=10)
     assert late[0].group.group_id == 1 and late[0].group.worker_id == 1
     thread.join(10)

@@ -89,8 +89,8 @@ def test_sync_is_bitwise_bucketed_and_acked():
 
 def test_a_worker_that_never_reaches_a_safe_point_is_left_out_and_named():
     control, store, hb, whbs, topo = _world(2)
-    cfg = WeightSyncConfig(backend="gloo", bucket_bytes=1 << 20, join_timeout_s=0.5, collective_timeout_s=20,
-                           ack_timeout_s=20)
+    cfg = WeightSyncConfig(backend="gloo", bucket_bytes=1 << 20, join_timeout_s=3.0, collective_timeout_s=20,
+                           ack_timeout_s=20)  # worker 0 comes within it, loaded machine or not
     sender = WeightSender(store, control, cfg, topo, 0, hb)
     receiver = WeightReceiver(connect_store(control), control, cfg, topo, 0, lambda named: None)
     stop = threading.Event()

@@ -92,7 +92,7 @@ def test_a_worker_too_late_for_a_publish_is_offered_the_version_again():
     publisher offers v1 again (a new offer), worker 1 takes it, and worker 0, which holds v1,
     is not asked again."""
     control, store, hb, whbs, topo = _world(2)
-    cfg = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=1.0, collective_timeout_s=20,
+    cfg = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=2.0, collective_timeout_s=20,
                            ack_timeout_s=20, gather_s=0.05)
     sender = WeightSender(connect_store(control), control, cfg, topo, 0, hb)
     publisher = BackgroundPublisher(sender, linger_s=0.05)
@@ -100,8 +100,9 @@ def test_a_worker_too_late_for_a_publish_is_offered_the_version_again():
     receivers = [WeightReceiver(connect_store(control), control, cfg, topo, w, _loader(loaded[w])) for w in range(2)]
     logs: list[list] = [[], []]
     stop = threading.Event()
+    # worker 1 comes 3 s after worker 0 took v1: past the first offer's join window (2 s from it)
     threads = [threading.Thread(target=_serve, args=(receivers[0], 1, stop, 0.0, logs[0]), daemon=True),
-               threading.Thread(target=_serve, args=(receivers[1], 1, stop, 2.0, logs[1]), daemon=True)]
+               threading.Thread(target=_serve, args=(receivers[1], 1, stop, 3.0, logs[1], logs[0]), daemon=True)]
     for t in threads:
         t.start()
     try:

@@ -93,11 +93,13 @@ def main() -> int:
         request_stop(store)
         if hub is not None:
             _drain(a, hub, store, bound)
+        live = [w for w in range(a.workers) if hb.is_alive(WORKER, w)]
+        wait_for_exits(store, WORKER, live, a.timeout)
+        if hub is not None:  # what a worker sent as it left (acked, so fenced ones are counted too)
+            _drain(a, hub, store, bound, min(a.drain_timeout, 5.0))
         emit(a.out, "done.jsonl", {"steps": a.steps, "duplicates": hub.duplicates_dropped if hub else 0,
                                    "started": StalenessGate(store, bound).started(),
                                    "fenced": hub.fenced if hub else 0, **groups_refused(store)})
-        live = [w for w in range(a.workers) if hb.is_alive(WORKER, w)]
-        wait_for_exits(store, WORKER, live, a.timeout)
     dist.monitored_barrier(timeout=dt.timedelta(seconds=a.timeout))
     if hub is not None:
         hub.close()
@@ -147,10 +149,11 @@ def _record(a: argparse.Namespace, hub: SampleHub, got, step: int) -> None:
     })
 
 
-def _drain(a: argparse.Namespace, hub: SampleHub, store, bound: StalenessBound) -> None:
+def _drain(a: argparse.Namespace, hub: SampleHub, store, bound: StalenessBound,
+           timeout_s: float | None = None) -> None:
     """After the stop flag: take every group still in flight (workers finish what they started)."""
     started = StalenessGate(store, bound).started()
-    deadline = time.monotonic() + a.drain_timeout
+    deadline = time.monotonic() + (a.drain_timeout if timeout_s is None else timeout_s)
     seen = sum(1 for _ in open(os.path.join(a.out, f"hub{hub.hub}.jsonl")))
     while seen < started and time.monotonic() < deadline:
         for got in hub.poll():

@@ -5,7 +5,8 @@ launcher, whose children inherit it); it acts only in rollout workers (``--worke
 command line) or trainer ranks (``--config`` and ``RANK``), and only when ``DARL_FAULT`` asks:
 
 - ``stall_after:N``: the engine's ``generate`` hangs forever from its (N+1)-th call on, while the
-  worker's heartbeat thread keeps beating (a worker alive but producing nothing).
+  worker's heartbeat thread keeps beating (a worker alive but producing nothing); it leaves
+  ``stalled_rolloutW`` next to the run config (``--config``) as it starts to hang.
 - ``kill:W:sync:N``: rollout worker W SIGKILLs itself in its N-th weight sync, once it is a
   member of the round and the leader is about to send (its data-plane group is built).
 - ``kill:W:generate:N``: rollout worker W SIGKILLs itself in the N-th call of the engine's
@@ -23,6 +24,7 @@ Nothing of the product reads ``DARL_FAULT``; the code under test is unchanged.
 
 import os
 import sys
+from pathlib import Path
 
 _FAULT = os.environ.get("DARL_FAULT", "")
 
@@ -43,6 +45,8 @@ if _FAULT.startswith("stall_after:") and "--worker-id" in sys.argv:
     def _stalling_generate(self, *args, **kwargs):
         _calls["n"] += 1
         if _calls["n"] > _limit:
+            if _arg("--config"):
+                (Path(_arg("--config")).parent / f"stalled_rollout{_arg('--worker-id')}").touch()
             threading.Event().wait()  # forever: only a kill ends this worker
         return _generate(self, *args, **kwargs)
 
@@ -50,7 +54,6 @@ if _FAULT.startswith("stall_after:") and "--worker-id" in sys.argv:
 
 if _FAULT.startswith("kill:") and _arg("--worker-id") in _FAULT.split(":")[1].split(","):
     import signal
-    from pathlib import Path
 
     _, _, _where, _nth = _FAULT.split(":")
     _mark = Path(_arg("--config")).parent / f"fault_fired_rollout{_arg('--worker-id')}"
