@@ -38,6 +38,7 @@ from tools.plot_async_speedup import mean_band  # noqa: E402
 
 BEGIN, END = "<!-- variant_report:begin -->", "<!-- variant_report:end -->"
 IMG = "img"  # the pictures' folder, beside the page
+SAMPLED = 6  # the sampled accuracy's column of a run's ``curve`` (3: the study's metric, 5: greedy)
 
 
 def _fmt(stat: dict | None, digits: int = 3) -> str:
@@ -125,15 +126,36 @@ def _pair_key(run: dict) -> tuple:
     return run.get("seed"), run.get("warmstart")
 
 
-def paired_gap(m: dict, sync: dict | None) -> dict:
+def _run_final(run: dict, column: int | None) -> float | None:
+    """A run's final accuracy: the study's metric (``column`` None) or its last evaluation's
+    ``curve`` column (6: sampled)."""
+    if column is None:
+        return run.get("final_accuracy")
+    last = run["curve"][-1] if run.get("curve") else []
+    return last[column] if len(last) > column else None
+
+
+def paired_gap(m: dict, sync: dict | None, column: int | None = None) -> dict:
     """The case's final accuracy minus sync's, pair by pair (same seed, same warm start), and its
     95% t-interval: the pairs cancel what their start shares. A run without a sync run of its
-    start is left out (``n`` of ``of`` says how many paired)."""
+    start is left out (``n`` of ``of`` says how many paired). ``column``: another accuracy of
+    the curve (``_run_final``)."""
     if sync is None:
         return t_interval([])
-    base = {_pair_key(r): r["final_accuracy"] for r in sync["runs"] if r.get("final_accuracy") is not None}
-    return t_interval([r["final_accuracy"] - base[_pair_key(r)] if _pair_key(r) in base else None
-                       for r in m["runs"] if r.get("final_accuracy") is not None])
+    base = {_pair_key(r): v for r in sync["runs"] if (v := _run_final(r, column)) is not None}
+    gaps = [(_pair_key(r), v) for r in m["runs"] if (v := _run_final(r, column)) is not None]
+    return t_interval([v - base[key] if key in base else None for key, v in gaps])
+
+
+def apart(gaps: list[dict]) -> str:
+    """The page's rule for a difference: "below" ("above") when the paired 95% interval of every
+    metric in ``gaps`` lies under (over) 0; "-" otherwise, an interval missing included (one pair
+    has none)."""
+    if not gaps or any(g.get("half") is None for g in gaps):
+        return "-"
+    if all(g["hi"] < 0 for g in gaps):
+        return "below"
+    return "above" if all(g["lo"] > 0 for g in gaps) else "-"
 
 
 def _fmt_gap(ci: dict) -> str:
@@ -144,8 +166,9 @@ def _fmt_gap(ci: dict) -> str:
 
 def accuracy_table(record: dict) -> str:
     """Per case: final accuracy with its 95% t-interval over seeds, the gap to sync paired by
-    start (``paired_gap``: same seed and warm start), samples to 3/4 of sync's gain and realized
-    staleness (the headline columns), then the rest.
+    start (``paired_gap``: same seed and warm start), for a greedy record the same gap in the
+    sampled accuracy and whether both put the case apart from sync (``apart``), samples to 3/4 of
+    sync's gain and realized staleness (the headline columns), then the rest.
 
     Two targets: 3/4 of sync's gain (``sync_gain_target``: sync's mean initial accuracy plus 3/4
     of its mean gain), the sample-efficiency measure that reads on any record, and the study's
@@ -155,8 +178,11 @@ def accuracy_table(record: dict) -> str:
     relative = sync_gain_target(record)
     show_fixed = any(m["samples_to_target"]["n"] for m in record["metrics"].values())
     show_k = any("window_k" in m for m in record["metrics"].values())
+    sampled = SAMPLED if record["config"].get("metric", "greedy") == "greedy" and record["config"].get(
+        "eval_samples") else None  # the second metric a difference must show in
     head = ["case", "max staleness", *(["K"] if show_k else []), "seeds", "test acc. start",
             "test acc. final [95% CI]", "vs sync, paired by start [95% CI]"]
+    head += ["sampled vs sync, paired [95% CI]", "apart from sync (both)"] if sampled is not None else []
     head += [f"samples to {relative:.3f} (3/4 of sync's gain)", "reached"] if relative is not None else []
     head += [f"samples to {fixed}", "reached"] if show_fixed else []
     show_b = any((m.get("groups_trained_per_step") or {}).get("n") for m in record["metrics"].values())
@@ -164,9 +190,14 @@ def accuracy_table(record: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in _cases(record):
         final = t_interval([r["final_accuracy"] for r in m["runs"]])
-        gap = "-" if m["variant"] == "sync" else _fmt_gap(paired_gap(m, sync))
+        gaps = [] if m["variant"] == "sync" else [paired_gap(m, sync), *(
+            [paired_gap(m, sync, sampled)] if sampled is not None else [])]
         row = [case_name(m), str(m["max_staleness"]), *([str(m.get("window_k", "-"))] if show_k else []),
-               str(final["of"]), _fmt(m["initial_accuracy"]), _fmt_ci(final), gap]
+               str(final["of"]), _fmt(m["initial_accuracy"]), _fmt_ci(final)]
+        if gaps:
+            row += [*(_fmt_gap(g) for g in gaps), *([apart(gaps)] if sampled is not None else [])]
+        else:  # sync itself
+            row += ["-"] * (3 if sampled is not None else 1)
         reaches = ([samples_to(m, relative)] if relative is not None else []) + (
             [m["samples_to_target"]] if show_fixed else [])
         for reach in reaches:

@@ -167,3 +167,29 @@ def test_the_page_keeps_the_records_it_shows_and_puts_a_new_one_first(tmp_path):
     with pytest.raises(SystemExit, match=names[1]):
         variant_report.main(argv)
     assert names[1] in doc.read_text()
+
+
+def test_a_case_is_apart_from_sync_only_where_both_accuracies_put_it_there():
+    """Greedy 0.02-0.04 under sync in each of three seeds; sampled (``curve`` column 6) 0.02-0.03
+    under in one case, scattered around sync's in another: only the first is "below"."""
+    sync = _case("sync", 0, [0.20, 0.10, 0.30])
+    both = _case("async", 8, [0.17, 0.08, 0.26])
+    greedy_only = _case("decoupled", 8, [0.17, 0.08, 0.26])
+    for case, sampled in ((sync, [0.10, 0.05, 0.15]), (both, [0.08, 0.025, 0.12]), (greedy_only, [0.14, 0.02, 0.15])):
+        for run, value in zip(case["runs"], sampled):
+            run["curve"][-1][6] = value
+    gaps = [variant_report.paired_gap(both, sync), variant_report.paired_gap(both, sync, variant_report.SAMPLED)]
+    assert gaps[1]["mean"] == pytest.approx(-0.025) and gaps[1]["hi"] < 0
+    assert variant_report.apart(gaps) == "below"
+    mixed = [variant_report.paired_gap(greedy_only, sync), variant_report.paired_gap(greedy_only, sync, 6)]
+    assert mixed[0]["hi"] < 0 < mixed[1]["hi"] and variant_report.apart(mixed) == "-"
+    assert variant_report.apart([{**gaps[0], "lo": 0.01, "hi": 0.05}, {**gaps[1], "lo": 0.01, "hi": 0.02}]) == "above"
+    assert variant_report.apart([gaps[0], {"mean": -0.02, "half": None}]) == "-"  # one pair: no interval
+    rows = variant_report.accuracy_table(_record([sync, both, greedy_only])).splitlines()
+    assert "| sampled vs sync, paired [95% CI] | apart from sync (both) |" in rows[0]
+    assert rows[2].split(" | ")[5:8] == ["-", "-", "-"]  # sync's own row
+    assert rows[3].startswith("| async |") and "| -0.025 [" in rows[3] and "| below |" in rows[3]
+    assert rows[4].startswith("| decoupled |") and rows[4].split(" | ")[7] == "-"
+    greedy_only_record = _record([sync, both])
+    del greedy_only_record["config"]["eval_samples"]  # no sampled accuracy: no such columns
+    assert "apart from sync" not in variant_report.accuracy_table(greedy_only_record)
