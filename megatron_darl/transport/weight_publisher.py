@@ -60,6 +60,7 @@ class BackgroundPublisher:
         self._report: SyncReport | None = None  # the last finished publish, not yet handed out
         self._error: BaseException | None = None  # why the last publish failed (the thread stops)
         self._closed = False
+        self._gave_up = False  # ``wait`` timed out on the publish in flight
         self._thread = threading.Thread(target=self._run, name=f"weight-sync-{sender.stage}", daemon=True)
         self._thread.start()
 
@@ -84,6 +85,7 @@ class BackgroundPublisher:
             while (self._newest is not None or self._current is not None) and self._error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._gave_up = True  # ``close`` does not wait for that publish a second time
                     raise TransportTimeout(f"weight sync stage {self._sender.stage}: still publishing "
                                            f"after {self.timeout_s:.0f} s")
                 self._cv.wait(left)
@@ -100,12 +102,13 @@ class BackgroundPublisher:
             return self._error
 
     def close(self) -> None:
-        """Stop the thread once the publish in flight (if any) is over; staged versions are dropped."""
+        """Stop the thread once the publish in flight (if any) is over, at most ``timeout_s`` (a
+        few seconds once ``wait`` gave up on it: the thread is a daemon); staged versions are dropped."""
         with self._cv:
             self._closed = True
             self._newest = self._last = None
             self._cv.notify_all()
-        self._thread.join(timeout=self.timeout_s)
+        self._thread.join(timeout=5.0 if self._gave_up else self.timeout_s)
 
     # ---- the thread ---------------------------------------------------------------------------
     def _latest(self) -> StagedWeights:
@@ -121,22 +124,24 @@ class BackgroundPublisher:
             return self._newest is not None
 
     def _run(self) -> None:
+        """Publish until closed. Whatever ends the thread early, a publish that failed or a look
+        for late workers (``_next``: store reads) that raised, is handed to the trainer's thread:
+        a thread that died unseen would leave ``submit`` staging versions nobody sends."""
         stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
-        with stream:
-            while (staged := self._next()) is not None:
-                try:
+        try:
+            with stream:
+                while (staged := self._next()) is not None:
                     report = self._sender.publish(staged.version, staged, upgrade=self._latest,
                                                   newer=self._has_newer)
-                except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
+                    if self._stream is not None:
+                        self._stream.synchronize()  # the buffers are free only once the sends are done
                     with self._cv:
-                        self._error, self._current, self._last = exc, None, None
+                        self._report, self._last, self._current = report, self._current, None
                         self._cv.notify_all()
-                    return
-                if self._stream is not None:
-                    self._stream.synchronize()  # the buffers are free only once the sends are done
-                with self._cv:
-                    self._report, self._last, self._current = report, self._current, None
-                    self._cv.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
+            with self._cv:
+                self._error, self._current, self._last = exc, None, None
+                self._cv.notify_all()
 
     def _next(self) -> StagedWeights | None:
         """What to publish next: the newest staged version, else (once some worker waits for it)

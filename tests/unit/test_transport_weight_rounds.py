@@ -19,6 +19,7 @@ from megatron_darl.transport import (
     WeightReceiver, WeightSender, WeightSyncConfig, WeightSyncFailed, connect_store,
     published_version,
 )
+from megatron_darl.transport.store import TransportTimeout
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
 from tests.unit.test_transport_weight_sync import _serve_until_error, _weights, _world
 
@@ -159,3 +160,37 @@ def test_a_background_sync_that_failed_is_raised_by_the_next_call():
         publisher.close()
         _close(stop, [thread], [hb, *whbs])
     assert len(errors) == 1 and published_version(store) == 0
+
+
+def test_a_look_for_late_workers_that_raises_is_raised_by_the_next_call():
+    """Between publishes the thread reads the store for late workers (``waiting_for``); a store
+    call past its deadline there ends the thread, and the trainer hears of it at once (it used to
+    die unseen: ``submit`` then staged versions nobody sent, and ``wait`` slept its whole bound)."""
+    control, store, hb, whbs, topo = _world(1)
+    sender = WeightSender(connect_store(control), control, CFG, topo, 0, hb)
+
+    def frozen(version):
+        raise TransportTimeout("control store: no answer within 30 s (trainer 0 frozen?)")
+
+    sender.waiting_for = frozen  # what the idle thread asks after v1 went out
+    publisher = BackgroundPublisher(sender, linger_s=0.01)
+    stop = threading.Event()
+    thread = threading.Thread(target=_serve, args=(
+        WeightReceiver(connect_store(control), control, CFG, topo, 0, lambda named: None), 1, stop), daemon=True)
+    thread.start()
+    try:
+        assert publisher.submit(1, _weights(1)) is None
+        deadline = time.monotonic() + 20
+        while publisher.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert published_version(store) == 1 and isinstance(publisher.failure(), TransportTimeout)
+        with pytest.raises(TransportTimeout, match="no answer within 30 s"):
+            publisher.submit(2, _weights(2))
+        with pytest.raises(TransportTimeout, match="no answer within 30 s"):
+            publisher.wait()  # at once, not after its bound
+        start = time.monotonic()
+        publisher.close()
+        assert time.monotonic() - start < 5.0
+    finally:
+        publisher.close()
+        _close(stop, [thread], [hb, *whbs])
