@@ -30,6 +30,7 @@ are neither published nor checkpointed (``trainer.weight_check``; a save refuses
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import signal
@@ -137,7 +138,10 @@ class TrainerLoop:
             self._request_heldout()  # the version the workers start from (before they may load it)
             mark_ready(endpoints.store)
         self.stop = _StopFlag(RequestWatch(cfg.loop.run_dir if ps.rank == 0 else None))
-        self._world_gloo = torch.distributed.new_group(backend="gloo") if ps.world_size > 1 else None
+        # the stop agreement's group: a rank may wait there for a stage leader's last publish
+        # (``_finish_publish``), so its bound is a collective's plus a publish's (gloo's own: 30 min)
+        bound = datetime.timedelta(seconds=cfg.parallel.timeout_s + cfg.transport.weight_sync.publish_bound_s)
+        self._world_gloo = torch.distributed.new_group(backend="gloo", timeout=bound) if ps.world_size > 1 else None
         self.sync: SyncReport | None = None  # the last weight sync that finished (stage leaders)
         self.fatal = ""  # why this rank saw the run fail for good (transport), "" while it can go on
         self.diverged = False  # the weights went NaN/Inf: no checkpoint may be written of them

@@ -92,6 +92,11 @@ class WeightSyncConfig:
     background: bool = True
     background_max_bytes: int = 16 << 30  # device bytes two staged copies of a stage may take
 
+    @property
+    def publish_bound_s(self) -> float:
+        """The longest one publish may take: join, group and broadcasts per attempt, acks, slack."""
+        return self.max_attempts * (self.join_timeout_s + self.collective_timeout_s) + self.ack_timeout_s + 60
+
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"WeightSyncConfig.backend must be auto|gloo|nccl, got {self.backend!r}")

@@ -48,9 +48,7 @@ class BackgroundPublisher:
 
     def __init__(self, sender: WeightSender, device: torch.device | None = None, linger_s: float = 0.5) -> None:
         self._sender, self.linger_s = sender, linger_s  # how often an idle thread looks for late workers
-        cfg = sender.cfg
-        # the longest one publish may take: join, group and broadcasts, acks (and some slack)
-        self.timeout_s = cfg.max_attempts * (cfg.join_timeout_s + cfg.collective_timeout_s) + cfg.ack_timeout_s + 60
+        self.timeout_s = sender.cfg.publish_bound_s  # the longest one publish may take
         self._stream = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
         self._cv = threading.Condition()
         self._newest: StagedWeights | None = None  # staged, not yet taken by a publish
