@@ -56,7 +56,10 @@ class _Helper:
 
     def kill(self) -> None:
         self.proc.kill()
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=5.0)  # SIGKILL: at once, unless stuck in the kernel (then left)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _acquire(max_helpers: int) -> _Helper:
