@@ -174,16 +174,22 @@ def run(a) -> dict:
     prober = ctx.Process(target=probe, args=(port, results, stop))
     for p in [prober, *procs]:
         p.start()
-    ready = [results.get(timeout=900) for _ in range(a.workers + 1)]  # workers warmed up, probe on
-    assert all(r[0] == "ready" for r in ready), ready
-    time.sleep(a.idle_s)  # every process is up and idle: the probe measures the quiet store
-    t_go = time.time()
-    go.set()
-    hubs = [results.get(timeout=900) for _ in range(a.hubs)]
-    stop.set()
-    samples = results.get(timeout=60)[1]
-    for p in [prober, *procs]:
-        p.join(60)
+    try:
+        ready = [results.get(timeout=900) for _ in range(a.workers + 1)]  # workers warmed up, probe on
+        assert all(r[0] == "ready" for r in ready), ready
+        time.sleep(a.idle_s)  # every process is up and idle: the probe measures the quiet store
+        t_go = time.time()
+        go.set()
+        hubs = [results.get(timeout=900) for _ in range(a.hubs)]
+        stop.set()
+        samples = results.get(timeout=60)[1]
+    finally:  # a failure above leaves no process behind (the probe would loop, and exit would join it)
+        stop.set()
+        go.set()
+        for p in [prober, *procs]:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
     assert all(got == expect for _, _, got, expect, *_ in hubs), hubs
     first, last = t_go, max(x[5] for x in hubs)
     group_bytes = int(frame_group(SampleGroup(0, 0, template(a.group_size, a.tokens, a.prompt_tokens), 0),
