@@ -174,8 +174,9 @@ if [ "$rc" != 0 ]; then
   tail -n 20 "$LOG_DIR/trainer-0.log" >&2
   exit "$rc"
 fi
-last=$("$PY" -m launch.slurm latest-step --run-dir "$RUN_DIR")  # the newest complete checkpoint's step
-trained=$("$PY" -m launch.slurm trained-steps --run-dir "$RUN_DIR")  # past it with loop.save_at_end=false
+# each bounded (a stalled filesystem): an unknown count is no finished run
+last=$(timeout 120 "$PY" -m launch.slurm latest-step --run-dir "$RUN_DIR") || last=0  # newest complete checkpoint
+trained=$(timeout 120 "$PY" -m launch.slurm trained-steps --run-dir "$RUN_DIR") || trained=0  # save_at_end=false: past it
 if [ "$last" -ge "$STEPS" ] || [ "$trained" -ge "$STEPS" ]; then
   echo "[slurm] done: $RUN_DIR ($STEPS steps)"
   timeout 120 "$PY" -m launch.slurm outcome --run-dir "$RUN_DIR"  # the lines the quick start ends with
