@@ -81,7 +81,13 @@ def _release_on_loss(transport: TransportConfig, leave: Callable[[PeerLoss], Non
             log.error("lost %s at step %d: it died and %s beats in its place (restarted); its groups in "
                       "flight are dropped", loss.peer, loss.step, loss.replaced_by)
         else:
-            released = release_reservations(store, loss.rank)  # fences it, should it come back
+            try:
+                released = release_reservations(store, loss.rank)  # fences it, should it come back
+            except (RuntimeError, OSError) as exc:  # TransportTimeout too; not retried: fence names no generation
+                log.error("lost %s at step %d: no heartbeat for %.1f s; its starts in flight could not be given "
+                          "back (%s): the staleness bound stays that much tighter until a process of rollout %d "
+                          "joins (a restart gives them back)", loss.peer, loss.step, loss.silent_s, exc, loss.rank)
+                return
             log.error("lost %s at step %d: no heartbeat for %.1f s (killed, crashed or frozen); %d groups "
                       "in flight dropped; training goes on with the other workers", loss.peer, loss.step,
                       loss.silent_s, released)

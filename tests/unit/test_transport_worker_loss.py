@@ -53,6 +53,37 @@ def test_a_restarted_peer_is_reported_as_the_loss_of_its_predecessor_once():
     assert trainer.is_alive(WORKER, 3) and trainer.member(WORKER, 3) == new
 
 
+def test_a_loss_whose_starts_cannot_be_given_back_is_said_and_the_heartbeat_goes_on(monkeypatch, caplog):
+    """Rank 0's loss handler gives a lost worker's starts back through the ledger; when that call
+    fails (the store past its deadline) the handler says so in one line and returns: raised in
+    the heartbeat thread, it was swallowed there as a store error, and nothing said the bound
+    stayed tighter."""
+    import logging
+
+    from megatron_darl.loop import endpoints
+    from megatron_darl.transport.config import TransportConfig
+    from megatron_darl.transport.store import TransportTimeout
+
+    control = ControlPlaneConfig(port=free_port(), store_timeout_s=10)
+    store = serve_store(control)  # noqa: F841 (serves the handler's connection)
+    on_loss = endpoints._release_on_loss(TransportConfig(control=control), leave=lambda loss: None)
+    loss = PeerLoss("rollout 1 (node2, pid 77)", WORKER, 1, 31.5, 12)
+    with caplog.at_level(logging.ERROR):
+        on_loss(loss)  # the real ledger: nothing reserved, nothing given back
+    assert "0 groups in flight dropped" in caplog.text
+
+    def stalled(store, worker_id):
+        raise TransportTimeout("control ledger: no answer within 30 s")
+
+    monkeypatch.setattr(endpoints, "release_reservations", stalled)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        on_loss(loss)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "could not be given back (control ledger: no answer within 30 s)" in lines[0]
+    assert "rollout 1 (node2, pid 77)" in lines[0] and "until a process of rollout 1 joins" in lines[0]
+
+
 def test_a_member_that_dies_in_its_round_is_named_and_the_publish_does_not_fail():
     """Workers 0 and 1 share a round; worker 0 dies in it (stops beating, never answers), which
     fails the round for worker 1 too, and a newer version is staged: the publish ends naming
