@@ -131,7 +131,9 @@ class WeightSender:
         ``named_tensors`` is a list, ``StagedWeights``, or a zero-argument callable returning a
         fresh iterator (the trainer's export); each can be sent again, to later rounds and to a
         member that failed (a worker died mid-broadcast: up to ``max_attempts`` tries each). A
-        one-shot iterator serves one round. ``upgrade`` gives the newest staged weights (at least
+        one-shot iterator (the blocking publish's export, a TP collective its peers iterate once)
+        serves one round, which waits for every live worker up to ``join_timeout_s``: a second
+        round would have nothing to send. ``upgrade`` gives the newest staged weights (at least
         ``version``) for each round: the plan and the report name the version sent. Once a round
         went out, ``newer()`` true ends the publish: the workers still to come get the newer version
         from the next one, offered as soon as this one returns.
@@ -156,7 +158,9 @@ class WeightSender:
             waited = time.monotonic()
             if any((w, self._proc(w)) in tries for w in todo):  # failed: a fresh window to come back
                 deadline = max(deadline, waited + self.cfg.join_timeout_s)
-            members, waiting = self._gather_ready(offer, rnd, todo, deadline, acks)
+            # a one-shot source serves one round: it waits for every live worker (up to the join
+            # deadline), where a round of a re-sendable one goes at gather_s after the first
+            members, waiting = self._gather_ready(offer, rnd, todo, deadline, acks, gather_all=not retriable)
             report.wait_seconds += time.monotonic() - waited
             ok, sent = [], version
             if members:
@@ -175,7 +179,9 @@ class WeightSender:
                 self._store.set(SyncKeys.plan(offer, self.stage, rnd), json.dumps({"members": []}))
                 if waiting:
                     self._left_out(version, waiting, report)
-            more = members and not newer() and bool(self._todo(version, done))
+            if members and waiting and not retriable:  # its round is over: nothing left to send them
+                self._left_out(version, waiting, report)
+            more = members and retriable and not newer() and bool(self._todo(version, done))
             self._store.set(SyncKeys.verdict(offer, self.stage, rnd), "1" if more else "0")
             if acks is not None:  # polled, not awaited: a member may still be in another stage's round
                 acks.expect(ok, sent)
@@ -369,11 +375,11 @@ class WeightSender:
         return [w for w in range(self.topology.workers) if self._hb.is_alive(WORKER, w)]
 
     def _gather_ready(self, offer: int, rnd: int, todo: list[int], deadline: float,
-                      acks: "_Acks | None" = None) -> tuple[list[int], list[int]]:
+                      acks: "_Acks | None" = None, gather_all: bool = False) -> tuple[list[int], list[int]]:
         """(ready, waiting) among ``todo``: returns once all are at a safe point, ``gather_s``
-        after the first one was, or at ``deadline`` (with whoever is ready). A worker stuck before
-        its safe point is not the sync's to judge: the loop's progress watch names it if it never
-        comes back."""
+        after the first one was (not with ``gather_all``), or at ``deadline`` (with whoever is
+        ready). A worker stuck before its safe point is not the sync's to judge: the loop's
+        progress watch names it if it never comes back."""
         first = None
         while True:
             ready = [w for w in todo if self._store.check([
@@ -381,7 +387,8 @@ class WeightSender:
             waiting = [w for w in todo if w not in ready]
             now = time.monotonic()
             first = first if first is not None or not ready else now
-            if not waiting or now > deadline or (first is not None and now - first >= self.cfg.gather_s):
+            gathered = first is not None and not gather_all and now - first >= self.cfg.gather_s
+            if not waiting or now > deadline or gathered:
                 return ready, waiting
             time.sleep(self._control.poll_interval_s)
             self._hb.refresh(self._store)
@@ -439,6 +446,9 @@ class WeightSender:
             pending = lambda waits=waits, keep=buf: [w() for w in waits]  # noqa: E731 - buf lives until done
         if pending is not None:
             pending()
+        if n == 0:  # a source already consumed: the members would hold their old weights as this version
+            raise TransportTimeout(f"weight sync v{state['version']} stage {self.stage} round {attempt}: "
+                                   f"the source yielded no tensor (a one-shot export already sent)")
         self._store.set(SyncKeys.bucket(offer, self.stage, attempt, n), json.dumps({"last": True}))
         return n, total
 

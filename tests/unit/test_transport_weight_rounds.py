@@ -21,6 +21,7 @@ from megatron_darl.transport import (
 )
 from megatron_darl.transport.store import TransportTimeout
 from megatron_darl.transport.weight_publisher import BackgroundPublisher
+from tests.distributed.procs.launcher import wait_for
 from tests.unit.test_transport_weight_sync import _serve_until_error, _weights, _world
 
 CFG = WeightSyncConfig(backend="gloo", bucket_bytes=300, join_timeout_s=10, collective_timeout_s=20,
@@ -194,3 +195,30 @@ def test_a_look_for_late_workers_that_raises_is_raised_by_the_next_call():
     finally:
         publisher.close()
         _close(stop, [thread], [hb, *whbs])
+
+
+def test_a_one_shot_export_waits_for_every_worker_in_its_one_round():
+    """The blocking publish streams the trainer's export once (a TP collective its peers iterate
+    once): a worker that comes after the first one's gather window must still get the tensors.
+    A second round had nothing left to send, and that worker acked the version holding its old
+    weights (a CI run of the TP2xPP2 sync caught one)."""
+    control, store, hb, whbs, topo = _world(2)
+    sender = WeightSender(store, control, CFG, topo, 0, hb)
+    loaded: list[dict] = [{}, {}]
+    receivers = [WeightReceiver(connect_store(control), control, CFG, topo, w, _loader(loaded[w])) for w in range(2)]
+    logs: list[list] = [[], []]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_serve, args=(receivers[0], 1, stop, 0.0, logs[0]), daemon=True),
+               threading.Thread(target=_serve, args=(receivers[1], 1, stop, 1.0, logs[1]), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        report = sender.publish(1, iter(_weights(1)))  # one-shot, as ``export_hf_stage`` is
+        wait_for(lambda: all(logs), 10, "both workers to hold v1")
+    finally:
+        _close(stop, threads, [hb, *whbs])
+    assert report.members == [0, 1] and report.rounds_sent == 1 and report.attempts == 1
+    for w in range(2):
+        assert set(loaded[w]) == {name for name, _ in _weights(1)}, w
+        for name, tensor in _weights(1):
+            assert torch.equal(loaded[w][name], tensor), (w, name)
