@@ -229,11 +229,14 @@ def summarize(rows: list[dict], points: list[dict], target: float, per_step: int
 
 
 def aggregate(done: dict[str, dict], plan: list[tuple[str, int, int]]) -> tuple[dict, list[dict]]:
-    """Per case: mean and std over seeds, the runs themselves; and the printed table rows."""
+    """Per case: mean and std over its runs, one a seed, two where a seed's blocks ran from two
+    warm-start fits and each had its own run of the case (``name@fit``: sync, the pairs' base);
+    the runs themselves; and the printed table rows."""
     metrics, table = {}, []
     cases = sorted({(c, e) for c, e, _ in plan}, key=lambda ce: (ce[1], list(CASES).index(ce[0])))
     for case, eta in cases:
-        runs = [done[f"{case}_eta{eta}_s{s}"] for c, e, s in plan if (c, e) == (case, eta)]
+        runs = [run for c, e, s in plan if (c, e) == (case, eta)
+                for name, run in done.items() if name.split("@")[0] == f"{case}_eta{eta}_s{s}"]
         m = {key: mean_std([r[key] for r in runs]) for key in
              ("final_accuracy", "samples_to_target", "wall_seconds", "staleness_mean",
               "initial_accuracy", "train_reward_last")}
@@ -475,6 +478,9 @@ def finished_runs(args) -> tuple[dict[str, dict], str, dict]:
         if device is not None and saved["device"] != device:
             raise SystemExit(f"{path}: its runs ran on {saved['device']}, the others on {device}")
         got = {name: {**run, "warmstart": run.get("warmstart", key)} for name, run in got.items()}
+        # one run name from two fits (sync in each seed block on a fresh machine): both kept
+        got = {(f"{n}@{key.rsplit(':', 1)[-1]}" if n in done and done[n]["warmstart"] != r["warmstart"] else n): r
+               for n, r in got.items()}
         clash = sorted(n for n in set(got) & set(done) if got[n] != done[n])  # a later call's file of
         if clash:  # the same warm machine holds the earlier runs too: the same, not a clash
             raise SystemExit(f"{path}: runs {clash} are in an earlier partial file with other results")

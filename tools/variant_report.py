@@ -193,7 +193,7 @@ def accuracy_table(record: dict) -> str:
         gaps = [] if m["variant"] == "sync" else [paired_gap(m, sync), *(
             [paired_gap(m, sync, sampled)] if sampled is not None else [])]
         row = [case_name(m), str(m["max_staleness"]), *([str(m.get("window_k", "-"))] if show_k else []),
-               str(final["of"]), _fmt(m["initial_accuracy"]), _fmt_ci(final)]
+               _seeds(m["runs"]), _fmt(m["initial_accuracy"]), _fmt_ci(final)]
         if gaps:
             row += [*(_fmt_gap(g) for g in gaps), *([apart(gaps)] if sampled is not None else [])]
         else:  # sync itself
@@ -206,6 +206,13 @@ def accuracy_table(record: dict) -> str:
                 _fmt(m["train_reward_last"]), _fmt(m["wall_seconds"], 0)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _seeds(runs: list[dict]) -> str:
+    """How many seeds a case's runs cover, and how many runs when a seed has two (its blocks ran
+    from two warm-start fits, each with its own sync run)."""
+    seeds = len({r.get("seed", i) for i, r in enumerate(runs)})
+    return str(seeds) if seeds == len(runs) else f"{seeds} ({len(runs)} runs)"
 
 
 def _etas(record: dict) -> list[int]:

@@ -60,10 +60,20 @@ def test_a_record_pools_the_partial_files_of_several_calls(tmp_path):
     assert device == "H100" and config["warmstart"] == ["ws-A", "ws-B"]
     assert done == {"sync_eta0_s0": {**run, "warmstart": "ws-A"},
                     "sync_eta0_s1": {"final_accuracy": 0.2, "warmstart": "ws-B"}}
-    save_partial(c, vs.settings(args, "ws-C"), {"sync_eta0_s0": {"final_accuracy": 0.3}}, device="H100")
-    args.more_partials = [c]  # the same run with other results: refused
+    save_partial(c, vs.settings(args, "ws-A"), {"sync_eta0_s0": {"final_accuracy": 0.3}}, device="H100")
+    args.more_partials = [c]  # the same run of the same fit with other results: refused
     with pytest.raises(SystemExit, match="other results"):
         vs.finished_runs(args)
+    save_partial(c, vs.settings(args, "task:ws-C"), {"sync_eta0_s0": {"final_accuracy": 0.3}}, device="H100")
+    done, _, _ = vs.finished_runs(args)  # a seed's second fit, with its own sync run: both kept
+    assert done["sync_eta0_s0@ws-C"] == {"final_accuracy": 0.3, "warmstart": "task:ws-C"}
+    assert done["sync_eta0_s0"]["warmstart"] == "ws-A"
+    for r in done.values():
+        r.update(samples_to_target=None, wall_seconds=1.0, staleness_mean=0.0, initial_accuracy=0.0,
+                 train_reward_last=0.0)
+    metrics, _ = vs.aggregate(done, [("sync", 0, 0)])  # both runs of seed 0, each the base of its fit's pairs
+    assert metrics["sync_eta0"]["final_accuracy"]["n"] == 2
+    assert metrics["sync_eta0"]["final_accuracy"]["mean"] == pytest.approx(0.2)
     save_partial(c, vs.settings(args, "ws-C"), {"sync_eta0_s1": run}, device="H200")
     with pytest.raises(SystemExit, match="ran on H200"):
         vs.finished_runs(args)
