@@ -17,9 +17,11 @@ counts ``cluster.trainer_gpus=T cluster.rollout_gpus=R``, or ``local``: whatever
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -128,11 +130,15 @@ class RestartNotice:
         self._control = dataclasses.replace(cfg.transport.control, secret=secret, store_timeout_s=5.0,
                                             call_timeout_s=5.0)
         self._store = None
+        if cfg.cluster.rollout_restarts > 0:  # the store's module imports torch: seconds on a busy host,
+            # paid now beside the children's start, not while a worker is down and the trainer counts it
+            threading.Thread(target=importlib.import_module, args=("megatron_darl.transport.store",),
+                             name="restart-notice-import", daemon=True).start()
 
     def __call__(self, spec: ProcSpec, restart: int) -> None:
         if spec.role != ROLLOUT:
             return
-        # imported here, with the children up: the store's module imports torch (seconds)
+        # imported here, not at the launcher's start (the import thread above has warmed it)
         from megatron_darl.transport import WORKER, TransportTimeout, connect_store
         from megatron_darl.transport.store import Keys
 
