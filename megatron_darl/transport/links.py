@@ -65,6 +65,7 @@ _FIRST_POLL_S = 0.0005  # sleep between looks for the next header while the link
 _BUSY_S = 0.05  # a link counts as busy this long after its last transfer: no back-off meanwhile
 _IDLE_POLL_S = 0.05  # longest sleep between two looks for the next header (backs off to it)
 _FAILURES = (TransportTimeout, RuntimeError, dist.DistError, ValueError)
+_STORE_TRIES = 3  # a hub link's repeatable store request, tried this often before the link ends
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class InLink:
         """Receive the transfer that starts at ``seq`` if its header is there; returns the groups
         taken (0: none yet; never waits for one)."""
         key = Keys.sample(self.hub, self.worker, seq)
-        raw = store.read(key)  # one round trip: absent, or foreign (unsigned): not there
+        raw = self._patiently(lambda: store.read(key))  # one round trip: absent, or foreign (unsigned): not there
         if raw is None:
             return 0
         head, inline = Header.from_bytes(raw)
@@ -196,9 +197,27 @@ class InLink:
             self.handing_over = False
         # ack, then delete: a missing header at or below the ack is then never a consumed one in
         # between (a restarting worker reads a missing key above the ack as a free seq)
-        store.set(Keys.sample_ack(self.hub, self.worker), str(seq + head.count - 1))
-        store.delete_key(key)
+        self._patiently(lambda: store.set(Keys.sample_ack(self.hub, self.worker), str(seq + head.count - 1)))
+        self._patiently(lambda: store.delete_key(key))
         return head.count
+
+    def _patiently(self, request: Callable[[], object]) -> object:
+        """``request()``, made again when it outlasts its deadline (the store client drops that
+        connection and opens another), up to ``_STORE_TRIES`` times: a store busy for one call's
+        deadline must not end the link, after which this worker's groups would wait for the run's
+        receive timeout. Only for requests that may run twice: the header's read, the ack's set,
+        the header's delete. The ledger's ``arrive`` (``_admitted``) is not one (a call that timed
+        out may have counted), so it is made once."""
+        attempt = 1
+        while True:
+            try:
+                return request()
+            except TransportTimeout as exc:
+                if attempt == _STORE_TRIES or self._stop.is_set():
+                    raise
+                attempt += 1
+                log.warning("hub %d, link of rollout %d: %s; trying again (%d of %d)", self.hub, self.worker,
+                            exc, attempt, _STORE_TRIES)
 
     def _admitted(self, store: ControlStore, got: list[ReceivedGroup]) -> list[ReceivedGroup]:
         """The groups of a transfer no longer outstanding (``staleness.mark_delivered``), one

@@ -19,7 +19,7 @@ from megatron_darl.transport import (
 from megatron_darl.transport.frames import split_frames
 from megatron_darl.transport.links import Header
 from megatron_darl.transport.process_group import build_group
-from megatron_darl.transport.store import Keys, publish_version
+from megatron_darl.transport.store import ControlStore, Keys, publish_version
 from tests.distributed.procs.launcher import free_port
 
 TRANSPORTS = ("dataplane", "store")
@@ -330,6 +330,52 @@ def test_frames_of_a_transfer_are_split_by_their_size_prefixes():
         split_frames(joined, 2)
     with pytest.raises(ValueError, match="truncated group frame"):
         split_frames(joined[:-5], 3)
+
+
+class _OneTimeoutEach:
+    """A store that misses one deadline per request kind in the hub's link threads: the first
+    header read (nothing done), the first ack's set and the first header delete (both done, their
+    replies lost), as ``ControlStore`` raises past a call's deadline."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.fired: list[str] = []
+        for name, before in (("read", True), ("set", False), ("delete_key", False)):
+            real = getattr(ControlStore, name)
+            monkeypatch.setattr(ControlStore, name, self._wrap(name, real, before))
+
+    def _wrap(self, name, real, before):
+        def call(store, key, *args, **kw):
+            mine = threading.current_thread().name.startswith("channel-in") and name not in self.fired
+            header = key.startswith("ch/") and key.rsplit("/", 1)[-1].isdigit()  # Keys.sample
+            if mine and (key.endswith("/acked") if name == "set" else header):
+                self.fired.append(name)
+                if not before:
+                    real(store, key, *args, **kw)
+                raise TransportTimeout(f"{name} {key}: past its deadline (injected)")
+            return real(store, key, *args, **kw)
+        return call
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_store_call_past_its_deadline_does_not_end_the_hub_link(transport, monkeypatch):
+    """One missed deadline in each of the link's repeatable store requests: the link makes the
+    request again, every group arrives once and in order, and later groups still arrive."""
+    faults = _OneTimeoutEach(monkeypatch)
+    control, store, topo = _store()
+    cfg = _cfg(transport, max_unacked_per_hub=100)
+    sender = SampleSender(store, control, cfg, topo, 0)
+    hub = SampleHub(store, control, cfg, topo, 0)
+    for gid in range(4):
+        sender.send(_group(gid), StartTicket(0, gid + 1))
+    got = _take(hub, 4)
+    assert sorted(faults.fired) == ["delete_key", "read", "set"]
+    for gid in range(4, 6):
+        sender.send(_group(gid), StartTicket(0, gid + 1))
+    got += _take(hub, 2)
+    assert [r.group.group_id for r in got] == list(range(6)) and [r.meta.seq for r in got] == list(range(6))
+    assert sender.flush(20) == 0 and hub.poll() == [] and hub.duplicates_dropped == 0
+    sender.close()
+    hub.close()
 
 
 def test_a_dead_workers_pair_is_dropped_and_its_restart_delivers():
