@@ -31,7 +31,9 @@ control store with heartbeats and acks, so they stay small.
 
 Each link owns its store connection and blocks only itself: a slow, frozen or dead peer stalls
 one thread, never the hub's loop or the other links. Every wait has a deadline (store calls, pair
-construction, transfers). An idle hub link looks for its next header with one store read,
+construction, transfers). A hub link's store request that may run twice (the header's read, the
+ack, the header's delete) is made again when it misses its deadline, up to three times: a store
+busy for one deadline does not end the link. An idle hub link looks for its next header with one store read,
 every 0.5 ms while the link is busy (within 50 ms of its last transfer), then backing off to
 50 ms (a native store wait would log a warning at every timed-out slice), so the first group
 after an idle spell waits at most 50 ms and a busy link hardly waits. The back-off does not start
