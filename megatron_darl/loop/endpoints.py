@@ -83,7 +83,7 @@ def _release_on_loss(transport: TransportConfig, leave: Callable[[PeerLoss], Non
         else:
             try:
                 released = release_reservations(store, loss.rank)  # fences it, should it come back
-            except (RuntimeError, OSError) as exc:  # TransportTimeout too; not retried: fence names no generation
+            except (RuntimeError, OSError) as exc:  # TransportTimeout too, after the tries of ``call_once``
                 log.error("lost %s at step %d: no heartbeat for %.1f s; its starts in flight could not be given "
                           "back (%s): the staleness bound stays that much tighter until a process of rollout %d "
                           "joins (a restart gives them back)", loss.peer, loss.step, loss.silent_s, exc, loss.rank)

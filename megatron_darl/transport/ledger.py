@@ -25,6 +25,8 @@ fenced generation's are refused), ``fence`` (a lost worker: its outstanding star
 back), ``refuse`` (groups the trainer will not train: their starts are given back, counted by
 why: over the bound, or degenerate under ``replay.fill_batch``) and ``filled`` (no live worker can
 start a group before the next publish and none has one in flight: ``loop.wait_for_bound``).
+A request may carry an id (``call_once``): the ledger answers an id it has seen with its first
+answer and applies nothing again, so a counting request whose answer was lost can be sent again.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import os
 import socket
 import struct
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from megatron_darl.transport.errors import ForeignValueError, TransportTimeout
@@ -54,6 +57,7 @@ _MAGIC = b"DLG1"
 _MAC = 16  # bytes of a truncated HMAC-SHA256
 _MAX_FRAME = 1 << 16  # a longer frame is not a ledger request
 _HANDSHAKE_S = 5.0  # a connection must prove itself within this long
+_REMEMBERED = 4096  # answers kept for requests that carry an id (``call_once``): a retry comes within seconds
 
 
 def outstanding_key(worker: int) -> str:
@@ -97,14 +101,25 @@ class Ledger:
         self._wants: dict[int, int] = {}  # worker -> the size of its last reservation (a batch engine's batch)
         self._given_back = 0  # starts given back (refused, released) that no reservation has taken again
         self._published = 0
+        self._answered: OrderedDict[str, dict[str, Any]] = OrderedDict()  # request id -> its answer
 
     def apply(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Run one request; one that carries an id (``request``) already answered gets that answer
+        again and changes nothing (``call_once``)."""
         op = getattr(self, f"_op_{req.get('op')}", None)
         if op is None:
             raise ValueError(f"unknown ledger operation {req.get('op')!r}")
-        args = {k: v for k, v in req.items() if k != "op"}
+        rid = req.get("request")
+        args = {k: v for k, v in req.items() if k not in ("op", "request")}
         with self._lock:
-            return op(**args)
+            if rid is not None and rid in self._answered:
+                return dict(self._answered[rid])
+            answer = op(**args)
+            if rid is not None:
+                self._answered[str(rid)] = dict(answer)
+                while len(self._answered) > _REMEMBERED:
+                    self._answered.popitem(last=False)
+            return answer
 
     def _add(self, key: str, amount: int) -> int:
         self._counters[key] = self._counters.get(key, 0) + int(amount)
@@ -197,6 +212,24 @@ class Ledger:
         self._add(STARTED, -int(count))
         self._given_back += int(count)
         return {"refused": self._add(GIVE_BACK[why], int(count))}
+
+
+def call_once(ledger: "LedgerClient | LocalLedger", op: str, tries: int = 3, **args: Any) -> dict[str, Any]:
+    """``op`` applied once though it may be sent up to ``tries`` times. A call past its deadline
+    may have been applied with only its answer lost, so a plain retry of a counting request
+    (``arrive``, ``fence``) could count twice; every try here carries one request id, and the
+    ledger answers an id it has seen with its first answer. For the requests whose loss costs the
+    bound: a hub's ``arrive`` (else its link ends) and rank 0's ``fence`` of a lost worker (else
+    the lost starts stay reserved until a process of that worker joins)."""
+    rid, attempt = os.urandom(12).hex(), 1
+    while True:
+        try:
+            return ledger.call(op, request=rid, **args)
+        except TransportTimeout as exc:
+            if attempt >= tries:
+                raise
+            attempt += 1
+            log.warning("%s: trying again (%d of %d), as the same request", exc, attempt, tries)
 
 
 class LedgerServer:

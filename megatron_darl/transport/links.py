@@ -208,8 +208,8 @@ class InLink:
         connection and opens another), up to ``_STORE_TRIES`` times: a store busy for one call's
         deadline must not end the link, after which this worker's groups would wait for the run's
         receive timeout. Only for requests that may run twice: the header's read, the ack's set,
-        the header's delete. The ledger's ``arrive`` (``_admitted``) is not one (a call that timed
-        out may have counted), so it is made once."""
+        the header's delete. The ledger's ``arrive`` (``_admitted``) counts, so it is tried again
+        as the same request instead (``ledger.call_once``)."""
         attempt = 1
         while True:
             try:

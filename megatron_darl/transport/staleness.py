@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from megatron_darl.samples import SampleGroup
-from megatron_darl.transport.ledger import outstanding_key
+from megatron_darl.transport.ledger import call_once, outstanding_key
 from megatron_darl.transport.shape import StalenessBound
 from megatron_darl.transport.store import ControlStore, Keys
 
@@ -68,7 +68,7 @@ def release_reservations(store: ControlStore, worker_id: int) -> int:
     fenced, what that generation still does is refused (module docstring); a second call gives
     back nothing.
     """
-    return int(store.ledger.call("fence", worker=int(worker_id))["released"])
+    return int(call_once(store.ledger, "fence", worker=int(worker_id))["released"])
 
 
 def bound_filled(store: ControlStore, bound: StalenessBound, version: int = 0) -> bool:
@@ -102,8 +102,8 @@ def mark_delivered(store: ControlStore, worker_id: int, count: int = 1, generati
     were given back already, so the groups are refused (counted in ``Keys.FENCED``); the caller
     must not hand them on. Generation 0 (a gate without ``worker_id``) keeps no count.
     """
-    return bool(store.ledger.call("arrive", worker=int(worker_id), generation=int(generation),
-                                  count=int(count))["accepted"])
+    return bool(call_once(store.ledger, "arrive", worker=int(worker_id), generation=int(generation),
+                          count=int(count))["accepted"])
 
 
 def admit_fresh(store: ControlStore, groups: Sequence[SampleGroup], version: int, max_staleness: int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from megatron_darl.samples import Sample, SampleGroup
 from megatron_darl.transport import StalenessBound, StalenessGate
 from megatron_darl.transport.control_store import LEDGER_KEY
-from megatron_darl.transport.ledger import LedgerClient
+from megatron_darl.transport.ledger import DROPPED, STARTED, Ledger, LedgerClient, LedgerServer, call_once
 from megatron_darl.transport.staleness import admit_fresh, groups_refused, mark_delivered, release_reservations
 from megatron_darl.transport.store import Keys, TransportTimeout, publish_version, published_version
 
@@ -81,3 +82,74 @@ def test_only_the_run_secret_changes_the_ledger(control, stores, caplog):
     assert sum("refused the connection from 127.0.0.1" in r.getMessage() for r in caplog.records) == 2
     with pytest.raises(ValueError, match="not under"):  # nothing outside the staleness keys
         client.ledger.call("add", key="ctl/stop", amount=1)
+
+
+class _LosesFirstAnswer:
+    """A TCP relay in front of the ledger whose first connection passes the client's request on
+    and holds back the ledger's answer (the network lost it): the client's call runs past its
+    deadline though the ledger applied it. Later connections are relayed whole."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target, self.held_back, self._conns = target_port, 0, 0
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            self._conns += 1
+            server = socket.create_connection(("127.0.0.1", self._target))
+            lose = self._conns == 1
+            threading.Thread(target=self._pump, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, 3 if lose else None), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, hold_frame: int | None) -> None:
+        frames = 0
+        try:
+            while True:
+                head = src.recv(4, socket.MSG_WAITALL)
+                if len(head) < 4:
+                    return
+                body = src.recv(struct.unpack("<I", head)[0], socket.MSG_WAITALL)
+                frames += 1
+                if frames == hold_frame:  # hello, handshake, then the first answer: held back
+                    self.held_back += 1
+                    continue
+                dst.sendall(head + body)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def test_a_counting_request_whose_answer_was_lost_is_applied_once():
+    """``arrive`` and ``fence`` through a relay that loses the first answer: ``call_once`` tries
+    again on a new connection, as the same request, and the ledger counts it once (a plain retry
+    would give back the worker's other reservation as delivered) and answers as the first time."""
+    ledger = Ledger()
+    sock = socket.create_server(("127.0.0.1", 0))
+    LedgerServer(ledger, sock, "run-secret")
+    ledger.apply({"op": "join", "worker": 0})
+    got = ledger.apply({"op": "reserve", "worker": 0, "generation": 1, "count": 3, "max_staleness": 1,
+                        "groups_per_step": 2})
+    assert got["count"] == 3
+    for op, args, answer in (("arrive", {"worker": 0, "generation": 1, "count": 2}, {"accepted": True}),
+                             ("fence", {"worker": 0}, {"released": 1})):
+        relay = _LosesFirstAnswer(sock.getsockname()[1])
+        client = LedgerClient("127.0.0.1", relay.port, "run-secret", "hub 0", timeout_s=0.5)
+        assert call_once(client, op, **args) == answer  # the first answer, not the second try's
+        assert relay.held_back == 1
+        client.close()
+        relay.close()
+    assert ledger.apply({"op": "add", "key": DROPPED, "amount": 0})["value"] == 1  # 3 reserved, 2 arrived
+    assert ledger.apply({"op": "add", "key": STARTED, "amount": 0})["value"] == 2
+    with pytest.raises(TransportTimeout):  # every try lost: the caller hears of it
+        relay = _LosesFirstAnswer(sock.getsockname()[1])
+        call_once(LedgerClient("127.0.0.1", relay.port, "run-secret", "hub 0", timeout_s=0.5), "published",
+                  tries=1)
+    sock.close()
