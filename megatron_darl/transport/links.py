@@ -29,16 +29,16 @@ count) is paid per batch, not per group; on 2x H200 that cost, not the bytes, bo
 (~7 ms per 1.4 MB group). The store transport stays one group per key: its values share the
 control store with heartbeats and acks, so they stay small.
 
-Each link owns its store connection and blocks only itself: a slow, frozen or dead peer stalls
-one thread, never the hub's loop or the other links. Every wait has a deadline (store calls, pair
+Each link owns its store connection and blocks only itself: a slow, frozen or dead peer stalls one
+thread, never the hub's loop or the other links. Every wait has a deadline (store calls, pair
 construction, transfers). A hub link's store request that may run twice (the header's read, the
 ack, the header's delete) is made again when it misses its deadline, up to three times: a store
-busy for one deadline does not end the link. An idle hub link looks for its next header with one store read,
-every 0.5 ms while the link is busy (within 50 ms of its last transfer), then backing off to
-50 ms (a native store wait would log a warning at every timed-out slice), so the first group
+busy for one deadline does not end the link. An idle hub link looks for its next header with one
+store read, every 0.5 ms while the link is busy (within 50 ms of its last transfer), then backing
+off to 50 ms (a native store wait would log a warning at every timed-out slice), so the first group
 after an idle spell waits at most 50 ms and a busy link hardly waits. The back-off does not start
-at once: a worker's next header, due a few ms after a transfer, would then be seen only at the
-next look of 0.5, 1.5, 3.5, 7.5 ms, bounding a busy link by the hub's sleeps, not the work.
+at once: a worker's next header, due a few ms after a transfer, would then be seen only at the next
+look of 0.5, 1.5, 3.5, 7.5 ms, bounding a busy link by the hub's sleeps, not the work.
 """
 
 from __future__ import annotations

@@ -66,7 +66,9 @@ def release_reservations(store: ControlStore, worker_id: int) -> int:
     Called by the trainer when a worker is reported lost: otherwise a dead worker's in-flight
     reservations would shrink the window for good (and with eta = 0 starve the next step). Once
     fenced, what that generation still does is refused (module docstring); a second call gives
-    back nothing.
+    back nothing. Sent again as the same request when its answer is lost (``call_once``). A try
+    that reaches the ledger only after a restarted process of the worker joined fences that
+    process instead: its next reservation is refused and it joins again, so the bound holds.
     """
     return int(call_once(store.ledger, "fence", worker=int(worker_id))["released"])
 
