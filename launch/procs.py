@@ -114,7 +114,8 @@ class Launcher:
     def __init__(self, specs: Sequence[ProcSpec], grace_s: float = 30.0,
                  rollout_failure: str = "continue", poll_s: float = 0.1, pass_fds: Sequence[int] = (),
                  rollout_restarts: int = 0, on_restart: Callable[[ProcSpec, int], None] | None = None,
-                 on_stop: Callable[[int], None] | None = None) -> None:
+                 on_stop: Callable[[int], None] | None = None,
+                 on_started: Callable[[], None] | None = None) -> None:
         if not any(s.role == TRAINER for s in specs):
             raise ValueError("need at least one trainer process")
         self.specs, self.grace_s, self.poll_s = list(specs), grace_s, poll_s
@@ -124,6 +125,7 @@ class Launcher:
         self.restarts: dict[int, int] = {}  # rollout worker id -> times started again
         self._on_restart = on_restart or (lambda spec, n: None)
         self._on_stop = on_stop or (lambda signum: None)  # before a stop signal is forwarded
+        self._on_started = on_started or (lambda: None)  # once every child is started
         self.children: list[_Child] = []
         self._signal: int | None = None
 
@@ -135,6 +137,7 @@ class Launcher:
         try:
             for spec in self.specs:
                 self.children.append(self._start(spec))
+            self._on_started()
             return self._supervise()
         finally:
             self._kill_all(signal.SIGKILL, wait_s=5.0)

@@ -130,15 +130,21 @@ class RestartNotice:
         self._control = dataclasses.replace(cfg.transport.control, secret=secret, store_timeout_s=5.0,
                                             call_timeout_s=5.0)
         self._store = None
-        if cfg.cluster.rollout_restarts > 0:  # the store's module imports torch: seconds on a busy host,
-            # paid now beside the children's start, not while a worker is down and the trainer counts it
+        self._warm = cfg.cluster.rollout_restarts > 0
+
+    def warm(self) -> None:
+        """Import the store's module (torch: seconds on a busy host) in a thread once the children
+        are started: paid then, not while a worker is down and the trainer counts the time, nor
+        before the children start (``test_launcher_cost``). At full priority: a restart's notice
+        waits for this import to finish (the module lock), so a starved one would only be later."""
+        if self._warm:
             threading.Thread(target=importlib.import_module, args=("megatron_darl.transport.store",),
                              name="restart-notice-import", daemon=True).start()
 
     def __call__(self, spec: ProcSpec, restart: int) -> None:
         if spec.role != ROLLOUT:
             return
-        # imported here, not at the launcher's start (the import thread above has warmed it)
+        # imported here, not before the children start (``warm`` has, once they did)
         from megatron_darl.transport import WORKER, TransportTimeout, connect_store
         from megatron_darl.transport.store import Keys
 
@@ -271,7 +277,8 @@ def _run(cfg: RunConfig, config_path: Path, run_dir: Path, lock: RunLock) -> int
                           pass_fds=(lock.fd,),  # the children hold the run dir's lock too
                           rollout_restarts=cfg.cluster.rollout_restarts, on_restart=notice,
                           # a stop signal forwarded is written down too: the trainer may not see it
-                          on_stop=lambda signum: write_request(run_dir, signum)).run()
+                          on_stop=lambda signum: write_request(run_dir, signum),
+                          on_started=notice.warm).run()
     finally:
         notice.close()
     for failure in result.failures:
