@@ -42,7 +42,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from megatron_darl.transport.errors import ForeignValueError, TransportTimeout
+from megatron_darl.transport.errors import ForeignValueError, TransportTimeout, again_on_timeout
 from megatron_darl.transport.shape import StalenessBound
 
 log = logging.getLogger(__name__)
@@ -221,15 +221,8 @@ def call_once(ledger: "LedgerClient | LocalLedger", op: str, tries: int = 3, **a
     ledger answers an id it has seen with its first answer. For the requests whose loss costs the
     bound: a hub's ``arrive`` (else its link ends) and rank 0's ``fence`` of a lost worker (else
     the lost starts stay reserved until a process of that worker joins)."""
-    rid, attempt = os.urandom(12).hex(), 1
-    while True:
-        try:
-            return ledger.call(op, request=rid, **args)
-        except TransportTimeout as exc:
-            if attempt >= tries:
-                raise
-            attempt += 1
-            log.warning("%s: trying again (%d of %d), as the same request", exc, attempt, tries)
+    rid = os.urandom(12).hex()
+    return again_on_timeout(lambda: ledger.call(op, request=rid, **args), tries, f"ledger {op}, the same request")
 
 
 class LedgerServer:

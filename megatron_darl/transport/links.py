@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_darl.transport.config import ChannelConfig, ControlPlaneConfig
+from megatron_darl.transport.errors import again_on_timeout
 from megatron_darl.transport.frames import ReceivedGroup, host_cat, split_frames, unframe_group
 from megatron_darl.transport.process_group import DataPlaneGroup, build_group
 from megatron_darl.transport.staleness import mark_delivered
@@ -210,16 +211,8 @@ class InLink:
         receive timeout. Only for requests that may run twice: the header's read, the ack's set,
         the header's delete. The ledger's ``arrive`` (``_admitted``) counts, so it is tried again
         as the same request instead (``ledger.call_once``)."""
-        attempt = 1
-        while True:
-            try:
-                return request()
-            except TransportTimeout as exc:
-                if attempt == _STORE_TRIES or self._stop.is_set():
-                    raise
-                attempt += 1
-                log.warning("hub %d, link of rollout %d: %s; trying again (%d of %d)", self.hub, self.worker,
-                            exc, attempt, _STORE_TRIES)
+        return again_on_timeout(request, _STORE_TRIES, f"hub {self.hub}, link of rollout {self.worker}",
+                                self._stop.is_set)
 
     def _admitted(self, store: ControlStore, got: list[ReceivedGroup]) -> list[ReceivedGroup]:
         """The groups of a transfer no longer outstanding (``staleness.mark_delivered``), one
