@@ -114,8 +114,8 @@ def test_a_sigterm_while_the_trainer_waits_for_groups_keeps_its_deadline(tmp_pat
         rows = len(metrics.read_text().splitlines()) if metrics.exists() else 0
         if rows != seen or not (run_dir / "stalled_rollout0").exists():
             seen, still_since = rows, time.monotonic()
-        elif rows >= 3 and time.monotonic() - still_since > 8.0:  # no step since the hang began (a step: ~1 s)
-            break
+        elif rows >= 1 and time.monotonic() - still_since > 8.0:  # no step since the hang began (a step: ~1 s;
+            break  # the worker may stall after 1-2 steps when it ran ahead: waiting for a 3rd cost 300 s)
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before its worker stalled"
     proc.send_signal(signal.SIGTERM)
