@@ -5,13 +5,13 @@
 #
 # (carry .whl, made by gpu/wheels.sh: megatron-core, hydra-core, omegaconf, antlr4, math-verify,
 # latex2sympy2_extended.)
-# A study outlasts one call, and a GPU warm start is not bitwise reproducible across machines, so
-# everything a later call needs stays in /tmp/darl_vs on the machine, which keeps it while warm:
-# the fitted initial policy (warmstart/), the partial file of finished runs (partial.json) and the
-# run dirs. The next call must come before the machine goes back (its idle release, 30 s:
-# have it ready, change no code in between); a call on a
-# fresh machine fits a new policy and the partial file then refuses the old runs (start a new
-# one). SECONDS bounds the study (the call's own limit minus transfers): it is killed then;
+# A study outlasts one call, so everything a later call needs stays in /tmp/darl_vs on the
+# machine, which keeps it while warm: the fitted initial policy (warmstart/), the partial file of
+# finished runs (partial.json) and the run dirs. The next call must come before the machine goes
+# back (its idle release, 30 s: have it ready, change no code in between). A call on a fresh
+# machine fits the initial policy again (~100 s, deterministic kernels: two 2x H200 machines fitted
+# the same digest); a fit with another digest makes the partial file refuse the old runs (start
+# a new one). SECONDS bounds the study (the call's own limit minus transfers): it is killed then;
 # with --reuse-trained (pass it on every call) the next call resumes what it cut short: training
 # from the run's latest checkpoint, evaluation from the points already written. The partial file
 # is copied to $OUT every 10 s and at the end, so the finished runs come back whatever happens;
@@ -41,6 +41,7 @@
 #     --minibatches 4 --lr 3e-5 --partial <first> --more-partials <next> ...
 #   python tools/variant_report.py benchmarks/results/variant_study_<new>.json
 # On a 4-GPU host one call takes a whole seed (--parallel 22 --runs-per-gpu 6).
+# Measured on 2x H200 (32 cores, 81eca5f): blocks of 7, 8 and 7 runs took 441, 407 and 467 s warm.
 # Measured on 2x H200 (32 cores, d7d9065): a block of 7-8 runs (4 a GPU) takes 448-481 s on a
 # fresh machine (wheels, warm start 57 s) and 383 s on a warm one; each run starts in ~50 s,
 # trains its 100 steps in 160-265 s (1.6-2.6 s a step) and scores its 5 points in 45-62 s.
