@@ -17,6 +17,9 @@ Scaling efficiency of a 2-GPU layout = its tokens/s / (2 x the 1-GPU tokens/s of
     python benchmarks/train_step.py                              # 1.7B and 4B, 1 GPU
     python benchmarks/train_step.py --layouts tp1 tp2 dp2        # on the 2-GPU machine
     python benchmarks/train_step.py --tiny                       # CPU smoke check, no JSON
+    python benchmarks/train_step.py --models qwen3_1.7b --layouts tp1 dp2 tp2 --seqs 64 --seq 640 \
+        --prompt 128 --minibatches 4 --token-budget 16384 --set grad_reduce_in_fp32=false
+                                      # the loop's quick batch (8 x 8 x 512), one setting's A/B
 Benchmark name ``train_step``; metrics ``mfu``, ``tokens_per_s``, ``logprob_tokens_per_s``,
 ``hf_tokens_per_s``, ``peak_gib`` (+ ``logprob_mfu``, ``mfu_causal``, ``scaling_efficiency``...).
 """
@@ -112,6 +115,7 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
                                      logprob_token_budget=args.logprob_token_budget,
                                      pad_multiple=64 if args.seq % 64 == 0 else 1),
         peak_tflops=args.peak_tflops, activation_recompute=args.recompute,
+        **trainer_settings(args.set),
     )
     trainer = PolicyTrainer(cfg, ps, hf_config)
     batches = make_batches(args, hf_config["vocab_size"], ps.dp_rank, ps.dp_size)
@@ -142,6 +146,31 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
     result["peak_gib"] = max(p for p in peaks if p is not None) if peak is not None else None
     if rank == 0:
         Path(out_path).write_text(json.dumps(result))
+
+
+def trainer_settings(pairs: list[str]) -> dict:
+    """``--set field=value`` as TrainerConfig keyword arguments (booleans ``true``/``false``, else
+    numbers where they parse): the A/B of one setting at one shape, e.g. ``grad_reduce_in_fp32=false``."""
+    from dataclasses import fields
+
+    from megatron_darl.trainer.config import TrainerConfig
+
+    known = {f.name: f for f in fields(TrainerConfig)}
+    out: dict = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or name not in known or name in ("optimizer", "micro_batch"):
+            raise SystemExit(f"--set {pair!r}: use field=value with a plain TrainerConfig field "
+                             f"({', '.join(n for n in known if n not in ('optimizer', 'micro_batch'))})")
+        low = raw.strip().lower()
+        if low in ("true", "false"):
+            out[name] = low == "true"
+        else:
+            try:
+                out[name] = float(raw) if "." in raw or "e" in low else int(raw)
+            except ValueError:
+                out[name] = raw
+    return out
 
 
 def hf_tokens_per_s(hf_config: dict, args) -> float:
@@ -206,6 +235,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per layout run, seconds")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a TrainerConfig field for every layout (repeatable), e.g. grad_reduce_in_fp32=false")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke check at tiny shapes")
     parser.add_argument("--out-dir", default=None, help="results dir (default benchmarks/results)")
     return parser.parse_args(argv)
@@ -215,6 +246,7 @@ def main(argv=None) -> int:
     from megatron_darl.models.qwen3.config import load_preset
 
     args = parse_args(argv)
+    trainer_settings(args.set)  # a bad --set stops here, before any process starts
     if args.tiny:
         args.models, args.seq, args.prompt, args.seqs = ["tiny"], 128, 16, 8
         args.token_budget, args.warmup, args.iters = 256, 1, 2
@@ -238,7 +270,7 @@ def _record(name: str, layout: str, row: dict, args) -> None:
     if args.tiny and args.out_dir is None:
         return
     keys = ("seq", "prompt", "seqs", "minibatches", "token_budget", "logprob_token_budget", "recompute",
-            "warmup", "iters")
+            "warmup", "iters", "set")
     config = {k: getattr(args, k) for k in keys}
     config.update(model=name, layout=layout, gpus=row["gpus"], init="random",
                   flop_formula="6*N + 12*L*H*Q*s per token, N incl. LM head (PaLM, non-causal)")

@@ -239,3 +239,17 @@ def test_a_records_note_is_numbered_in_its_row_and_printed_under_the_table(tmp_p
     row = next(line for line in text.splitlines() if "| 2:2 |" in line)
     assert "| darl [1] |" in row and "| darl |" in next(x for x in text.splitlines() if "| 1:1 |" in x)
     assert text.endswith("\n\n[1] two outliers in five steps")
+
+
+def test_train_step_set_reads_typed_trainer_fields_and_refuses_unknown_ones():
+    from benchmarks.train_step import trainer_settings
+
+    got = trainer_settings(["grad_reduce_in_fp32=false", "overlap_grad_reduce=True", "peak_tflops=700.5",
+                            "seed=7", "snapshots=host"])
+    assert got == {"grad_reduce_in_fp32": False, "overlap_grad_reduce": True, "peak_tflops": 700.5,
+                   "seed": 7, "snapshots": "host"}
+    from megatron_darl.trainer.config import TrainerConfig
+    assert TrainerConfig(**got).grad_reduce_in_fp32 is False  # what the benchmark builds
+    for bad in ("grad_reduce=false", "micro_batch=1", "bf16"):
+        with pytest.raises(SystemExit, match="grad_reduce_in_fp32"):
+            trainer_settings([bad])
