@@ -149,27 +149,22 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
 
 
 def trainer_settings(pairs: list[str]) -> dict:
-    """``--set field=value`` as TrainerConfig keyword arguments (booleans ``true``/``false``, else
-    numbers where they parse): the A/B of one setting at one shape, e.g. ``grad_reduce_in_fp32=false``."""
+    """``--set field=value`` as TrainerConfig keyword arguments, each value read as YAML (as a
+    Hydra override is: ``false``, ``700.5``, ``host``): the A/B of one setting at one shape, e.g.
+    ``grad_reduce_in_fp32=false``."""
     from dataclasses import fields
+
+    import yaml
 
     from megatron_darl.trainer.config import TrainerConfig
 
-    known = {f.name: f for f in fields(TrainerConfig)}
+    plain = [f.name for f in fields(TrainerConfig) if f.name not in ("optimizer", "micro_batch")]
     out: dict = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
-        if not sep or name not in known or name in ("optimizer", "micro_batch"):
-            raise SystemExit(f"--set {pair!r}: use field=value with a plain TrainerConfig field "
-                             f"({', '.join(n for n in known if n not in ('optimizer', 'micro_batch'))})")
-        low = raw.strip().lower()
-        if low in ("true", "false"):
-            out[name] = low == "true"
-        else:
-            try:
-                out[name] = float(raw) if "." in raw or "e" in low else int(raw)
-            except ValueError:
-                out[name] = raw
+        if not sep or name not in plain:
+            raise SystemExit(f"--set {pair!r}: use field=value with a plain TrainerConfig field ({', '.join(plain)})")
+        out[name] = yaml.safe_load(raw)
     return out
 
 
