@@ -20,6 +20,8 @@ Scaling efficiency of a 2-GPU layout = its tokens/s / (2 x the 1-GPU tokens/s of
     python benchmarks/train_step.py --models qwen3_1.7b --layouts tp1 dp2 tp2 --seqs 64 --seq 640 \
         --prompt 128 --minibatches 4 --token-budget 16384 --set grad_reduce_in_fp32=false
                                       # the loop's quick batch (8 x 8 x 512), one setting's A/B
+    python benchmarks/train_step.py --models qwen3_1.7b --layouts dp2 ... --profile DIR
+                                      # + rank 0's torch.profiler tables and host syncs by caller
 Benchmark name ``train_step``; metrics ``mfu``, ``tokens_per_s``, ``logprob_tokens_per_s``,
 ``hf_tokens_per_s``, ``peak_gib`` (+ ``logprob_mfu``, ``mfu_causal``, ``scaling_efficiency``...).
 """
@@ -118,6 +120,13 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
         **trainer_settings(args.set),
     )
     trainer = PolicyTrainer(cfg, ps, hf_config)
+    if args.megatron_fallbacks:  # the A/B of trainer/optim.py's use_foreach_fallbacks
+        from megatron.core import utils
+        from megatron.core.optimizer import clip_grads
+        from megatron.core.optimizer import optimizer as base
+
+        clip_grads.l2_norm_impl = utils.local_multi_tensor_l2_norm
+        clip_grads.multi_tensor_scale_impl = base.multi_tensor_scale_impl = utils.local_multi_tensor_scale
     batches = make_batches(args, hf_config["vocab_size"], ps.dp_rank, ps.dp_size)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -144,8 +153,61 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
     peaks = [None] * world_size
     dist.all_gather_object(peaks, peak)
     result["peak_gib"] = max(p for p in peaks if p is not None) if peak is not None else None
+    if args.profile:
+        stem = Path(args.profile) / f"train_step_profile_tp{tp}_pp{pp}_w{world_size}"
+        profile_passes(trainer, batches, rank, stem)
     if rank == 0:
         Path(out_path).write_text(json.dumps(result))
+
+
+def profile_passes(trainer, batches, rank: int, stem: Path) -> None:
+    """One log-prob pass and one train step under ``torch.profiler`` (every rank runs them: they
+    are collectives); rank 0 writes each one's operator table (self device time first), where a
+    fixed cost per pass or per micro-batch shows up that the timings above only add up. Each file
+    holds two tables: by self device time (by self CPU time on CPU), then by host time with
+    children (where the host waits or launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    passes = {"logprob": lambda: [trainer.compute_logprobs(b) for b in batches],
+              "train": lambda: trainer.train_steps(batches, ppo_like_loss)}
+    for name, fn in passes.items():
+        with profile(activities=activities, with_stack=True) as prof:
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        if rank == 0:
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            averages = prof.key_averages()
+            tables = [averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
+                      for key in dict.fromkeys((sort, "cpu_time_total"))]  # device work, then host
+            tables.append(host_syncs_by_caller(prof.events()))
+            Path(f"{stem}_{name}.txt").write_text("\n\n".join(tables))
+
+
+SYNCS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::nonzero")
+
+
+def host_syncs_by_caller(events) -> str:
+    """Where the host waits for the device: each sync-like op counted by its two nearest Python
+    frames outside torch (the line of ours or Megatron's that asked for a value, and its caller),
+    most calls first."""
+    from collections import Counter
+
+    calls: Counter = Counter()
+    for ev in events:
+        if ev.name not in SYNCS:
+            continue
+        frames = [f for f in (ev.stack or []) if not any(skip in f for skip in ("torch/", "cpu_compat"))][:2]
+        parent = None if frames else ev.cpu_parent  # torch versions differ: a stack, or parent events
+        while parent is not None and len(frames) < 2:  # with_stack: Python frames enclose the op
+            if ".py(" in parent.name and not any(skip in parent.name for skip in ("torch/", "cpu_compat")):
+                frames.append(parent.name)
+            parent = parent.cpu_parent
+        calls[(ev.name, " <- ".join(frames) or "?")] += 1
+    lines = [f"{n:6d}  {op:28s} {where}" for (op, where), n in calls.most_common(40)]
+    return "host syncs by caller (calls, op, nearest frames outside torch)\n" + "\n".join(lines)
 
 
 def trainer_settings(pairs: list[str]) -> dict:
@@ -232,6 +294,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=3600.0, help="per layout run, seconds")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a TrainerConfig field for every layout (repeatable), e.g. grad_reduce_in_fp32=false")
+    parser.add_argument("--megatron-fallbacks", action="store_true",
+                        help="keep megatron-core's own no-TE/apex multi-tensor stand-ins (one host sync per tensor)")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="also write rank 0's torch.profiler tables (one log-prob pass, one step) to DIR")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke check at tiny shapes")
     parser.add_argument("--out-dir", default=None, help="results dir (default benchmarks/results)")
     return parser.parse_args(argv)
@@ -265,7 +331,7 @@ def _record(name: str, layout: str, row: dict, args) -> None:
     if args.tiny and args.out_dir is None:
         return
     keys = ("seq", "prompt", "seqs", "minibatches", "token_budget", "logprob_token_budget", "recompute",
-            "warmup", "iters", "set")
+            "warmup", "iters", "set", "megatron_fallbacks")
     config = {k: getattr(args, k) for k in keys}
     config.update(model=name, layout=layout, gpus=row["gpus"], init="random",
                   flop_formula="6*N + 12*L*H*Q*s per token, N incl. LM head (PaLM, non-causal)")

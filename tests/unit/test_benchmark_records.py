@@ -253,3 +253,22 @@ def test_train_step_set_reads_typed_trainer_fields_and_refuses_unknown_ones():
     for bad in ("grad_reduce=false", "micro_batch=1", "bf16"):
         with pytest.raises(SystemExit, match="grad_reduce_in_fp32"):
             trainer_settings([bad])
+
+
+def _reads_back(x):
+    return [float(v.sum().item()) for v in x]
+
+
+def test_train_step_profile_names_the_line_that_syncs_the_host():
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.train_step import host_syncs_by_caller
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        _reads_back([torch.ones(4)] * 3)
+        torch.ones(2).sum()  # no read-back: not counted
+    report = host_syncs_by_caller(prof.events())
+    rows = [line for line in report.splitlines()[1:] if "aten::item" in line]
+    assert len(rows) == 1, report
+    assert rows[0].split()[0] == "3" and "_reads_back" in rows[0], report
