@@ -28,7 +28,8 @@ engine.*, worker.*                                     allowed         how sampl
 eval.*                                                 allowed         held-out scoring touches no training state
 trainer.micro_batch.*, trainer.{activation_recompute,  allowed         memory and speed only; the checkpoint
   sequence_parallel,grad_reduce_in_fp32,peak_tflops,                   replaces the initial weights and RNG
-  overlap_grad_reduce,init_checkpoint,seed,snapshots},
+  overlap_grad_reduce,init_checkpoint,seed,snapshots,
+  compile_warmup,compiled_kernels},
   parallel.seed
 model.*, warmstart.*                                   checked at      the initial policy: the checkpoint
                                                        load            replaces it, and its loader refuses
@@ -91,7 +92,8 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
     (("eval.",), Rule.ALLOWED, "which versions are scored on held-out prompts; scoring never touches training state"),
     (("trainer.micro_batch.", "trainer.activation_recompute", "trainer.sequence_parallel",
       "trainer.grad_reduce_in_fp32", "trainer.overlap_grad_reduce", "trainer.peak_tflops",
-      "trainer.init_checkpoint", "trainer.seed", "trainer.snapshots", "trainer.compile_warmup", "parallel.seed"),
+      "trainer.init_checkpoint", "trainer.seed", "trainer.snapshots", "trainer.compile_warmup",
+      "trainer.compiled_kernels", "parallel.seed"),
      Rule.ALLOWED, "memory and speed only; the checkpoint replaces the initial weights and RNG"),
     (("model.", "warmstart."), Rule.AT_LOAD, "the checkpoint's loader refuses another model naming the fields"),
     (("cluster.trainer_ranks", "parallel.tp", "parallel.pp"), Rule.REFUSED,

@@ -85,6 +85,9 @@ class TrainerConfig:
     peak_tflops: float = 989.0  # per-device dense bf16 peak for MFU (H100/H200 SXM)
     snapshots: str = "auto"  # where backfill's parameter snapshots live: auto|device|host (snapshots.py)
     compile_warmup: bool = True  # GPU: compile the fused kernels before the first step (while engines start)
+    # GPU: RMSNorm, SwiGLU and bias-dropout-add as torch.compile kernels; off: eager, as on CPU
+    # (fewer host calls a layer, more device kernels: an A/B for host-bound small micro-batches)
+    compiled_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.snapshots not in ("auto", "device", "host"):

@@ -49,6 +49,7 @@ from megatron_darl.checkpoint.training import load_model_weights
 from megatron_darl.models.qwen3.config import spec_from_hf
 from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
 from megatron_darl.models.qwen3.model import build_qwen3_model, have_transformer_engine
+from megatron_darl.models.qwen3.norm import Qwen3RMSNorm
 from megatron_darl.trainer.batch import MicroBatch, TrainBatch, split_microbatches
 from megatron_darl.trainer.config import TrainerConfig
 from megatron_darl.trainer.flops import mfu, train_flops
@@ -79,6 +80,15 @@ class StepResult:
     weight_norm: float = 0.0  # L2 norm of the new weights (``weight_check``): NaN/Inf = never publish
     # this rank's device seconds by phase (``phases.py``): forward_backward, grad_reduce, optimizer
     phase_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def compile_norms(chunks: list, on: bool) -> int:
+    """Set every ``Qwen3RMSNorm`` of ``chunks`` to its compiled (``on``) or eager kernel on GPU
+    (``trainer.compiled_kernels``); returns how many norms there are."""
+    norms = [m for chunk in chunks for m in chunk.modules() if isinstance(m, Qwen3RMSNorm)]
+    for norm in norms:
+        norm.compiled = on
+    return len(norms)
 
 
 def compiled_frames() -> int:
@@ -117,6 +127,7 @@ class PolicyTrainer:
         self.bf16 = bool(cfg.bf16 and not self.ps.on_cpu)
         self.phases = PhaseClock(self.ps.device)  # a train step's forward/backward, grad reduce, update
         chunks = model_chunks if model_chunks is not None else self._build_chunks()
+        compile_norms(chunks, cfg.compiled_kernels)
         timeline.mark("model_built")
         if cfg.init_checkpoint:
             load_model_weights(chunks, cfg.init_checkpoint, self.ps)
@@ -147,6 +158,8 @@ class PolicyTrainer:
             overrides.update(
                 recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
             )
+        if not self.cfg.compiled_kernels:  # Megatron's torch.compile'd SwiGLU and bias-dropout-add
+            overrides.update(bias_activation_fusion=False, bias_dropout_fusion=False)
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         torch.manual_seed(self.cfg.seed)
         return build_qwen3_model(self.hf_config, self.ps, dtype=dtype, **overrides)

@@ -1,5 +1,7 @@
-"""Unit tests of the trainer's configs, FLOP count, snapshots and checkpoint refusals."""
+"""Unit tests of the trainer's configs, FLOP count, snapshots, checkpoint refusals and the
+compiled-kernels switch."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -145,3 +147,22 @@ def test_a_snapshot_stays_resident_when_only_the_allocators_cache_holds_the_memo
     # another process (a colocated engine) holding 100 GiB counts against the room
     assert not room_for_snapshot(free=10 * GiB, total=140 * GiB, reserved=30 * GiB,
                                  peak_allocated=30 * GiB, nbytes=3 * GiB, headroom=0.15)
+
+
+def test_compiled_kernels_switch_reaches_every_norm_and_is_in_the_default_config():
+    import yaml
+
+    from megatron_darl.models.qwen3.norm import Qwen3RMSNorm, rms_norm_reference
+    from megatron_darl.trainer.config import TrainerConfig
+    from megatron_darl.trainer.policy_trainer import compile_norms
+
+    inner = Qwen3RMSNorm(hidden_size=4)
+    chunks = [torch.nn.Sequential(Qwen3RMSNorm(hidden_size=8), torch.nn.Linear(8, 8)), torch.nn.Sequential(inner)]
+    assert inner.compiled  # the default: compiled on GPU
+    assert compile_norms(chunks, False) == 2
+    assert not any(m.compiled for c in chunks for m in c.modules() if isinstance(m, Qwen3RMSNorm))
+    x = torch.randn(3, 4)
+    assert torch.equal(inner(x), rms_norm_reference(x, inner.weight, inner.eps))  # the eager arithmetic
+    repo = Path(__file__).resolve().parents[2]
+    defaults = yaml.safe_load((repo / "configs" / "trainer" / "default.yaml").read_text())
+    assert defaults["compiled_kernels"] is True and TrainerConfig().compiled_kernels is True

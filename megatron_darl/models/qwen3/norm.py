@@ -26,6 +26,7 @@ step. The detached, unbacked-rows call of the log-prob kernels (``trainer/kernel
 never recompiles, made this module (~224 calls per micro-batch, as an autograd Function) cost 30%
 of a 1.7B train step on an H200 (benchmarks/results/kernel_ab_*: per-call overhead or the unbacked
 rows' code; the A/B did not tell them apart), so the norm keeps the plain compiled call.
+``trainer.compiled_kernels=false`` runs the eager arithmetic on GPU too (``Qwen3RMSNorm.compiled``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ def _fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Qwen3RMSNorm(torch.nn.RMSNorm):
-    """Drop-in for Megatron's ``WrappedTorchNorm`` (same constructor, same ``weight`` key)."""
+    """Drop-in for Megatron's ``WrappedTorchNorm`` (same constructor, same ``weight`` key).
+    ``compiled`` (the trainer's ``compiled_kernels``): off, a CUDA input runs the eager arithmetic
+    too (several kernels, no dynamo guard or compiled-region call on the host)."""
+
+    compiled = True
 
     def __init__(self, config=None, hidden_size: int = 0, eps: float = 1e-6, **_unused) -> None:
         if config is not None and getattr(config, "sequence_parallel", False):
@@ -63,6 +68,6 @@ class Qwen3RMSNorm(torch.nn.RMSNorm):
         super().__init__(normalized_shape=hidden_size, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
+        if x.is_cuda and self.compiled:
             return _fused(x, self.weight, self.eps)
         return rms_norm_reference(x, self.weight, self.eps)
