@@ -121,12 +121,11 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
     )
     trainer = PolicyTrainer(cfg, ps, hf_config)
     if args.megatron_fallbacks:  # the A/B of trainer/optim.py's use_foreach_fallbacks
-        from megatron.core import utils
-        from megatron.core.optimizer import clip_grads
-        from megatron.core.optimizer import optimizer as base
+        from megatron_darl.trainer.optim import fallback_swaps
 
-        clip_grads.l2_norm_impl = utils.local_multi_tensor_l2_norm
-        clip_grads.multi_tensor_scale_impl = base.multi_tensor_scale_impl = utils.local_multi_tensor_scale
+        for module, name, theirs, ours in fallback_swaps():
+            if getattr(module, name, None) is ours:
+                setattr(module, name, theirs)
     batches = make_batches(args, hf_config["vocab_size"], ps.dp_rank, ps.dp_size)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -200,10 +199,11 @@ def host_syncs_by_caller(events) -> str:
     for ev in events:
         if ev.name not in SYNCS:
             continue
-        frames = [f for f in (ev.stack or []) if not any(skip in f for skip in ("torch/", "cpu_compat"))][:2]
+        ours = lambda frame: not any(skip in frame for skip in ("torch/", "cpu_compat"))  # noqa: E731
+        frames = [f for f in (ev.stack or []) if ours(f)][:2]
         parent = None if frames else ev.cpu_parent  # torch versions differ: a stack, or parent events
         while parent is not None and len(frames) < 2:  # with_stack: Python frames enclose the op
-            if ".py(" in parent.name and not any(skip in parent.name for skip in ("torch/", "cpu_compat")):
+            if ".py(" in parent.name and ours(parent.name):
                 frames.append(parent.name)
             parent = parent.cpu_parent
         calls[(ev.name, " <- ".join(frames) or "?")] += 1

@@ -272,7 +272,7 @@ def weights_digest(model_dir: Path) -> str:
     """Hash of the fitted weights. The cache key names the warm start's settings, not its result:
     a GPU fit was not bitwise reproducible (two 2x H200 machines, same key: held-out accuracy 0.057
     and 0.037 before RL), so a partial file must not mix runs from two fits. The fit now runs
-    deterministic kernels on a GPU (``launch.warmstart_fit.deterministic_fit``), and two 2x H200
+    deterministic kernels on a GPU (``launch.warmstart_fit.deterministic_fit``), and three 2x H200
     machines have fitted the same digest (cecc3b915f3ab736): a block on a fresh machine then pairs
     with the sync run of an earlier one. The digest stays in the key, since other kinds may differ."""
     digest = hashlib.sha256()

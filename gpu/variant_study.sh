@@ -9,7 +9,7 @@
 # machine, which keeps it while warm: the fitted initial policy (warmstart/), the partial file of
 # finished runs (partial.json) and the run dirs. The next call must come before the machine goes
 # back (its idle release, 30 s: have it ready, change no code in between). A call on a fresh
-# machine fits the initial policy again (~100 s, deterministic kernels: two 2x H200 machines fitted
+# machine fits the initial policy again (~100 s, deterministic kernels: three 2x H200 machines fitted
 # the same digest); a fit with another digest makes the partial file refuse the old runs (start
 # a new one). SECONDS bounds the study (the call's own limit minus transfers): it is killed then;
 # with --reuse-trained (pass it on every call) the next call resumes what it cut short: training

@@ -117,6 +117,18 @@ def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):
         torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
 
 
+def fallback_swaps() -> list[tuple]:
+    """(module, attribute, megatron-core's stand-in, ours) for each swap ``use_foreach_fallbacks``
+    makes (``benchmarks/train_step.py --megatron-fallbacks`` puts theirs back)."""
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as base
+
+    return [(clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm, foreach_l2_norm),
+            (clip_grads, "multi_tensor_scale_impl", utils.local_multi_tensor_scale, foreach_scale),
+            (base, "multi_tensor_scale_impl", utils.local_multi_tensor_scale, foreach_scale)]
+
+
 def use_foreach_fallbacks() -> int:
     """Without Transformer Engine or apex, megatron-core's stand-ins for apex's multi-tensor
     kernels cost one host sync per gradient tensor: the gradient norm (every optimizer step)
@@ -126,15 +138,8 @@ def use_foreach_fallbacks() -> int:
     optimizer steps of 16 x 640 tokens) a step's device syncs go from 628 to 72; its time did not
     move beyond run-to-run noise there (``benchmarks/train_step.py --megatron-fallbacks`` is
     the A/B). Returns how many module attributes were swapped."""
-    from megatron.core import utils
-    from megatron.core.optimizer import clip_grads
-    from megatron.core.optimizer import optimizer as base
-
-    swaps = [(clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm, foreach_l2_norm),
-             (clip_grads, "multi_tensor_scale_impl", utils.local_multi_tensor_scale, foreach_scale),
-             (base, "multi_tensor_scale_impl", utils.local_multi_tensor_scale, foreach_scale)]
     swapped = 0
-    for module, name, local, ours in swaps:
+    for module, name, local, ours in fallback_swaps():
         if getattr(module, name, None) is local:
             setattr(module, name, ours)
             swapped += 1
