@@ -14,7 +14,9 @@ random policy earns no reward, so every group would be degenerate and dropped: t
 
 What ran is read back from the run's own ``run_config.yaml``, not guessed from the command line:
 the record's config names the ``engine`` (``hf``, ``vllm``: ``rollout=vllm`` included),
-its ``update_mode`` (``finish``, ``interrupt``) and the batch. From the run's ``metrics.jsonl``
+its ``update_mode`` (``finish``, ``interrupt``) and the batch; before each run ``nvidia-smi`` says what
+holds the GPUs (``gpu_processes_at_start``, ``gpu_memory_used_at_start_mib``: the worst of a record's
+runs), so a run that started beside another's leftovers says so. From the run's ``metrics.jsonl``
 (steps after the first ``--skip``, which compile and warm up), per step in seconds:
 ``generation`` (engine time per worker, mean over workers, and each worker's in
 ``generation_per_worker``; it overlaps the trainer's work in the async loop), ``receive_wait``
@@ -74,14 +76,15 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.async_speedup import cluster_overrides, parse_splits  # noqa: E402
-from benchmarks.record import amend_result, print_table, run_config_facts, write_result  # noqa: E402
+from benchmarks.record import (amend_result, gpus_in_use, print_table, run_config_facts,  # noqa: E402
+                               write_result)
 from megatron_darl import timeline  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,6 +118,7 @@ class RunResult:
     facts: dict[str, Any]  # run_config.yaml's engine, update_mode and batch (record.RUN_FACTS)
     timeline: dict[str, float]  # launch_timeline.json's phases ({} for runs without one)
     wall_seconds: float  # launch.train's wall time, start to exit
+    gpus_at_start: dict[str, float] = field(default_factory=dict)  # record.gpus_in_use() ({}: no GPU)
 
 
 @dataclass
@@ -216,6 +220,11 @@ def run_layout(layout: str, variant: str, policy: Path | None, a: argparse.Names
     shutil.rmtree(run_dir, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     log_path = run_dir.with_name(f"{run_dir.name}.launch_train.log")
+    busy = gpus_in_use()
+    if busy and busy["gpu_processes_at_start"]:
+        print(f"loop_profile: {busy['gpu_processes_at_start']:.0f} processes hold "
+              f"{busy['gpu_memory_used_at_start_mib']:.0f} MiB of the GPUs before {layout} {variant} starts: "
+              "it runs beside them", file=sys.stderr, flush=True)
     start = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(launch_command(layout, variant, policy, a, run_dir), cwd=REPO, env=env,
@@ -230,6 +239,8 @@ def run_layout(layout: str, variant: str, policy: Path | None, a: argparse.Names
     output = log_path.read_text(errors="replace")
     if run_dir.is_dir():
         shutil.move(log_path, run_dir / "launch_train.log")
+        if busy is not None:
+            (run_dir / "gpus_at_start.json").write_text(json.dumps(busy))
     if rc != 0:
         raise RunFailed(f"{layout} {variant} failed (exit {rc}):\n{_tail(output)}")
     return time.monotonic() - start
@@ -244,14 +255,18 @@ def read_run(run_dir: Path, wall_seconds: float) -> RunResult:
     rows = [r for r in rows if r.get("kind") != "heldout"]  # training steps only (eval.* points)
     if not rows:
         raise ValueError(f"{path}: no step rows")
-    return RunResult(rows, run_config_facts(run_dir), timeline.saved_phases(run_dir), wall_seconds)
+    busy = run_dir / "gpus_at_start.json"
+    gpus = json.loads(busy.read_text()) if busy.is_file() else {}
+    return RunResult(rows, run_config_facts(run_dir), timeline.saved_phases(run_dir), wall_seconds, gpus)
 
 
 def profile(rows: list[dict], skip: int = 1) -> dict:
     """Mean seconds per step of each part over the steps after the first ``skip``, and their fractions."""
     steady = rows[skip:] or rows
     step = statistics.fmean(r["step_seconds"] for r in steady)
-    out = {"steps_measured": len(steady), "step_seconds": step,
+    seconds = [r["step_seconds"] for r in steady]  # the median and the worst: one slow step moves the mean
+    out = {"steps_measured": len(steady), "step_seconds": step, "step_seconds_median": statistics.median(seconds),
+           "step_seconds_max": max(seconds),
            "samples_per_s": statistics.fmean(r["samples_received"] for r in steady) / step,
            "trainer_tokens_per_s": statistics.fmean(r.get("trainer_tokens_per_s") or 0.0 for r in steady),
            "mfu": statistics.fmean(r.get("mfu") or 0.0 for r in steady),
@@ -301,6 +316,8 @@ def build_record(runs: list[RunResult], skip: int, base: dict[str, Any]) -> tupl
     metrics["runs"] = len(runs)
     metrics["launch_seconds"] = statistics.fmean(run.wall_seconds for run in runs)
     metrics.update(_mean_by_key([launch_metrics(run) for run in runs]))
+    for key in dict.fromkeys(k for run in runs for k in run.gpus_at_start):  # the worst start of the runs
+        metrics[key] = max(run.gpus_at_start.get(key, 0.0) for run in runs)
     config = {**base, "engine": None, "update_mode": None, **runs[0].facts}
     if base.get("groups") is not None and config["groups"] != base["groups"]:
         config["groups_requested"] = base["groups"]

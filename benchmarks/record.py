@@ -55,6 +55,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+def gpus_in_use() -> dict[str, float] | None:
+    """What holds the GPUs before a run starts: ``gpu_processes_at_start`` (compute processes) and
+    ``gpu_memory_used_at_start_mib`` (summed over the GPUs). A run that starts beside another run's
+    leftovers measures both. None without ``nvidia-smi`` or when it does not answer."""
+    def query(*args: str) -> list[str]:
+        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    try:
+        memory = query("--query-gpu=memory.used")
+        apps = query("--query-compute-apps=pid")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = [float(m) for m in memory if m.replace(".", "", 1).isdigit()]  # "[N/A]" on some devices
+    return {"gpu_processes_at_start": float(len(apps)), "gpu_memory_used_at_start_mib": sum(used)}
+
+
 def write_result(
     benchmark: str, config: dict[str, Any], metrics: dict[str, Any], out_dir: Path | None = None,
     device: str | None = None,

@@ -3,7 +3,8 @@ the host's GPUs split over emulated nodes, a run submitted as a user submits it,
 ``scancel`` mid-run and resubmitted to resume, with the timeline a user would see.
 
     python gpu/slurm_case.py headline --model qwen3_4b --nodes 2 --steps 40 --cancel-at 3
-    python gpu/slurm_case.py scaling --model qwen3_1.7b --nodes-list "1 2" --steps 6
+    python gpu/slurm_case.py scaling --model qwen3_1.7b --nodes-list "1 2" --steps 12 \
+        algorithm.groups_per_step=32 sampling.max_new_tokens=1024 worker.groups_per_batch=16
     python gpu/slurm_case.py headline --model tiny --engine hf experiment=smoke   # CPU check
 
 ``headline``: ``slurm/<model>_darl.sbatch`` on ``--nodes`` emulated nodes (the host's GPUs split
@@ -38,6 +39,11 @@ from local_cluster import LocalSlurm  # noqa: E402
 from slurm_jobs import job_env, log_dirs, metrics, sbatch, wait_for, wait_state  # noqa: E402
 
 WORK = Path("/tmp/darl_slurm")
+# A random-init policy earns no reward, so every group is degenerate, dropped on arrival, and a
+# step trains nothing: the study's runs keep them (as benchmarks/loop_profile.py does), so what it
+# measures is the trainer's work. The headline keeps the script's defaults: it checks the stop
+# and the resume, not the rates.
+RANDOM_POLICY = ["replay.drop_degenerate=false"]
 
 
 def gpus_on_host() -> int:
@@ -217,7 +223,7 @@ def scaling(a: argparse.Namespace, cluster: LocalSlurm, out: Path) -> dict:
                   NODES_LIST=a.nodes_list, SCRIPT=script, STUDY_DIR=str(study),
                   SBATCH_ARGS=f"--gpus-per-node={cluster.gpus} --time=30", WAIT="1",
                   WAIT_TIMEOUT_S=str(int(budget)), **model_knobs)
-    res = subprocess.run(["bash", "slurm/scaling_study.sh", *a.overrides, f"loop.steps={a.steps}"],
+    res = subprocess.run(["bash", "slurm/scaling_study.sh", *RANDOM_POLICY, *a.overrides, f"loop.steps={a.steps}"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=budget + 60)
     (out / "scaling_study.out").write_text(res.stdout[-20000:] + res.stderr[-5000:])
     for f in (study / "report").glob("*"):

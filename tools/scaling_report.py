@@ -12,7 +12,8 @@ Each RUN_DIR is a run's ``loop.run_dir`` (``slurm/scaling_study.sh`` makes one p
 ``metrics.jsonl`` (one record per step, written by the training loop), ``summary.json`` (its
 ``nodes`` tag comes from ``slurm/launch.sh``) and ``run_config.yaml``. Per run it averages the
 steady-state steps (the first ``--skip-steps`` are warm-up: compilation, first weight sync) and
-writes to DIR: ``scaling.md`` (markdown table), ``scaling.json`` (the same rows),
+writes to DIR: ``scaling.md`` (markdown table: samples trained and tokens per second, and a
+warning for a run that trained nothing), ``scaling.json`` (the same rows),
 ``throughput.png``, ``efficiency.png`` (vs the smallest run: (X_N / X_0) / (N / N_0), 1.0 is
 linear) and ``step_breakdown.png`` (waiting for samples, weight sync, the rest). A run whose
 files are missing or malformed stops the report with one line naming the file (exit 1).
@@ -49,6 +50,7 @@ class RunRow:
     weight_sync_s: float  # of which publishing weights to the engines
     trainer_tokens_per_s: float  # tokens trained per second of train step
     e2e_tokens_per_s: float  # response tokens received per wall second (the pipeline's rate)
+    samples_per_s: Optional[float]  # samples trained per wall second (None: the metrics lack samples_selected)
     mfu: Optional[float]  # trainer model FLOPs utilisation (None on CPU runs that lack it)
     efficiency_e2e: float = 1.0  # scaling efficiency of e2e_tokens_per_s vs the smallest run
     efficiency_trainer: float = 1.0  # same for trainer_tokens_per_s
@@ -123,6 +125,7 @@ def summarize_run(run_dir: Path, skip_steps: int = 1) -> RunRow:
     steady = rows[skip_steps:] if len(rows) > skip_steps else rows
     secs = [float(r["step_seconds"]) for r in steady]
     tokens = sum(float(r["rollout_tokens_per_s"]) * float(r["step_seconds"]) for r in steady)
+    trained = [float(r["samples_selected"]) for r in steady if isinstance(r.get("samples_selected"), (int, float))]
     mfus = [float(r["mfu"]) for r in steady if isinstance(r.get("mfu"), (int, float))]
     cluster = cfg.get("cluster", {})
     return RunRow(
@@ -132,6 +135,7 @@ def summarize_run(run_dir: Path, skip_steps: int = 1) -> RunRow:
         weight_sync_s=_mean([float(r["weight_sync_seconds"]) for r in steady]),
         trainer_tokens_per_s=_mean([float(r["trainer_tokens_per_s"]) for r in steady]),
         e2e_tokens_per_s=tokens / sum(secs) if sum(secs) > 0 else 0.0,
+        samples_per_s=sum(trained) / sum(secs) if len(trained) == len(steady) and sum(secs) > 0 else None,
         mfu=_mean(mfus) if mfus else None,
     )
 
@@ -150,17 +154,28 @@ def add_efficiency(rows: list[RunRow]) -> list[RunRow]:
 
 def markdown_table(rows: list[RunRow]) -> str:
     head = ("| run | nodes | trainer ranks | rollout workers | steps | step s | receive wait s | "
-            "weight sync s | other s | trainer tok/s | e2e tok/s | MFU | efficiency e2e | efficiency trainer |")
+            "weight sync s | other s | samples/s | trainer tok/s | e2e tok/s | MFU | efficiency e2e | "
+            "efficiency trainer |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
         mfu = f"{r.mfu:.3g}" if r.mfu is not None else "-"
+        samples = f"{r.samples_per_s:.1f}" if r.samples_per_s is not None else "-"
         lines.append(
             f"| {r.run} | {r.nodes} | {r.trainer_ranks if r.trainer_ranks is not None else '-'} | "
             f"{r.rollout_workers if r.rollout_workers is not None else '-'} | {r.steps} | {r.step_s:.3f} | "
-            f"{r.receive_wait_s:.3f} | {r.weight_sync_s:.3f} | {r.other_s:.3f} | "
+            f"{r.receive_wait_s:.3f} | {r.weight_sync_s:.3f} | {r.other_s:.3f} | {samples} | "
             f"{r.trainer_tokens_per_s:.0f} | {r.e2e_tokens_per_s:.0f} | {mfu} | "
             f"{r.efficiency_e2e:.2f} | {r.efficiency_trainer:.2f} |")
     return "\n".join(lines)
+
+
+def untrained_warnings(rows: list[RunRow]) -> list[str]:
+    """One line per run whose steady steps trained no sample: its trainer figures measure nothing.
+    A policy that earns no reward (a random init) makes every group degenerate, and
+    ``replay.drop_degenerate`` (on by default) drops them all."""
+    return [f"{r.run}: its {r.steps} steady steps trained no sample (every group degenerate and dropped? "
+            f"replay.drop_degenerate=false keeps them), so its trainer figures measure nothing"
+            for r in rows if r.samples_per_s == 0.0]
 
 
 def plot(rows: list[RunRow], out: Path) -> list[Path]:
@@ -222,7 +237,9 @@ def build_report(run_dirs: Sequence[Path], out: Path, skip_steps: int = 1) -> li
     images = plot(rows, out)
     md = [f"# Scaling study ({len(rows)} runs, steady state: steps after the first {skip_steps})", "",
           table, "", "efficiency = (X_N / X_0) / (N / N_0) against the smallest run; e2e tok/s = "
-          "response tokens received per wall second of the loop.", ""]
+          "response tokens received per wall second of the loop; samples/s = samples trained per wall second.", ""]
+    warnings = untrained_warnings(rows)
+    md += [f"**{line}**" for line in warnings] + ([""] if warnings else [])
     md += [f"![{p.stem}]({p.name})" for p in images]
     (out / "scaling.md").write_text("\n".join(md) + "\n")
     (out / "scaling.json").write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
@@ -234,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path, help="run directories (loop.run_dir)")
     parser.add_argument("--records", type=Path, default=None,
                         help="a results dir: report its loop_profile records by GPU split instead")
-    parser.add_argument("--out", type=Path, required=True, help="directory for scaling.md and the plots (--records: docs/img)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="directory for scaling.md and the plots (--records: docs/img)")
     parser.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out of the averages")
     args = parser.parse_args(argv)
     if args.records is not None:
@@ -254,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scaling_report: error: {err}", file=sys.stderr)
         return 1
     print(markdown_table(rows))
+    for line in untrained_warnings(rows):
+        print(f"scaling_report: warning: {line}", file=sys.stderr)
     print(f"wrote {args.out / 'scaling.md'}")
     return 0
 

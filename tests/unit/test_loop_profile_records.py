@@ -75,6 +75,39 @@ def test_an_older_run_dir_without_timeline_counter_or_config_still_makes_a_recor
     assert "dynamo_compiles_after_first_step" not in metrics
 
 
+def test_one_slow_step_moves_the_mean_and_the_record_keeps_the_median_and_the_worst(tmp_path):
+    run = read_run(fake_run(tmp_path / "a", (9.0, 2.0, 2.0, 8.0)), wall_seconds=60.0)
+    _, metrics = build_record([run], skip=1, base=BASE)
+    assert metrics["step_seconds"] == pytest.approx(4.0)
+    assert (metrics["step_seconds_median"], metrics["step_seconds_max"]) == (2.0, 8.0)
+
+
+def fake_nvidia_smi(folder: Path, memory: str, apps: str) -> None:
+    """An ``nvidia-smi`` that answers the two queries ``record.gpus_in_use`` asks (no GPU here)."""
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text(f"""#!/bin/sh\ncase "$1" in --query-gpu=*) printf '{memory}' ;; *) printf '{apps}' ;; esac\n""")
+    tool.chmod(0o755)
+
+
+def test_what_holds_the_gpus_at_a_runs_start_goes_into_its_record_the_worst_of_the_runs(tmp_path, monkeypatch):
+    from benchmarks.record import gpus_in_use
+
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpus_in_use() is None  # no nvidia-smi: nothing to say
+    fake_nvidia_smi(tmp_path / "bin", "0\n512\n[N/A]\n1024\n", "4711\n4712\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    busy = gpus_in_use()
+    assert busy == {"gpu_processes_at_start": 2.0, "gpu_memory_used_at_start_mib": 1536.0}
+    clean = read_run(fake_run(tmp_path / "a", (9.0, 2.0)), wall_seconds=60.0)
+    dirty_dir = fake_run(tmp_path / "b", (8.0, 6.0))
+    (dirty_dir / "gpus_at_start.json").write_text(json.dumps(busy))  # as run_layout leaves it
+    dirty = read_run(dirty_dir, wall_seconds=80.0)
+    assert clean.gpus_at_start == {} and dirty.gpus_at_start == busy
+    _, metrics = build_record([clean, dirty], skip=1, base=BASE)
+    assert metrics["gpu_processes_at_start"] == 2.0 and metrics["gpu_memory_used_at_start_mib"] == 1536.0
+
+
 def test_repeats_pool_steady_steps_and_average_the_launch_phases(tmp_path):
     first = read_run(fake_run(tmp_path / "a", (9.0, 2.0), timeline={"launch_to_first_step_seconds": 40.0},
                               compiles=[10, 14]), wall_seconds=60.0)
