@@ -176,16 +176,59 @@ def profile_passes(trainer, batches, rank: int, stem: Path) -> None:
             fn()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+        warned = syncs_by_warning(fn)  # the same pass again, every rank (collectives)
         if rank == 0:
             stem.parent.mkdir(parents=True, exist_ok=True)
             averages = prof.key_averages()
             tables = [averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
                       for key in dict.fromkeys((sort, "cpu_time_total"))]  # device work, then host
-            tables.append(host_syncs_by_caller(prof.events()))
+            tables += [host_syncs_by_caller(prof.events()), warned]
             Path(f"{stem}_{name}.txt").write_text("\n\n".join(tables))
 
 
 SYNCS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::nonzero")
+
+
+def _outside_torch(frame: str) -> bool:
+    """A frame of the code that asked for a value: not torch's, the CPU patches', the warnings
+    module's or the sync counter's own."""
+    return (not any(skip in frame for skip in ("torch/", "cpu_compat", "warnings.py"))
+            and not frame.endswith(": syncs_by_warning"))
+
+
+def syncs_by_warning(fn) -> str:
+    """Run ``fn`` with CUDA's sync debug mode on (``torch.cuda.set_sync_debug_mode("warn")``): each
+    op that makes the host wait for the device warns from inside the Python call that asked for
+    it, and the two nearest frames outside torch are counted, most calls first. Unlike the
+    profiler's stacks this names the line on the GPU machine's torch. Without CUDA nothing
+    warns: only a warning ``fn`` itself raises about a synchronizing operation is counted."""
+    import traceback
+    import warnings
+    from collections import Counter
+
+    calls: Counter = Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        stack = [f"{f.filename.split('site-packages/')[-1]}({f.lineno}): {f.name}"
+                 for f in reversed(traceback.extract_stack()[:-1])]  # innermost first, not this hook
+        calls[" <- ".join([f for f in stack if _outside_torch(f)][:2]) or "?"] += 1
+
+    cuda = torch.cuda.is_available()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    lines = [f"{n:6d}  {where}" for where, n in calls.most_common(40)]
+    return (f"host syncs by caller, from CUDA's sync debug mode ({sum(calls.values())} in all; "
+            "calls, nearest frames outside torch)\n" + "\n".join(lines))
 
 
 def host_syncs_by_caller(events) -> str:
@@ -199,11 +242,10 @@ def host_syncs_by_caller(events) -> str:
     for ev in events:
         if ev.name not in SYNCS:
             continue
-        ours = lambda frame: not any(skip in frame for skip in ("torch/", "cpu_compat"))  # noqa: E731
-        frames = [f for f in (ev.stack or []) if ours(f)][:2]
+        frames = [f for f in (ev.stack or []) if _outside_torch(f)][:2]
         parent = None if frames else ev.cpu_parent  # torch versions differ: a stack, or parent events
         while parent is not None and len(frames) < 2:  # with_stack: Python frames enclose the op
-            if ".py(" in parent.name and ours(parent.name):
+            if ".py(" in parent.name and _outside_torch(parent.name):
                 frames.append(parent.name)
             parent = parent.cpu_parent
         calls[(ev.name, " <- ".join(frames) or "?")] += 1

@@ -272,3 +272,30 @@ def test_train_step_profile_names_the_line_that_syncs_the_host():
     rows = [line for line in report.splitlines()[1:] if "aten::item" in line]
     assert len(rows) == 1, report
     assert rows[0].split()[0] == "3" and "_reads_back" in rows[0], report
+
+
+def _pretend_sync():
+    import warnings
+
+    warnings.warn("called a synchronizing CUDA operation")  # what CUDA's sync debug mode says
+
+
+def test_train_step_sync_counter_names_the_line_that_warned_of_a_sync():
+    import warnings
+
+    from benchmarks.train_step import syncs_by_warning
+
+    def work():
+        for _ in range(3):
+            _pretend_sync()
+        warnings.warn("something else")  # not a sync: not counted
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report = syncs_by_warning(work)
+        warnings.warn("after")  # the counter gave the warnings machinery back
+    lines = report.splitlines()
+    assert "(3 in all;" in lines[0], report
+    assert len(lines) == 2 and lines[1].split()[0] == "3", report
+    assert ": _pretend_sync <- " in lines[1] and lines[1].endswith(": work"), report
+    assert [str(w.message) for w in seen] == ["after"]
