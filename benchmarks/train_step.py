@@ -164,8 +164,11 @@ def profile_passes(trainer, batches, rank: int, stem: Path) -> None:
     are collectives); rank 0 writes each one's operator table (self device time first), where a
     fixed cost per pass or per micro-batch shows up that the timings above only add up. Each file
     holds two tables: by self device time (by self CPU time on CPU), then by host time with
-    children (where the host waits or launches)."""
+    children (where the host waits or launches); then the host syncs, and on a GPU the device's
+    idle gaps by the host operator running meanwhile (``profile_gaps``)."""
     from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.profile_gaps import trace_gaps
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
@@ -183,6 +186,10 @@ def profile_passes(trainer, batches, rank: int, stem: Path) -> None:
             tables = [averages.table(sort_by=key, row_limit=30, max_name_column_width=70)
                       for key in dict.fromkeys((sort, "cpu_time_total"))]  # device work, then host
             tables += [host_syncs_by_caller(prof.events()), warned]
+            if torch.cuda.is_available():  # where the device waited for the host
+                trace = Path(f"{stem}_{name}_trace.json")
+                tables.append(trace_gaps(prof, trace))
+                trace.unlink()  # tens of MB at 1.7B: the table is what comes back
             Path(f"{stem}_{name}.txt").write_text("\n\n".join(tables))
 
 
