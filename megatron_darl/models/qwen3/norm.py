@@ -68,6 +68,8 @@ class Qwen3RMSNorm(torch.nn.RMSNorm):
         super().__init__(normalized_shape=hidden_size, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and self.compiled:
+        if not x.is_cuda:
+            return rms_norm_reference(x, self.weight, self.eps)
+        if self.compiled:
             return _fused(x, self.weight, self.eps)
-        return rms_norm_reference(x, self.weight, self.eps)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
