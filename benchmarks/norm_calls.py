@@ -5,9 +5,11 @@ A 1.7B train step at a small micro-batch is host-bound: the device idles between
 the host walks ~8 norm calls a layer forward and back. This times each variant's forward and
 backward at the trainer's norm shapes (the hidden norm and the per-head qk-norm of a micro-batch),
 as host seconds per call (the loop's launches, no sync inside) and wall seconds per call (synced),
-and how many of its bf16 outputs equal the reference's bit for bit.
+and how many of its bf16 outputs equal the reference's bit for bit. GPU only.
 
     python benchmarks/norm_calls.py --tokens 5120 --hidden 2048 --heads 16 --head-dim 128
+Benchmark name ``norm_calls``; one row per variant and shape: ``host_us``, ``wall_us``,
+``same_bits`` (the fraction of outputs equal to the eager reference's).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.record import print_table, write_result  # noqa: E402
 from megatron_darl.models.qwen3.norm import _fused, rms_norm_reference  # noqa: E402
 
 
@@ -58,8 +61,10 @@ def main(argv=None) -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--eps", type=float, default=1e-6)
     a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/norm_calls.py times CUDA kernels: no GPU here")
     shapes = {"hidden": (a.tokens, a.hidden), "qk-norm": (a.tokens, a.heads, a.head_dim)}
-    print(f"{'variant':10s} {'shape':8s} {'host us':>9s} {'wall us':>9s} {'same bits':>9s}")
+    rows = []
     for shape_name, shape in shapes.items():
         w = torch.nn.Parameter(1 + 0.1 * torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16))
         x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -67,8 +72,10 @@ def main(argv=None) -> None:
         for name, fn in variants(a.eps).items():
             same = (fn(x, w) == reference).float().mean().item()
             host, wall = time_calls(fn, x, w, a.iters)
-            print(f"{name:10s} {shape_name:8s} {host * 1e6:9.1f} {wall * 1e6:9.1f} {same:9.4f}")
-
+            rows.append({"variant": name, "shape": shape_name, "host_us": host * 1e6, "wall_us": wall * 1e6,
+                         "same_bits": same})
+    print_table(rows)
+    print(f"wrote {write_result('norm_calls', vars(a), {'rows': rows})}")
 
 if __name__ == "__main__":
     main()
