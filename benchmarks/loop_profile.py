@@ -165,6 +165,9 @@ def build_policy(model: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    del hf
+    if torch.cuda.is_available():  # the runs' trainer starts on GPU 0: leave it this process's cache
+        torch.cuda.empty_cache()
     return out
 
 

@@ -57,8 +57,9 @@ def git_commit() -> str:
 
 def gpus_in_use() -> dict[str, float] | None:
     """What holds the GPUs before a run starts: ``gpu_processes_at_start`` (compute processes) and
-    ``gpu_memory_used_at_start_mib`` (summed over the GPUs). A run that starts beside another run's
-    leftovers measures both. None without ``nvidia-smi`` or when it does not answer."""
+    ``gpu_memory_used_at_start_mib`` (summed over the GPUs), this process and its memory left out
+    (the benchmark that asks may hold a CUDA context of its own). A run that starts beside another
+    run's leftovers measures both. None without ``nvidia-smi`` or when it does not answer."""
     def query(*args: str) -> list[str]:
         out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True,
                              text=True, timeout=30, check=True).stdout
@@ -66,11 +67,18 @@ def gpus_in_use() -> dict[str, float] | None:
 
     try:
         memory = query("--query-gpu=memory.used")
-        apps = query("--query-compute-apps=pid")
+        apps = [line.split(",") for line in query("--query-compute-apps=pid,used_memory")]
     except (OSError, subprocess.SubprocessError):
         return None
-    used = [float(m) for m in memory if m.replace(".", "", 1).isdigit()]  # "[N/A]" on some devices
-    return {"gpu_processes_at_start": float(len(apps)), "gpu_memory_used_at_start_mib": sum(used)}
+    mine = [app for app in apps if app[0].strip() == str(os.getpid())]
+    own = sum(float(app[1]) for app in mine if len(app) > 1 and _number(app[1]))
+    used = sum(float(m) for m in memory if _number(m))  # "[N/A]" on some devices
+    return {"gpu_processes_at_start": float(len(apps) - len(mine)),
+            "gpu_memory_used_at_start_mib": max(0.0, used - own)}
+
+
+def _number(text: str) -> bool:
+    return text.strip().replace(".", "", 1).isdigit()
 
 
 def write_result(

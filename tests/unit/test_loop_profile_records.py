@@ -9,6 +9,7 @@ driven by a stub in place of the subprocess.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -95,10 +96,15 @@ def test_what_holds_the_gpus_at_a_runs_start_goes_into_its_record_the_worst_of_t
 
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert gpus_in_use() is None  # no nvidia-smi: nothing to say
-    fake_nvidia_smi(tmp_path / "bin", "0\n512\n[N/A]\n1024\n", "4711\n4712\n")
+    # two other processes, and this one (a benchmark that built its policy on the GPU: 600 MiB)
+    fake_nvidia_smi(tmp_path / "bin", "0\n1112\n[N/A]\n1024\n", f"4711, 512\n{os.getpid()}, 600\n4712, 1024\n")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     busy = gpus_in_use()
     assert busy == {"gpu_processes_at_start": 2.0, "gpu_memory_used_at_start_mib": 1536.0}
+    fake_nvidia_smi(tmp_path / "alone", "600\n0\n", f"{os.getpid()}, 600\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "alone"))
+    assert gpus_in_use() == {"gpu_processes_at_start": 0.0, "gpu_memory_used_at_start_mib": 0.0}
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     clean = read_run(fake_run(tmp_path / "a", (9.0, 2.0)), wall_seconds=60.0)
     dirty_dir = fake_run(tmp_path / "b", (8.0, 6.0))
     (dirty_dir / "gpus_at_start.json").write_text(json.dumps(busy))  # as run_layout leaves it
