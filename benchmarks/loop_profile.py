@@ -166,8 +166,7 @@ def build_policy(model: str, out: Path) -> Path:
     hf.save_pretrained(out)
     tokenizer.save_pretrained(out)
     del hf
-    if torch.cuda.is_available():  # the runs' trainer starts on GPU 0: leave it this process's cache
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # the runs' trainer starts on GPU 0: give it this process's cache (no-op on CPU)
     return out
 
 
