@@ -60,6 +60,7 @@ def main(argv=None) -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument("--out-dir", default=None, help="results dir (default benchmarks/results)")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/norm_calls.py times CUDA kernels: no GPU here")
@@ -75,7 +76,7 @@ def main(argv=None) -> None:
             rows.append({"variant": name, "shape": shape_name, "host_us": host * 1e6, "wall_us": wall * 1e6,
                          "same_bits": same})
     print_table(rows)
-    print(f"wrote {write_result('norm_calls', vars(a), {'rows': rows})}")
+    print(f"wrote {write_result('norm_calls', vars(a), {'rows': rows}, a.out_dir and Path(a.out_dir))}")
 
 if __name__ == "__main__":
     main()
