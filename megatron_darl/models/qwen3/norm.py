@@ -10,8 +10,8 @@ from the eager arithmetic's, as many as torch's fused ``F.rms_norm`` (H200,
 ``benchmarks/norm_calls.py``): inductor need not round to bf16 between the two steps. On CPU the
 module runs the same arithmetic eagerly (no compiler, exact fp32 parity tests).
 
-A compiled call costs the host 470-800 us for its forward and backward at a 1.7B micro-batch's
-shapes, ``F.rms_norm`` 100-130 us; with ``F.rms_norm`` in its place the train step was not
+A compiled call costs the host 470-960 us for its forward and backward at a 1.7B micro-batch's
+shapes, ``F.rms_norm`` 110-240 us (two H200 machines); with ``F.rms_norm`` in its place the train step was not
 measurably faster (train_step A/B on H200, inside a 20% spread from run to run).
 
 The compiled function sees ``x`` as a contiguous ``(rows, hidden)`` matrix: q/k-norm inputs are
