@@ -76,7 +76,8 @@ def main(argv=None) -> None:
             rows.append({"variant": name, "shape": shape_name, "host_us": host * 1e6, "wall_us": wall * 1e6,
                          "same_bits": same})
     print_table(rows)
-    print(f"wrote {write_result('norm_calls', vars(a), {'rows': rows}, a.out_dir and Path(a.out_dir))}")
+    config = {k: v for k, v in vars(a).items() if k != "out_dir"}
+    print(f"wrote {write_result('norm_calls', config, {'rows': rows}, a.out_dir and Path(a.out_dir))}")
 
 if __name__ == "__main__":
     main()
