@@ -79,5 +79,6 @@ def main(argv=None) -> None:
     config = {k: v for k, v in vars(a).items() if k != "out_dir"}
     print(f"wrote {write_result('norm_calls', config, {'rows': rows}, a.out_dir and Path(a.out_dir))}")
 
+
 if __name__ == "__main__":
     main()
