@@ -148,6 +148,7 @@ def trainer_worker(rank, world_size, tp, pp, hf_config, args, out_path):
         **{f"{name}_s": sum(p.get(name, 0.0) for p in phases[args.warmup:]) / args.iters
            for name in ("forward_backward", "grad_reduce", "optimizer")},
         "dynamo_frames": compiled_frames(),  # compiles, warm-up included (a growing count: recompiles)
+        "fused_layers": trainer.fused_layers,  # decoder layers run as one compiled call (fused_layer.py)
     }
     peaks = [None] * world_size
     dist.all_gather_object(peaks, peak)

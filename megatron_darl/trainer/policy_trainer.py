@@ -37,6 +37,7 @@ replica passes its own shard. Results are returned on every rank of the replica.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -47,6 +48,7 @@ import torch.distributed as dist
 from megatron_darl import timeline
 from megatron_darl.checkpoint.training import load_model_weights
 from megatron_darl.models.qwen3.config import spec_from_hf
+from megatron_darl.models.qwen3.fused_layer import fuse_layers
 from megatron_darl.models.qwen3.mapping import megatron_to_hf_stage
 from megatron_darl.models.qwen3.model import build_qwen3_model, have_transformer_engine
 from megatron_darl.models.qwen3.norm import Qwen3RMSNorm
@@ -58,6 +60,8 @@ from megatron_darl.trainer.phases import PhaseClock
 from megatron_darl.trainer.schedule import run_schedule
 from megatron_darl.trainer.snapshots import ParamSnapshots
 from megatron_darl.trainer.weight_check import require_finite, weight_norm
+
+log = logging.getLogger(__name__)
 
 # (logp (n,) fp32 differentiable, batch_slice[, entropy (n,)]) -> (loss_sum scalar tensor, {stat: float})
 LossFn = Callable[[torch.Tensor, TrainBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -128,6 +132,11 @@ class PolicyTrainer:
         self.phases = PhaseClock(self.ps.device)  # a train step's forward/backward, grad reduce, update
         chunks = model_chunks if model_chunks is not None else self._build_chunks()
         compile_norms(chunks, cfg.compiled_kernels)
+        self.fused_layers = 0
+        if cfg.fused_layers:
+            self.fused_layers, why = fuse_layers(chunks, self.ps.tp_size)
+            if why:
+                log.info("trainer.fused_layers: Megatron's layer forward (%s)", why)
         timeline.mark("model_built")
         if cfg.init_checkpoint:
             load_model_weights(chunks, cfg.init_checkpoint, self.ps)
