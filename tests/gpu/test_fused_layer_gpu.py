@@ -1,9 +1,10 @@
 """The fused Qwen3 layer on a GPU: compiled, bf16, at Qwen3-1.7B's layer shapes, against Megatron's
 own layer forward over the same parameters (the CPU test checks the fp32 arithmetic exactly).
 
-bf16 kernels round differently once fused, so the check is statistical: outputs and every
-parameter's gradient agree to a relative error of 2% (norm of the difference over the norm of
-Megatron's) and a cosine above 0.999. Then dynamo: after both grad modes and a one-row
+bf16 kernels round differently once fused, so both bf16 runs are measured against an fp32 run of
+Megatron's forward over the same weights: the fused layer's output and every parameter's gradient
+must be no further from it than Megatron's own bf16 layer is, within a quarter (relative error:
+the norm of the difference over the fp32 norm). Then dynamo: after both grad modes and a one-row
 micro-batch have run, further row counts and sequence lengths compile nothing new.
 """
 
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 
-def _model(layers: int):
+def _models(layers: int):
+    """Megatron's 1.7B layers in bf16, and an fp32 copy of the same weights."""
     from megatron_darl.models.qwen3 import build_qwen3_model, load_preset
     from megatron_darl.trainer.parallel import init_single_process
 
@@ -21,7 +23,9 @@ def _model(layers: int):
     ps = init_single_process()
     torch.manual_seed(0)
     [model] = build_qwen3_model(cfg, ps, dtype=torch.bfloat16, attention="sdpa")
-    return model, cfg
+    [exact] = build_qwen3_model(cfg, ps, dtype=torch.float32, attention="sdpa")
+    exact.load_state_dict({k: v.float() for k, v in model.state_dict().items() if torch.is_tensor(v)}, strict=False)
+    return model, exact, cfg
 
 
 def _run(model, ids: torch.Tensor):
@@ -41,16 +45,17 @@ def test_fused_layer_matches_megatron_and_compiles_once():
     from megatron_darl.models.qwen3.fused_layer import fuse_layers
     from megatron_darl.trainer.policy_trainer import compiled_frames
 
-    model, cfg = _model(layers=2)
+    model, exact, cfg = _models(layers=2)
     ids = torch.randint(0, cfg["vocab_size"], (4, 320), device="cuda")
-    ref_out, ref_grads = _run(model, ids)
+    fp32_out, fp32_grads = _run(exact, ids)
+    bf16_out, bf16_grads = _run(model, ids)
     assert fuse_layers([model], tp_size=1) == (2, None)
     out, grads = _run(model, ids)
-    assert _rel(out, ref_out) < 0.02
-    for name, ref in ref_grads.items():
-        rel = _rel(grads[name], ref)
-        cos = float(torch.nn.functional.cosine_similarity(grads[name].flatten(), ref.flatten(), dim=0))
-        assert rel < 0.02 and cos > 0.999, (name, rel, cos)
+    assert _rel(out, fp32_out) <= 1.25 * _rel(bf16_out, fp32_out)
+    for name, ref in fp32_grads.items():
+        fused, megatron = _rel(grads[name], ref), _rel(bf16_grads[name], ref)
+        print(f"{name}: fused {fused:.4g}, megatron {megatron:.4g}")
+        assert fused <= 1.25 * megatron + 1e-4, (name, fused, megatron)
 
     with torch.no_grad():
         model(ids, torch.arange(320, device="cuda").expand_as(ids), None)
