@@ -58,8 +58,12 @@ def qwen3_layer(x: torch.Tensor, freqs: torch.Tensor, weights: tuple[torch.Tenso
     k = rms_norm_reference(k, k_norm, eps)
     cos, sin = torch.cos(freqs).to(x.dtype), torch.sin(freqs).to(x.dtype)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, heads, s, dim]
-    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=groups != heads)
+    # [b, heads, s, dim]; k and v repeated per query head: torch 2.11's dynamo breaks the graph
+    # at SDPA's enable_gqa
+    q = q.permute(1, 2, 0, 3)
+    k = k.permute(1, 2, 0, 3).repeat_interleave(per_group, dim=1)
+    v = v.permute(1, 2, 0, 3).repeat_interleave(per_group, dim=1)
+    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     x = x + F.linear(attn.permute(2, 0, 1, 3).reshape(s, b, heads * dim), proj)
     gate, up = torch.chunk(F.linear(rms_norm_reference(x, ln2, eps), fc1), 2, dim=-1)
     return x + F.linear(F.silu(gate) * up, fc2)
