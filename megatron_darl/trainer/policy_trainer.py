@@ -273,7 +273,8 @@ class PolicyTrainer:
 
     def warm_up(self, lengths: list[int], force: bool = False, entropy: bool = False) -> float:
         """Compile what the first steps would: a log-prob pass and a forward/backward over a
-        synthetic batch of sequences of ``lengths`` tokens (each scoring its second half), then
+        synthetic batch that fills a log-prob micro-batch (``_full_budget``), then over sequences
+        of ``lengths`` tokens (each scoring its second half), then
         the same at three quarters of the lengths with one sequence more, then one sequence alone:
         kernels dynamo specialises on their first sizes (Megatron's fused SwiGLU and
         bias-dropout-add: sequence length and micro-batch rows) compile their dynamic-shape graph
@@ -291,11 +292,20 @@ class PolicyTrainer:
         cap = self.cfg.micro_batch.max_seq_len
         fitted = [max(2, min(int(n), cap)) for n in lengths]
         shorter = [max(2, n * 3 // 4) for n in fitted]
-        for lens in (fitted, shorter + [min(shorter)], [min(fitted)]):
+        for lens in (self._full_budget(max(fitted)), fitted, shorter + [min(shorter)], [max(fitted)]):
             self._warm_pass(torch.tensor(lens, dtype=torch.int64), entropy)
         if self.ps.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
+
+    def _full_budget(self, length: int) -> list[int]:
+        """Sequences of ``length`` that fill one log-prob micro-batch (two train micro-batches): the
+        fused layer's first compile at the largest size. Inductor guards its graph to sizes below
+        twice the first one it saw; compiled small first, the first full micro-batch of the run
+        would recompile."""
+        mb = self.cfg.micro_batch
+        padded = -(-length // mb.pad_multiple) * mb.pad_multiple
+        return [length] * max(1, mb.logprob_token_budget // padded)
 
     def _warm_pass(self, lens: torch.Tensor, entropy: bool = False) -> None:
         """One log-prob pass and one forward/backward (zero loss) over sequences of ``lens``."""

@@ -4,8 +4,8 @@ own layer forward over the same parameters (the CPU test checks the fp32 arithme
 bf16 kernels round differently once fused, so both bf16 runs are measured against an fp32 run of
 Megatron's forward over the same weights: the fused layer's output and every parameter's gradient
 must be no further from it than Megatron's own bf16 layer is, within a quarter (relative error:
-the norm of the difference over the fp32 norm). Then dynamo: after both grad modes and a one-row
-micro-batch have run, further row counts and sequence lengths compile nothing new.
+the norm of the difference over the fp32 norm). Then dynamo: compiled in the trainer's warm-up order (the
+largest micro-batch of each pass first, then one row), smaller micro-batches compile nothing new.
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ def _run(model, ids: torch.Tensor):
     return out.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}
 
 
+def _forward(model, rows: int, seq: int, grad: bool) -> None:
+    ids = torch.randint(0, model.padded_vocab // 2, (rows, seq), device="cuda")
+    if grad:
+        _run(model, ids)
+        return
+    with torch.no_grad():
+        model(ids, torch.arange(seq, device="cuda").expand(rows, seq), None)
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
@@ -57,12 +66,17 @@ def test_fused_layer_matches_megatron_and_compiles_once():
         print(f"{name}: fused {fused:.4g}, megatron {megatron:.4g}")
         assert fused <= 1.25 * megatron + 1e-4, (name, fused, megatron)
 
-    with torch.no_grad():
-        model(ids, torch.arange(320, device="cuda").expand_as(ids), None)
-    _run(model, ids[:1])
+    # the trainer's warm-up order: the largest micro-batches first (16k tokens with grad, 32k
+    # without), then one row; then any smaller micro-batch compiles nothing new
+    torch._dynamo.reset()
+    _forward(model, 32, 1024, grad=False)
+    _forward(model, 16, 1024, grad=True)
+    for grad in (False, True):
+        _forward(model, 1, 1024, grad=grad)
     settled = compiled_frames()
-    for rows, seq in ((3, 192), (7, 448), (2, 64)):
-        _run(model, torch.randint(0, cfg["vocab_size"], (rows, seq), device="cuda"))
-        with torch.no_grad():
-            model(ids[:rows, :seq], torch.arange(seq, device="cuda").expand(rows, seq), None)
+    for rows, seq in ((3, 192), (7, 448), (12, 1024), (2, 64), (1, 320), (1, 1984), (24, 1280)):
+        for grad in (False, True):
+            if grad and rows * seq > 16384:
+                continue
+            _forward(model, rows, seq, grad=grad)
     assert compiled_frames() == settled

@@ -111,7 +111,8 @@ class FusedLayer:
                                          packed_seq_params=packed_seq_params,
                                          inference_context=inference_context, **kwargs)
         fn = _compiled(hidden_states)
-        out = fn(hidden_states, rotary_pos_emb, tuple(self.params), self.heads, self.groups, self.dim,
+        # contiguous: the first layer's input is the embedding's transpose, and dynamo guards on strides
+        out = fn(hidden_states.contiguous(), rotary_pos_emb, tuple(self.params), self.heads, self.groups, self.dim,
                  self.eps, self.scale)
         return out, context
 
