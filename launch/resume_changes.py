@@ -29,7 +29,7 @@ eval.*                                                 allowed         held-out 
 trainer.micro_batch.*, trainer.{activation_recompute,  allowed         memory and speed only; the checkpoint
   sequence_parallel,grad_reduce_in_fp32,peak_tflops,                   replaces the initial weights and RNG
   overlap_grad_reduce,init_checkpoint,seed,snapshots,
-  compile_warmup,compiled_kernels},
+  compile_warmup,compiled_kernels,fused_layers},
   parallel.seed
 model.*, warmstart.*                                   checked at      the initial policy: the checkpoint
                                                        load            replaces it, and its loader refuses
@@ -93,7 +93,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule, str], ...] = (
     (("trainer.micro_batch.", "trainer.activation_recompute", "trainer.sequence_parallel",
       "trainer.grad_reduce_in_fp32", "trainer.overlap_grad_reduce", "trainer.peak_tflops",
       "trainer.init_checkpoint", "trainer.seed", "trainer.snapshots", "trainer.compile_warmup",
-      "trainer.compiled_kernels", "parallel.seed"),
+      "trainer.compiled_kernels", "trainer.fused_layers", "parallel.seed"),
      Rule.ALLOWED, "memory and speed only; the checkpoint replaces the initial weights and RNG"),
     (("model.", "warmstart."), Rule.AT_LOAD, "the checkpoint's loader refuses another model naming the fields"),
     (("cluster.trainer_ranks", "parallel.tp", "parallel.pp"), Rule.REFUSED,

@@ -124,6 +124,14 @@ def test_one_step_same_update_as_tp1(runs, name):
     assert float((_full_logp(run, 1) - _full_logp(ref, 1)).abs().max()) <= 10 * LOGP_TOL
 
 
+def test_one_tensor_parallel_rank_runs_the_fused_layer(runs):
+    """TP1 layouts (DP2, PP2's stages, TP1) run each decoder layer as one fused call
+    (models/qwen3/fused_layer.py); TP2 layouts run Megatron's layer forward, so every comparison
+    above between them and TP1 is also one between the two forwards."""
+    assert {name: runs[name]["fused_layers"] for name in LAYOUTS} == {
+        "dp2": 4, "tp2": 0, "pp2": 2, "tp1": 4, "tp2pp2": 0}
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_the_step_is_timed_by_phase(runs, name):
     """``StepResult.phase_seconds`` (trainer/phases.py): forward/backward, the gradients' reduce

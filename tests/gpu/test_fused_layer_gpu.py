@@ -4,8 +4,9 @@ own layer forward over the same parameters (the CPU test checks the fp32 arithme
 bf16 kernels round differently once fused, so both bf16 runs are measured against an fp32 run of
 Megatron's forward over the same weights: the fused layer's output and every parameter's gradient
 must be no further from it than Megatron's own bf16 layer is, within a quarter (relative error:
-the norm of the difference over the fp32 norm). Then dynamo: compiled in the trainer's warm-up order (the
-largest micro-batch of each pass first, then one row), smaller micro-batches compile nothing new.
+the norm of the difference over the fp32 norm). Then dynamo: compiled in the trainer's warm-up
+order (the largest micro-batch of each pass first, then one row), smaller micro-batches compile
+nothing new.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def _models(layers: int):
     torch.manual_seed(0)
     [model] = build_qwen3_model(cfg, ps, dtype=torch.bfloat16, attention="sdpa")
     [exact] = build_qwen3_model(cfg, ps, dtype=torch.float32, attention="sdpa")
-    exact.load_state_dict({k: v.float() for k, v in model.state_dict().items() if torch.is_tensor(v)}, strict=False)
+    weights = {k: v.float() for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    exact.load_state_dict(weights, strict=False)
     return model, exact, cfg
 
 

@@ -132,6 +132,7 @@ def layout_worker(rank, world_size, tp, pp, hf_dir, out_path, ckpt_save=None, ck
     batch = make_batch(shard)
     result: dict = {"logp0": trainer.compute_logprobs(batch), "shard": shard}
     result["num_microbatches"] = len(trainer._microbatches(batch))
+    result["fused_layers"] = trainer.fused_layers
     result["export0_vs_hf"] = _export_vs_hf(gather_hf_params(trainer, ps), hf_dir)
     got = broadcast_batch(batch if ps.tp_rank == ps.pp_rank == 0 else None, ps, ToyInputs)
     result["broadcast_ok"] = bool(
