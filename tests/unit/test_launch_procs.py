@@ -27,9 +27,13 @@ def child(tmp: Path, role: str, rank: int, body: str) -> ProcSpec:
     """A child that records its pid, starts a sleeping grandchild (same session), then ``body``."""
     code = (
         "import os, subprocess, sys, time, signal\n"
-        f"open({str(tmp / f'{role}{rank}.pid')!r}, 'w').write(str(os.getpid()))\n"
+        # whole or absent: a reader between open() and write() would find an empty pid file
+        "def put(path, text):\n"
+        "    open(path + '.tmp', 'w').write(text)\n"
+        "    os.replace(path + '.tmp', path)\n"
+        f"put({str(tmp / f'{role}{rank}.pid')!r}, str(os.getpid()))\n"
         "g = subprocess.Popen(['sleep', '300'])\n"
-        f"open({str(tmp / f'{role}{rank}.grand')!r}, 'w').write(str(g.pid))\n"
+        f"put({str(tmp / f'{role}{rank}.grand')!r}, str(g.pid))\n"
         + body
     )
     return ProcSpec(role, rank, [sys.executable, "-c", code], dict(os.environ),
@@ -94,6 +98,16 @@ def wait_for_file(path: Path) -> None:
         time.sleep(0.05)
 
 
+def signal_once_up(tmp: Path, pids: int, ready: Path, signum: int) -> None:
+    """Send ``signum`` to this process once ``pids`` pid files and ``ready`` exist (each wait
+    bounded): sent in any case, so a failed wait cannot leave the launcher waiting."""
+    try:
+        wait_for_pids(tmp, pids)
+        wait_for_file(ready)
+    finally:
+        os.kill(os.getpid(), signum)
+
+
 def test_sigterm_is_forwarded_and_children_can_clean_up(tmp_path):
     flag, ready = tmp_path / "trainer0.got_term", tmp_path / "trainer0.ready"
     trap = (
@@ -102,8 +116,7 @@ def test_sigterm_is_forwarded_and_children_can_clean_up(tmp_path):
         "time.sleep(300)\n"
     )
     specs = [child(tmp_path, TRAINER, 0, trap), child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n")]
-    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), wait_for_file(ready),
-                                             os.kill(os.getpid(), signal.SIGTERM)))
+    timer = threading.Thread(target=signal_once_up, args=(tmp_path, 4, ready, signal.SIGTERM))
     timer.start()
     result = Launcher(specs, grace_s=5.0).run()
     timer.join()
@@ -127,8 +140,7 @@ def test_a_stop_signal_the_trainer_never_sees_still_reaches_it_through_the_stop_
     )
     specs = [child(tmp_path, TRAINER, 0, trainer), child(tmp_path, ROLLOUT, 0, "time.sleep(300)\n")]
     specs[0].env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    timer = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 4), wait_for_file(ready),
-                                             os.kill(os.getpid(), signal.SIGUSR1)))
+    timer = threading.Thread(target=signal_once_up, args=(tmp_path, 4, ready, signal.SIGUSR1))
     timer.start()
     start = time.monotonic()
     result = Launcher(specs, grace_s=20.0, on_stop=lambda signum: write_request(tmp_path, signum)).run()
