@@ -21,8 +21,10 @@ A layer is fused only where that arithmetic is the whole layer: one tensor-paral
 collective inside), the SDPA backend, no bias, no dropout, no attention mask or packed sequences
 (the layer falls back to Megatron's forward for a call that passes one). Everything else keeps
 Megatron's forward. The compiled function is shared: all layers have the same shapes, so it
-compiles once per grad mode and once for a one-row micro-batch (dynamo specialises size 1),
-which the trainer's warm-up reaches before the first step. On CPU it runs eagerly (tests).
+compiles once per grad mode and once for a one-row micro-batch (dynamo specialises size 1).
+Inductor also guarded the graph to sizes below twice the one it first compiled at (1.7B, H200),
+so the trainer's warm-up compiles it at a full micro-batch first (``PolicyTrainer._full_budget``)
+and reaches the other variants before the first step. On CPU it runs eagerly (tests).
 """
 
 from __future__ import annotations
@@ -90,7 +92,6 @@ class FusedLayer:
                "mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
 
     def __init__(self, layer) -> None:
-        self.layer = layer
         self.megatron_forward = layer.forward
         attn = layer.self_attention
         self.heads = attn.num_attention_heads_per_partition
@@ -112,8 +113,8 @@ class FusedLayer:
                                          inference_context=inference_context, **kwargs)
         fn = _compiled(hidden_states)
         # contiguous: the first layer's input is the embedding's transpose, and dynamo guards on strides
-        out = fn(hidden_states.contiguous(), rotary_pos_emb, tuple(self.params), self.heads, self.groups, self.dim,
-                 self.eps, self.scale)
+        out = fn(hidden_states.contiguous(), rotary_pos_emb, tuple(self.params), self.heads, self.groups,
+                 self.dim, self.eps, self.scale)
         return out, context
 
 
@@ -132,10 +133,9 @@ def fusable(layer, tp_size: int) -> str | None:
         return "fp32 residual or context parallel"
     if not isinstance(layer.input_layernorm, Qwen3RMSNorm):
         return f"norm {type(layer.input_layernorm).__name__}"
-    names = dict(layer.named_parameters())
-    missing = [name for name in FusedLayer.WEIGHTS if name not in names]
-    if missing or len(names) != len(FusedLayer.WEIGHTS):
-        return f"parameters {sorted(names)}"
+    names = sorted(name for name, _ in layer.named_parameters())
+    if names != sorted(FusedLayer.WEIGHTS):
+        return f"parameters {names}"
     return None
 
 
