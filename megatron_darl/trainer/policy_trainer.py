@@ -300,9 +300,8 @@ class PolicyTrainer:
 
     def _full_budget(self, length: int) -> list[int]:
         """Sequences of ``length`` that fill one log-prob micro-batch (two train micro-batches): the
-        fused layer's first compile at the largest size. Inductor guards its graph to sizes below
-        twice the first one it saw; compiled small first, the first full micro-batch of the run
-        would recompile."""
+        fused layer's first compile at the run's common size, which inductor takes as the hint
+        that steers its block sizes and autotuning (not a guard: ``norm.compile_dynamic``)."""
         mb = self.cfg.micro_batch
         padded = -(-length // mb.pad_multiple) * mb.pad_multiple
         return [length] * max(1, mb.logprob_token_budget // padded)

@@ -21,10 +21,10 @@ A layer is fused only where that arithmetic is the whole layer: one tensor-paral
 collective inside), the SDPA backend, no bias, no dropout, no attention mask or packed sequences
 (the layer falls back to Megatron's forward for a call that passes one). Everything else keeps
 Megatron's forward. The compiled function is shared: all layers have the same shapes, so it
-compiles once per grad mode and once for a one-row micro-batch (dynamo specialises size 1).
-Inductor also guarded the graph to sizes below twice the one it first compiled at (1.7B, H200),
-so the trainer's warm-up compiles it at a full micro-batch first (``PolicyTrainer._full_budget``)
-and reaches the other variants before the first step. On CPU it runs eagerly (tests).
+compiles once per grad mode and once for a one-row micro-batch (dynamo specialises size 1), with
+no range guard on the token count (``norm.compile_dynamic``); the trainer's warm-up reaches these
+variants before the first step, at a full micro-batch first (``PolicyTrainer._full_budget``: the
+sizes the first compile sees steer inductor's tuning). On CPU it runs eagerly (tests).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from megatron_darl.models.qwen3.norm import Qwen3RMSNorm, rms_norm_reference
+from megatron_darl.models.qwen3.norm import compile_dynamic, Qwen3RMSNorm, rms_norm_reference
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +79,7 @@ def _compiled(x: torch.Tensor):
     if not x.is_cuda:
         return qwen3_layer
     if _compiled_layer is None:
-        _compiled_layer = torch.compile(qwen3_layer, dynamic=True)
+        _compiled_layer = compile_dynamic(qwen3_layer)
     return _compiled_layer
 
 

@@ -32,6 +32,14 @@ never recompiles, made this module (~224 calls per micro-batch, as an autograd F
 of a 1.7B train step on an H200 (benchmarks/results/kernel_ab_*: per-call overhead or the unbacked
 rows' code; the A/B did not tell them apart), so the norm keeps the plain compiled call.
 ``trainer.compiled_kernels=false`` runs the eager arithmetic on GPU too (``Qwen3RMSNorm.compiled``).
+
+Both this norm and the fused layer (``fused_layer.py``) compile with ``compile_dynamic``: inductor's
+mix-order reduction (the norm's backward reduces over rows for the input's gradient and over
+columns for the weight's, one kernel) checks the row count against fixed sizes before it fuses
+(``rows x hidden >= 5 MiB`` elements, ``rows >= 4096``, ``rows >= 2 x hidden``) and guards the graph
+on each answer, so micro-batches below 2,560 tokens, at 2,560-4,095, and above compiled three graphs
+of one function per grad mode (1.7B, H200, ``TORCH_LOGS=recompiles``). Its non-strict mode makes
+the fusion without those checks: no range guard, one graph for every row count.
 """
 
 from __future__ import annotations
@@ -46,6 +54,16 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * normed.to(x.dtype)
 
 
+def compile_dynamic(fn):
+    """``torch.compile(fn, dynamic=True)`` with no range guard on the row count (module docstring);
+    a torch without the mix-order non-strict switch compiles as it would."""
+    from torch._inductor import config
+
+    strict = "mix_order_reduction_non_strict_mode"
+    options = {f"triton.{strict}": True} if hasattr(config.triton, strict) else {}
+    return torch.compile(fn, dynamic=True, options=options)
+
+
 _compiled_rms_norm = None
 RECOMPILE_LIMIT = 32  # the variants above can reach 16 (2 hidden sizes x grad modes x view or not x base dim 1)
 
@@ -53,7 +71,7 @@ RECOMPILE_LIMIT = 32  # the variants above can reach 16 (2 hidden sizes x grad m
 def _fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     global _compiled_rms_norm
     if _compiled_rms_norm is None:
-        _compiled_rms_norm = torch.compile(rms_norm_reference, dynamic=True)
+        _compiled_rms_norm = compile_dynamic(rms_norm_reference)
         limits = torch._dynamo.config  # imported by torch.compile
         limits.recompile_limit = max(limits.recompile_limit, RECOMPILE_LIMIT)
     rows = x.reshape(-1, x.shape[-1]).contiguous()  # (rows, hidden): see the module docstring
