@@ -5,8 +5,8 @@ bf16 kernels round differently once fused, so both bf16 runs are measured agains
 Megatron's forward over the same weights: the fused layer's output and every parameter's gradient
 must be no further from it than Megatron's own bf16 layer is, within a quarter (relative error:
 the norm of the difference over the fp32 norm). Then dynamo: compiled in the trainer's warm-up
-order (the largest micro-batch of each pass first, then shorter rows, then one row), smaller micro-batches compile
-nothing new.
+order (the largest micro-batch of each pass first, then shorter rows, then one row), micro-batches
+of other sizes, fewer tokens or longer rows, compile nothing new.
 """
 
 from __future__ import annotations
