@@ -88,8 +88,9 @@ class TrainerConfig:
     # GPU: RMSNorm, SwiGLU and bias-dropout-add as torch.compile kernels; off: eager, as on CPU
     # (fewer host calls a layer, more device kernels: an A/B for host-bound small micro-batches)
     compiled_kernels: bool = True
-    # TP1 with SDPA: each decoder layer as one compiled function of its own parameters (one host
-    # call a layer; models/qwen3/fused_layer.py); off, or any other layout: Megatron's layer forward
+    # TP1 with SDPA and compiled_kernels: each decoder layer as one compiled function of its own
+    # parameters (one host call a layer; models/qwen3/fused_layer.py); off, or any other layout:
+    # Megatron's layer forward
     fused_layers: bool = True
 
     def __post_init__(self) -> None:

@@ -134,7 +134,7 @@ class PolicyTrainer:
         compile_norms(chunks, cfg.compiled_kernels)
         self.fused_layers = 0
         if cfg.fused_layers:
-            self.fused_layers, why = fuse_layers(chunks, self.ps.tp_size)
+            self.fused_layers, why = fuse_layers(chunks, self.ps.tp_size, cfg.compiled_kernels)
             if why:
                 log.info("trainer.fused_layers: Megatron's layer forward (%s)", why)
         timeline.mark("model_built")

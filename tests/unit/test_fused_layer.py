@@ -83,11 +83,12 @@ def test_a_call_with_a_mask_runs_megatrons_forward(ps, monkeypatch):
     assert torch.equal(out, ref_out)
 
 
-def test_layouts_it_does_not_cover_keep_megatrons_forward(ps):
+def test_layouts_it_does_not_cover_and_eager_kernels_keep_megatrons_forward(ps):
     from megatron_darl.models.qwen3.fused_layer import FusedLayer, fuse_layers
 
     model = _model(ps)
     assert fuse_layers([model], tp_size=2) == (0, "tensor parallel 2")
+    assert fuse_layers([model], tp_size=1, compiled=False) == (0, "trainer.compiled_kernels=false")
     local = _model(ps, attention="local")
     count, why = fuse_layers([local], tp_size=1)
     assert count == 0 and "DotProductAttention" in why

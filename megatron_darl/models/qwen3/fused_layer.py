@@ -113,6 +113,7 @@ class FusedLayer:
                                          inference_context=inference_context, **kwargs)
         fn = _compiled(hidden_states)
         # contiguous: the first layer's input is the embedding's transpose, and dynamo guards on strides
+        # (one row keeps the transpose's stride on its size-1 dimension: one more graph, in the warm-up)
         out = fn(hidden_states.contiguous(), rotary_pos_emb, tuple(self.params), self.heads, self.groups,
                  self.dim, self.eps, self.scale)
         return out, context
@@ -139,9 +140,12 @@ def fusable(layer, tp_size: int) -> str | None:
     return None
 
 
-def fuse_layers(chunks: list, tp_size: int) -> tuple[int, str | None]:
+def fuse_layers(chunks: list, tp_size: int, compiled: bool = True) -> tuple[int, str | None]:
     """Replace each decoder layer's forward in ``chunks`` by a ``FusedLayer``; returns how many
-    were fused and, when none was, why."""
+    were fused and, when none was, why. ``compiled`` (the trainer's ``compiled_kernels``): off, no
+    layer is fused, so that switch still runs every kernel eagerly on GPU."""
+    if not compiled:
+        return 0, "trainer.compiled_kernels=false"
     layers = [layer for chunk in chunks for layer in chunk.decoder.layers]
     reasons = {fusable(layer, tp_size) for layer in layers}
     if not layers or reasons != {None}:
