@@ -137,9 +137,9 @@ def build_group(
 ) -> DataPlaneGroup:
     """Construct a standalone group of ``size`` members under store prefix ``name``.
 
-    Blocks until every member constructed it (gloo connects eagerly; NCCL lazily at the first
-    collective), at most ``timeout_s``; ``collective_timeout_s`` (default ``timeout_s``) is the
-    group's own timeout of each operation (for NCCL, its watchdog's).
+    Blocks until every member constructed it, at most ``timeout_s``: gloo connects in its
+    constructor, NCCL in a first all-reduce made here (``_connect_nccl``); ``collective_timeout_s``
+    (default ``timeout_s``) is the group's own timeout of each operation (for NCCL, its watchdog's).
     """
     if not 0 <= rank < size:
         raise ValueError(f"{name}: rank {rank} outside group of size {size}")
@@ -155,6 +155,7 @@ def build_group(
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = _dt.timedelta(seconds=op_timeout_s)
             pg = dist.ProcessGroupNCCL(prefixed, rank, size, opts)
+            _connect_nccl(pg, name, rank, size, timeout_s)
         else:
             raise ValueError(f"WeightSyncConfig.backend: unknown backend {backend!r}")
     except (RuntimeError, dist.DistError) as exc:
@@ -162,3 +163,38 @@ def build_group(
             f"data-plane group {name}: rank {rank}/{size} could not connect within {timeout_s:.0f} s: {exc}"
         ) from exc
     return DataPlaneGroup(pg=pg, rank=rank, size=size, backend=backend, name=name, timeout_s=op_timeout_s)
+
+
+def _connect_nccl(pg: dist.ProcessGroup, name: str, rank: int, size: int, timeout_s: float) -> None:
+    """Connect an NCCL group now, within ``timeout_s``. NCCL builds its communicator at the first
+    collective, in the calling thread, and a member that agreed to the group but never constructed
+    it (killed in between) leaves that call waiting with no deadline of its own: the hub's link or
+    the weight-sync leader would stop there for good. So every member all-reduces a one here, on
+    a thread of its own, and the caller waits for the sum at most ``timeout_s``. A connect that
+    misses it is aborted where torch can abort it, and its thread is left behind (a daemon)."""
+    device = torch.cuda.current_device()
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def connect() -> None:
+        try:
+            torch.cuda.set_device(device)  # the current device is a thread's own
+            probe = torch.ones(1, device=torch.device("cuda", device))
+            pg.allreduce([probe]).wait()
+            if (got := probe.item()) != size:  # .item() waits for the kernel itself
+                raise RuntimeError(f"connect all-reduce summed {got:g}, expected {size}")
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=connect, daemon=True, name=f"connect {name}").start()
+    if not done.wait(timeout_s):
+        abort = getattr(pg, "abort", None)
+        if abort is not None:
+            threading.Thread(target=abort, daemon=True, name=f"abort {name}").start()
+        raise TransportTimeout(f"data-plane group {name}: rank {rank}/{size}: NCCL connect did not finish within "
+                               f"{timeout_s:.0f} s (a member never constructed the group)")
+    if failure:
+        raise TransportTimeout(f"data-plane group {name}: rank {rank}/{size}: NCCL connect failed: "
+                               f"{failure[0]}") from failure[0]
