@@ -93,7 +93,7 @@ PARTS = ("generation_seconds", "receive_wait_seconds", "prefetch_seconds", "logp
          "train_optimizer_seconds", "publish_seconds", "weight_sync_seconds",
          "weight_sync_wait_seconds", "weight_sync_transfer_seconds", "worker_sync_seconds",
          "worker_idle_gate_seconds", "worker_idle_weights_seconds", "worker_flush_seconds",
-         "worker_admit_seconds", "worker_collect_seconds")
+         "worker_admit_seconds", "worker_collect_seconds", "gc_seconds")
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True}
 REALISTIC = {"groups": 32, "group_size": 8, "new_tokens": 1024}  # the scaling study's batch
@@ -283,7 +283,7 @@ def profile(rows: list[dict], skip: int = 1) -> dict:
     out["weight_sync_rounds"] = statistics.fmean(float(r.get("weight_sync_rounds") or 0.0) for r in steady)
     for count in ("samples_selected", "candidate_groups", "groups_scored", "logprob_passes",
                   "backfill_snapshot", "prefetch_passes", "logprob_rows_computed", "logprob_rows_prefetched",
-                  "logprob_rows_reused", "logprob_rows_duplicate"):  # per step: what the trainer's work scales with
+                  "logprob_rows_reused", "logprob_rows_duplicate", "gc_full_collections"):  # per step: what the trainer's work scales with
         out[count] = statistics.fmean(float(r.get(count) or 0.0) for r in steady)
     needed = out["logprob_rows_reused"] + out["logprob_rows_computed"]  # rows the steps needed
     out["logprob_cache_hit_rate"] = out["logprob_rows_reused"] / needed if needed else 0.0

@@ -49,6 +49,7 @@ from megatron_darl.loop.endpoints import (
     Backlog, Received, TrainerEndpoints, open_endpoints, publish_weights, receive_groups,
     wait_for_workers, worker_health,
 )
+from megatron_darl.loop.gc_clock import GcClock
 from megatron_darl.loop.metrics import MetricsLogger, WorkerRates, step_metrics
 from megatron_darl.loop.resume import mark_ready, seed_store
 from megatron_darl.loop.run_config import RunConfig
@@ -148,6 +149,7 @@ class TrainerLoop:
         self._save_due = False  # agreed at the last step boundary: checkpoint before the next step
         self._stop_deadline = False  # agreed there too: the stop signal ends in SIGKILL (scancel)
         self._rates = WorkerRates(workers)  # rank 0: per-worker rollout metrics
+        self.gc = GcClock()  # this rank's collections, per step
 
     # ---- checkpoints: the loop's own state in them ------------------------------------------
     def _maybe_resume(self) -> int:
@@ -402,6 +404,7 @@ class TrainerLoop:
         """Rank 0 logs the step from the DP-reduced ``reduced``; every hub takes part in the sums."""
         per_worker, self.step_groups = self.ps.dp_sum(self.step_groups), torch.zeros_like(self.step_groups)
         compiles = float(self.ps.dp_max(torch.tensor([float(compiled_frames())]))[0])  # every hub
+        gc_seconds, gc_full = self.ps.dp_max(torch.tensor([float(v) for v in self.gc.take()])).tolist()
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
@@ -415,6 +418,7 @@ class TrainerLoop:
             "version": float(self.trainer.version),
             "optimizer_steps": float(result.optimizer_steps),
             "dynamo_compiles": compiles,  # torch.compile frames so far: flat after the first step
+            "gc_seconds": gc_seconds, "gc_full_collections": gc_full,  # the longest DP rank's, since the last step
             # oldest behavior version trained on at version t (-1: nothing selected)
             "selected_version_oldest": (float(t - reduced.selected_staleness_max)
                                         if reduced.selected_staleness_max >= 0 else -1.0),
@@ -456,6 +460,7 @@ class TrainerLoop:
             if missing:
                 log.warning("rollout workers %s did not confirm exit", missing)
         self.ep.close()
+        self.gc.close()
         log.info("trainer rank %d stopped after step %d", self.ps.rank, step)
 
 
