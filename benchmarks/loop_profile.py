@@ -283,7 +283,8 @@ def profile(rows: list[dict], skip: int = 1) -> dict:
     out["weight_sync_rounds"] = statistics.fmean(float(r.get("weight_sync_rounds") or 0.0) for r in steady)
     for count in ("samples_selected", "candidate_groups", "groups_scored", "logprob_passes",
                   "backfill_snapshot", "prefetch_passes", "logprob_rows_computed", "logprob_rows_prefetched",
-                  "logprob_rows_reused", "logprob_rows_duplicate", "gc_full_collections"):  # per step: what the trainer's work scales with
+                  "logprob_rows_reused", "logprob_rows_duplicate",
+                  "gc_full_collections"):  # per step: what the trainer's work scales with
         out[count] = statistics.fmean(float(r.get(count) or 0.0) for r in steady)
     needed = out["logprob_rows_reused"] + out["logprob_rows_computed"]  # rows the steps needed
     out["logprob_cache_hit_rate"] = out["logprob_rows_reused"] / needed if needed else 0.0

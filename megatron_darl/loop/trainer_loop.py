@@ -403,8 +403,9 @@ class TrainerLoop:
              wall_s: float) -> None:
         """Rank 0 logs the step from the DP-reduced ``reduced``; every hub takes part in the sums."""
         per_worker, self.step_groups = self.ps.dp_sum(self.step_groups), torch.zeros_like(self.step_groups)
-        compiles = float(self.ps.dp_max(torch.tensor([float(compiled_frames())]))[0])  # every hub
-        gc_seconds, gc_full = self.ps.dp_max(torch.tensor([float(v) for v in self.gc.take()])).tolist()
+        # every hub: torch.compile frames so far, and its garbage collector's seconds and full collections
+        compiles, gc_seconds, gc_full = self.ps.dp_max(torch.tensor([float(compiled_frames()), *self.gc.take()],
+                                                                     dtype=torch.float64)).tolist()
         if self.logger is None:
             return
         gen_s = max(wall_s, 1e-9)  # groups arrive at the pace of generation in steady state
